@@ -1,0 +1,84 @@
+"""`tune download`, in-process with the hub call replaced (tests never touch the network)."""
+
+import pytest
+
+from torchtune._cli import download, tune
+
+
+def _http_error(cls, status):
+    import httpx2 as httpx  # the HTTP client of the installed huggingface_hub
+    response = httpx.Response(status, request=httpx.Request("GET", "https://huggingface.co/api/models/x"))
+    return cls(f"{status} error", response=response)
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    seen = []
+
+    def fake_snapshot_download(**kwargs):
+        seen.append(kwargs)
+        return kwargs["local_dir"]
+
+    monkeypatch.setattr(download, "snapshot_download", fake_snapshot_download)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    return seen
+
+
+def test_download_passes_arguments(calls, tmp_path, capsys):
+    code = tune.main(["download", "meta-llama/Llama-2-7b-hf", "--output-dir", str(tmp_path), "--hf-token", "tok",
+                      "--ignore-patterns", "*.pth", "*.bin"])
+    assert code == 0
+    assert calls == [{"repo_id": "meta-llama/Llama-2-7b-hf", "local_dir": str(tmp_path), "token": "tok",
+                      "ignore_patterns": ["*.pth", "*.bin"]}]
+    assert f"Downloaded meta-llama/Llama-2-7b-hf to {tmp_path}" in capsys.readouterr().out
+
+
+def test_download_defaults_token_from_env_and_no_ignore(calls, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "from-env")
+    assert tune.main(["download", "org/model", "--output-dir", str(tmp_path)]) == 0
+    assert calls[0]["token"] == "from-env" and calls[0]["ignore_patterns"] is None
+
+
+def test_download_needs_output_dir(calls, capsys):
+    with pytest.raises(SystemExit) as info:
+        tune.main(["download", "org/model"])
+    assert info.value.code == 2 and "--output-dir" in capsys.readouterr().err
+
+
+def _failing(monkeypatch, exc):
+    def fake(**kwargs):
+        raise exc
+
+    monkeypatch.setattr(download, "snapshot_download", fake)
+
+
+def _errors():
+    from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError,
+                                        RepositoryNotFoundError)
+
+    return [
+        ("gated", lambda: _http_error(GatedRepoError, 403), ["gated", "accept its license",
+                                                             "https://huggingface.co/org/model", "--hf-token", "HF_TOKEN"]),
+        ("not-found", lambda: _http_error(RepositoryNotFoundError, 401), ["does not exist", "--hf-token", "HF_TOKEN"]),
+        ("401", lambda: _http_error(HfHubHTTPError, 401), ["token is missing or invalid", "--hf-token"]),
+        ("offline", lambda: LocalEntryNotFoundError("cannot find the requested files"), ["network"]),
+        ("connection", lambda: ConnectionError("connection refused"), ["network"]),
+    ]
+
+
+@pytest.mark.parametrize("name, make, fragments", _errors(), ids=[e[0] for e in _errors()])
+def test_download_errors_are_one_clear_paragraph(monkeypatch, tmp_path, capsys, name, make, fragments):
+    monkeypatch.delenv("TUNE_DEBUG", raising=False)
+    _failing(monkeypatch, make())
+    assert tune.main(["download", "org/model", "--output-dir", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("Error: ") and "Traceback" not in err and "\n\n" not in err.strip()
+    for fragment in fragments:
+        assert fragment in " ".join(err.split()), err
+
+
+def test_download_error_traceback_with_debug(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("TUNE_DEBUG", "1")
+    _failing(monkeypatch, ConnectionError("connection refused"))
+    assert tune.main(["download", "org/model", "--output-dir", str(tmp_path)]) == 1
+    assert "Traceback" in capsys.readouterr().err

@@ -1,0 +1,137 @@
+"""OptimInBackwardWrapper: state round trip, strictness, and LR reaching every inner optimizer."""
+
+import io
+
+import pytest
+import torch
+from torch import nn
+
+from torchtune import TuneError
+from torchtune.utils import OptimInBackwardWrapper
+from torchtune.utils.lr_schedulers import get_cosine_schedule_with_warmup
+
+
+def _model(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+
+
+def _wrapper(model: nn.Module, lr: float = 1e-2) -> OptimInBackwardWrapper:
+    return OptimInBackwardWrapper(
+        {n: torch.optim.AdamW([p], lr=lr, weight_decay=0.1) for n, p in model.named_parameters()}
+    )
+
+
+def _step(model: nn.Module, wrapper: OptimInBackwardWrapper, seed: int) -> None:
+    torch.manual_seed(seed)
+    model(torch.randn(3, 4)).square().mean().backward()
+    for name, param in model.named_parameters():
+        wrapper.optim_map[name].step()
+        wrapper.optim_map[name].zero_grad(set_to_none=True)
+
+
+def _saved_and_loaded(state_dict):
+    # Through bytes, as a checkpoint goes: torch's load_state_dict keeps references to the
+    # tensors it is given, so an in-memory dict would share state between the two optimizers.
+    buffer = io.BytesIO()
+    torch.save(state_dict, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=True)
+
+
+def test_state_dict_is_keyed_by_parameter_name():
+    model = _model()
+    wrapper = _wrapper(model)
+    _step(model, wrapper, seed=1)
+    sd = wrapper.state_dict()
+    assert set(sd) == {"0.weight", "0.bias", "2.weight", "2.bias"}
+    assert sd["0.weight"]["state"][0]["exp_avg"].shape == (8, 4)
+
+
+def test_round_trip_into_fresh_optimizers_continues_identically():
+    model_a = _model()
+    wrapper_a = _wrapper(model_a)
+    _step(model_a, wrapper_a, seed=1)
+
+    model_b = _model()
+    model_b.load_state_dict(model_a.state_dict())
+    wrapper_b = _wrapper(model_b)
+    wrapper_b.load_state_dict(_saved_and_loaded(wrapper_a.state_dict()))
+
+    _step(model_a, wrapper_a, seed=2)
+    _step(model_b, wrapper_b, seed=2)
+    for (name, pa), pb in zip(model_a.named_parameters(), model_b.parameters()):
+        assert torch.equal(pa, pb), name
+    sa, sb = wrapper_a.state_dict(), wrapper_b.state_dict()
+    for name in sa:
+        assert torch.equal(sa[name]["state"][0]["exp_avg_sq"], sb[name]["state"][0]["exp_avg_sq"])
+        assert float(sa[name]["state"][0]["step"]) == float(sb[name]["state"][0]["step"]) == 2.0
+
+
+def test_load_is_strict_about_missing_and_unexpected_names():
+    model = _model()
+    wrapper = _wrapper(model)
+    _step(model, wrapper, seed=1)
+    sd = wrapper.state_dict()
+    sd["extra.weight"] = sd.pop("2.bias")
+    with pytest.raises(TuneError) as err:
+        _wrapper(_model()).load_state_dict(sd)
+    assert "Missing: 2.bias" in str(err.value)
+    assert "Unexpected: extra.weight" in str(err.value)
+
+
+def test_standard_optimizer_state_is_refused_with_the_setting_to_use():
+    model = _model()
+    standard = torch.optim.AdamW(model.parameters())
+    with pytest.raises(TuneError, match="optimizer_in_bwd=False"):
+        _wrapper(model).load_state_dict(standard.state_dict())
+
+
+def test_lr_scheduler_sets_lr_on_every_inner_optimizer():
+    model = _model()
+    wrapper = _wrapper(model, lr=1.0)
+    scheduler = get_cosine_schedule_with_warmup(
+        wrapper.scheduler_optimizer, num_warmup_steps=2, num_training_steps=6)
+    wrapper.set_lr_scheduler(scheduler)
+    expected = [0.0, 0.5, 1.0, 0.8535533905932737, 0.5, 0.14644660940672627, 0.0]
+    seen = []
+    for _ in range(7):
+        # Read the inner optimizers' own param_groups, not the scheduler's view.
+        lrs = {opt.param_groups[0]["lr"] for opt in wrapper.optim_map.values()}
+        assert len(lrs) == 1
+        seen.append(lrs.pop())
+        assert wrapper.get_optim_key("lr") == seen[-1]
+        wrapper.step_lr_scheduler()
+    assert seen == pytest.approx(expected)
+
+
+def test_lr_scheduler_state_round_trip():
+    model = _model()
+    wrapper = _wrapper(model, lr=1.0)
+    scheduler = get_cosine_schedule_with_warmup(wrapper.scheduler_optimizer, 2, 10)
+    wrapper.set_lr_scheduler(scheduler)
+    for _ in range(4):
+        wrapper.step_lr_scheduler()
+    assert scheduler.state_dict()["last_epoch"] == 4
+
+
+def test_scheduler_must_be_built_on_the_view():
+    model = _model()
+    wrapper = _wrapper(model)
+    other = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError):
+        wrapper.set_lr_scheduler(get_cosine_schedule_with_warmup(other, 1, 2))
+
+
+def test_lr_scheduler_still_applies_after_loading_state():
+    # Loading replaces each inner optimizer's param-group dicts; the scheduler must follow.
+    model = _model()
+    saved = _wrapper(model, lr=1.0)
+    _step(model, saved, seed=1)
+    wrapper = _wrapper(model, lr=1.0)
+    wrapper.load_state_dict(_saved_and_loaded(saved.state_dict()))
+    scheduler = get_cosine_schedule_with_warmup(wrapper.scheduler_optimizer, 4, 8)
+    wrapper.set_lr_scheduler(scheduler)
+    for expected in (0.0, 0.25, 0.5):
+        assert {o.param_groups[0]["lr"] for o in wrapper.optim_map.values()} == {expected}
+        wrapper.step_lr_scheduler()

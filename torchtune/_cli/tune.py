@@ -1,0 +1,74 @@
+"""Entry point of the ``tune`` command.
+
+Each subcommand is a module in this package exposing ``add_parser(subparsers)``: it adds its parser
+with ``subparsers.add_parser(...)`` and sets ``func=handler`` with ``handler(args) -> int`` (the exit
+status). To add a subcommand, write the module and add its name to ``SUBCOMMANDS``; names whose module
+is not there (yet) are skipped. Keep subcommand modules cheap to import (no torch at module level):
+``tune ls`` and ``--help`` should answer at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+from typing import Optional, Sequence
+
+from torchtune import __version__
+from torchtune._errors import TuneError, report_error
+
+SUBCOMMANDS: tuple[str, ...] = ("run", "ls", "cp", "validate", "download", "estimate_memory", "plot")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``tune`` parser with every available subcommand registered."""
+    parser = argparse.ArgumentParser(
+        prog="tune",
+        description="Fine-tune LLMs with plain-PyTorch recipes.",
+        epilog="Short form: `tune RECIPE --config CONFIG [key=value ...]` is `tune run RECIPE ...`.\n"
+        "Set TUNE_DEBUG=1 to see Python tracebacks of errors.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+    for name in SUBCOMMANDS:
+        module_name = f"{__package__}.{name}"
+        if importlib.util.find_spec(module_name) is None:
+            continue
+        importlib.import_module(module_name).add_parser(subparsers)
+    parser.set_defaults(command_names=frozenset(subparsers.choices))
+    return parser
+
+
+def _is_recipe(arg: str) -> bool:
+    from torchtune import _recipe_registry as registry
+
+    return arg.endswith(".py") or registry.get_recipe(arg) is not None
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run ``tune`` with ``argv`` (default ``sys.argv[1:]``) and return the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    if argv and argv[0] not in parser.get_default("command_names") and _is_recipe(argv[0]):
+        argv = ["run", *argv]  # short form: `tune RECIPE --config ...`
+    try:
+        args, extra = parser.parse_known_args(argv)
+        if args.command is None:
+            parser.print_help(sys.stderr)
+            return 2
+        if extra:
+            if not getattr(args, "accepts_overrides", False) or any(a.startswith("-") for a in extra):
+                parser.error(f"unrecognized arguments: {' '.join(extra)}")
+            args.overrides = [*args.overrides, *extra]
+        return int(args.func(args) or 0)
+    except TuneError as exc:
+        return report_error(exc)
+    except KeyboardInterrupt:
+        print("Interrupted.", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""User-facing errors.
+
+A ``TuneError`` is a mistake the user can fix (a config key, a file, a setting). The command line
+prints its message as one paragraph, without a Python traceback unless ``TUNE_DEBUG=1``; anything
+else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import textwrap
+import traceback
+
+
+class TuneError(Exception):
+    """A problem with the user's input; the message says what is wrong and what to change."""
+
+    exit_code = 1
+
+
+class UsageError(TuneError):
+    """A bad command line or config override."""
+
+    exit_code = 2
+
+
+class ConfigError(UsageError):
+    """A config that is malformed, names an unknown key, or has an invalid value."""
+
+
+def debug_enabled() -> bool:
+    """True when ``TUNE_DEBUG`` asks for full tracebacks."""
+    return os.environ.get("TUNE_DEBUG", "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def report_error(exc: TuneError) -> int:
+    """Print ``exc`` for a user (one paragraph on stderr) and return its exit status."""
+    if debug_enabled():
+        traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+    print(format_message(f"Error: {exc}"), file=sys.stderr)
+    return exc.exit_code
+
+
+def format_message(message: str, width: int = 100) -> str:
+    """Wrap ``message`` for a terminal: prose paragraphs are filled, indented lines (lists) kept as lines."""
+    blocks = []
+    for paragraph in message.strip().split("\n\n"):
+        lines = paragraph.splitlines()
+        if all(line.startswith(" ") for line in lines):
+            blocks.append("\n".join(
+                textwrap.fill(line, width=width, subsequent_indent=" " * (len(line) - len(line.lstrip()) + 2),
+                              break_long_words=False, break_on_hyphens=False)
+                for line in lines))
+        else:
+            blocks.append(textwrap.fill(" ".join(paragraph.split()), width=width, break_long_words=False,
+                                        break_on_hyphens=False))
+    return "\n\n".join(blocks)

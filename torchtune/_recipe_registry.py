@@ -1,0 +1,89 @@
+"""The built-in recipes and their configs, as a plain list.
+
+Paths are relative to the installed ``recipes`` package (``recipes/`` in a checkout, ``site-packages/
+recipes/`` in a wheel), so ``tune run`` / ``tune cp`` find them wherever torchtune is installed. To
+ship a new recipe or config, add one line here and the file under ``recipes/``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from torchtune._errors import TuneError
+
+
+@dataclass(frozen=True)
+class Config:
+    """A built-in config: ``name`` as typed on the command line, ``file_path`` inside ``recipes/``."""
+
+    name: str
+    file_path: str
+
+    @property
+    def path(self) -> Path:
+        """Absolute path of the YAML file (it may not exist in a broken install)."""
+        return builtin_recipes_dir() / self.file_path
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A built-in recipe: ``name`` as typed after ``tune run``, ``file_path`` inside ``recipes/``."""
+
+    name: str
+    file_path: str
+    configs: list[Config] = field(default_factory=list)
+
+    @property
+    def path(self) -> Path:
+        """Absolute path of the recipe script."""
+        return builtin_recipes_dir() / self.file_path
+
+
+def _config(name: str) -> Config:
+    # Convention: the config called "llama2/7B_full" lives at recipes/configs/llama2/7B_full.yaml.
+    return Config(name=name, file_path=f"configs/{name}.yaml")
+
+
+_RECIPES: list[Recipe] = [
+    Recipe(
+        name="full_finetune_single_device",
+        file_path="full_finetune_single_device.py",
+        configs=[
+            _config("llama2/7B_full_low_memory"),
+            _config("llama2/7B_full"),
+            _config("llama2/tiny_full"),
+        ],
+    ),
+    Recipe(name="generate", file_path="generate.py", configs=[_config("generate")]),
+]
+
+
+def get_all_recipes() -> list[Recipe]:
+    """Every built-in recipe, in the order ``tune ls`` shows them."""
+    return list(_RECIPES)
+
+
+def get_recipe(name: str) -> Optional[Recipe]:
+    """The built-in recipe called ``name``, or None."""
+    return next((r for r in _RECIPES if r.name == name), None)
+
+
+def get_config(name: str) -> Optional[Config]:
+    """The built-in config called ``name`` (with or without ``.yaml``), or None."""
+    if name.endswith((".yaml", ".yml")):
+        name = name.rsplit(".", 1)[0]
+    return next((c for r in _RECIPES for c in r.configs if c.name == name), None)
+
+
+def builtin_recipes_dir() -> Path:
+    """Folder of the installed ``recipes`` package, found without importing anything heavy."""
+    spec = importlib.util.find_spec("recipes")
+    if spec is None or not spec.submodule_search_locations:
+        raise TuneError(
+            "The 'recipes' package that ships the built-in recipes and configs is not installed "
+            "alongside torchtune; reinstall torchtune (pip install -e . in a checkout)."
+        )
+    return Path(next(iter(spec.submodule_search_locations))).resolve()

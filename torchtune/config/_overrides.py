@@ -1,0 +1,172 @@
+"""Command-line overrides of a loaded config.
+
+Grammar, applied left to right:
+
+* ``key=value``      set an existing key; ``key`` is a dotted path (``optimizer.lr``, list items by
+                     index: ``layers.0.dim``) and ``value`` is typed as YAML (``2e-5`` is a float,
+                     ``null``, ``true``, ``[1, 2]``, ``{a: 1}``).
+* ``key=pkg.mod.Cls`` on a node that has ``_component_`` swaps the component and keeps its other fields.
+* ``~key``           delete a key.
+* ``+key=value``     add a key that is not in the config (a misspelled key is an error otherwise).
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any, Iterator, Optional, Sequence
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from torchtune._errors import ConfigError
+from torchtune.config._load import parse_yaml_value
+
+_COMPONENT = "_component_"
+
+
+def iter_key_paths(node: Any, prefix: str = "") -> Iterator[str]:
+    """Every dotted key path in ``node`` (sections and leaves), without resolving interpolations."""
+    if isinstance(node, DictConfig):
+        items = [(str(k), _raw_child(node, k)) for k in node.keys()]
+    elif isinstance(node, ListConfig):
+        items = [(str(i), _raw_child(node, i)) for i in range(len(node))]
+    else:
+        return
+    for key, child in items:
+        path = f"{prefix}.{key}" if prefix else key
+        yield path
+        yield from iter_key_paths(child, path)
+
+
+def _raw_child(container: Any, key: Any) -> Any:
+    """A child value without resolving ``${...}`` or failing on ``???`` (those count as leaves)."""
+    if OmegaConf.is_missing(container, key) or OmegaConf.is_interpolation(container, key):
+        return None
+    return container[key]
+
+
+def suggest_keys(cfg: DictConfig, key: str, n: int = 3) -> list[str]:
+    """Existing key paths close to ``key``: similar spellings, or the same last part elsewhere."""
+    paths = list(iter_key_paths(cfg))
+    # Prefer spellings at the same depth: `optimizer.lrr` -> `optimizer.lr`, not `optimizer`.
+    depth = key.count(".")
+    close = difflib.get_close_matches(key, [p for p in paths if p.count(".") == depth], n=n, cutoff=0.6)
+    close = close or difflib.get_close_matches(key, paths, n=n, cutoff=0.6)
+    leaf = key.rsplit(".", 1)[-1]
+    same_leaf = [p for p in paths if p.rsplit(".", 1)[-1] == leaf and p not in close]
+    return (close + same_leaf)[:n]
+
+
+def _unknown_key(cfg: DictConfig, key: str, override: str, source: Optional[str], why: str) -> ConfigError:
+    close = suggest_keys(cfg, key)
+    hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+    where = f" ({source})" if source else ""
+    add = f" To add a new key, write '+{override.lstrip('~+')}'." if not override.startswith("~") else ""
+    return ConfigError(
+        f"Override '{override}': {why}{where}.{hint} Keys are dotted paths into the YAML "
+        f"(e.g. optimizer.lr).{add}"
+    )
+
+
+def _locate(cfg: DictConfig, key: str, override: str, source: Optional[str], create: bool = False):
+    """Return (container, last part) for dotted ``key``; the parent must exist unless ``create``."""
+    parts = key.split(".")
+    if not key or any(p == "" for p in parts):
+        raise ConfigError(f"Override '{override}': '{key}' is not a valid dotted key (e.g. optimizer.lr).")
+    node: Any = cfg
+    walked: list[str] = []
+    for part in parts[:-1]:
+        walked.append(part)
+        child = _child(node, part)
+        if child is _ABSENT:
+            if not create:
+                raise _unknown_key(cfg, key, override, source,
+                                   f"key '{key}' is not in the config (it has no '{'.'.join(walked)}')")
+            node[part] = {}
+            child = node[part]
+        if not isinstance(child, (DictConfig, ListConfig)):
+            raise ConfigError(
+                f"Override '{override}': '{'.'.join(walked)}' is a value ({child!r}), not a section, so "
+                f"it has no key '{parts[len(walked)]}'. Set it directly with {'.'.join(walked)}=VALUE."
+            )
+        node = child
+    return node, parts[-1]
+
+
+class _Absent:
+    pass
+
+
+_ABSENT = _Absent()
+
+
+def _child(node: Any, part: str) -> Any:
+    if isinstance(node, DictConfig):
+        return _raw_child(node, part) if part in node.keys() else _ABSENT
+    if isinstance(node, ListConfig) and part.lstrip("-").isdigit() and -len(node) <= int(part) < len(node):
+        return _raw_child(node, int(part))
+    return _ABSENT
+
+
+def _index(node: Any, part: str) -> Any:
+    return int(part) if isinstance(node, ListConfig) else part
+
+
+def apply_override(cfg: DictConfig, override: str, source: Optional[str] = None) -> None:
+    """Apply one override (see the module docstring) to ``cfg`` in place."""
+    if override.startswith("~"):
+        key = override[1:]
+        if "=" in key:
+            raise ConfigError(f"Override '{override}': '~key' deletes a key and takes no value; write '~{key.split('=')[0]}'.")
+        container, last = _locate(cfg, key, override, source)
+        if _child(container, last) is _ABSENT:
+            raise _unknown_key(cfg, key, override, source, f"key '{key}' is not in the config")
+        del container[_index(container, last)]
+        return
+
+    if "=" not in override:
+        raise ConfigError(
+            f"Override '{override}' is not of the form key=value (or ~key to delete a key); "
+            "e.g. batch_size=4 or optimizer.lr=2e-5."
+        )
+    key, text = override.split("=", 1)
+    key = key.strip()
+    value = parse_yaml_value(text)
+    if key.startswith("+"):
+        key = key[1:]
+        container, last = _locate(cfg, key, override, source, create=True)
+        if _child(container, last) is not _ABSENT:
+            raise ConfigError(f"Override '{override}': key '{key}' already exists; set it with '{key}={text}'.")
+        if isinstance(container, ListConfig):
+            raise ConfigError(f"Override '{override}': cannot add an item to the list at '{key.rsplit('.', 1)[0]}'.")
+        _assign(container, last, value, override)
+        return
+
+    container, last = _locate(cfg, key, override, source)
+    current = _child(container, last)
+    if current is _ABSENT:
+        raise _unknown_key(cfg, key, override, source, f"key '{key}' is not in the config")
+    if isinstance(current, DictConfig) and value is not None and not isinstance(value, dict):
+        if _COMPONENT in current.keys() and isinstance(value, str):
+            # Swap the component, keep its other fields (tune's `optimizer=torch.optim.SGD`).
+            current[_COMPONENT] = value
+            return
+        fields = ", ".join(str(k) for k in current.keys())
+        raise ConfigError(
+            f"Override '{override}': '{key}' is a section (keys: {fields}), not a single value. Set one of "
+            f"its keys ({key}.KEY=VALUE), replace it with a mapping ({key}={{a: 1}}), or set it to null."
+        )
+    _assign(container, _index(container, last), value, override)
+
+
+def _assign(container: Any, key: Any, value: Any, override: str) -> None:
+    try:
+        container[key] = value
+    except Exception as exc:  # omegaconf validation (e.g. unsupported value types)
+        raise ConfigError(f"Override '{override}' cannot be applied: {exc}") from exc
+
+
+def apply_overrides(cfg: DictConfig, overrides: Sequence[str], source: Optional[str] = None) -> DictConfig:
+    """Apply ``overrides`` in order to ``cfg`` (in place) and return it; ``source`` names the file in errors."""
+    for override in overrides:
+        apply_override(cfg, override, source)
+    return cfg

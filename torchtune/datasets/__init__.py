@@ -1,0 +1,39 @@
+"""Instruction datasets on Hugging Face ``datasets``, packing, and collate functions.
+
+Importing this package does not import ``datasets`` (that happens when a dataset is built).
+"""
+
+from torchtune.datasets._alpaca import alpaca_dataset
+from torchtune.datasets._collate import (
+    CROSS_ENTROPY_IGNORE_IDX,
+    block_causal_mask,
+    collate_for,
+    packed_collate,
+    padded_collate,
+)
+from torchtune.datasets._instruct import InstructDataset, instruct_dataset
+from torchtune.datasets._loading import load_hf_dataset
+from torchtune.datasets._packed import PackedDataset
+from torchtune.datasets._templates import (
+    AlpacaInstructTemplate,
+    FormatInstructTemplate,
+    InstructTemplate,
+    resolve_template,
+)
+
+__all__ = [
+    "AlpacaInstructTemplate",
+    "CROSS_ENTROPY_IGNORE_IDX",
+    "FormatInstructTemplate",
+    "InstructDataset",
+    "InstructTemplate",
+    "PackedDataset",
+    "alpaca_dataset",
+    "block_causal_mask",
+    "collate_for",
+    "instruct_dataset",
+    "load_hf_dataset",
+    "packed_collate",
+    "padded_collate",
+    "resolve_template",
+]

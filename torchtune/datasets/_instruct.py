@@ -1,0 +1,186 @@
+"""Instruction datasets on Hugging Face ``datasets``: prompt + response -> tokens and labels."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Mapping, Optional, Protocol
+
+from torch.utils.data import Dataset
+
+from torchtune._errors import TuneError
+from torchtune.datasets._collate import CROSS_ENTROPY_IGNORE_IDX
+from torchtune.datasets._loading import describe_source, load_hf_dataset
+from torchtune.datasets._templates import InstructTemplate, TemplateLike, resolve_template
+
+
+
+class Tokenizer(Protocol):
+    """What the datasets need from a tokenizer (``SentencePieceTokenizer`` has it)."""
+
+    eos_id: int
+    pad_id: int
+
+    def encode(self, text: str, add_bos: bool = True, add_eos: bool = True,
+               trim_leading_whitespace: bool = False) -> List[int]: ...
+
+
+class InstructDataset(Dataset):
+    """Rows of ``datasets.load_dataset(source, split=split, **load_dataset_kwargs)`` as
+    ``{"tokens": list[int], "labels": list[int]}``.
+
+    ``source`` is a Hub name (``tatsu-lab/alpaca``), a builder for local files (``json``, ``csv``,
+    ``parquet`` with ``data_files=...``), or the path of one data file. Each row's prompt is
+    ``template.format(row)`` encoded with BOS and without EOS; its response column is encoded without
+    the dummy-prefix space (``trim_leading_whitespace=True``) and with EOS, so the joined ids equal
+    those of the joined text. ``labels`` equal ``tokens``, except that the prompt's are -100 when
+    ``train_on_input=False``. Past ``max_seq_len`` (default: ``tokenizer.max_seq_len`` if set) tokens
+    and labels are cut and the last one set to EOS, so a truncated example still teaches the model to
+    stop. Rows are tokenized on access, so a large dataset starts at once; ``len`` is the row count.
+
+    Args:
+        tokenizer: encodes text (``SentencePieceTokenizer``).
+        source: dataset name or builder (config key ``dataset.source``).
+        template: an ``InstructTemplate`` (instance, class, dotted path) or a format string.
+        column_map: ``{template field: dataset column}``, e.g. ``{"instruction": "prompt",
+            "output": "answer"}`` when the dataset names its columns differently.
+        train_on_input: also compute the loss on prompt tokens.
+        max_seq_len: longest example in tokens (None: no limit).
+        split: the split to load.
+        **load_dataset_kwargs: passed to ``datasets.load_dataset`` (``data_files``, ``cache_dir``, ...).
+
+    Raises:
+        TuneError: a missing, empty or malformed data file, an unreachable hub dataset, or columns the
+            template needs that the dataset lacks (the message shows the ``column_map`` to set).
+    """
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        source: str,
+        template: TemplateLike,
+        column_map: Optional[Mapping[str, str]] = None,
+        train_on_input: bool = True,
+        max_seq_len: Optional[int] = None,
+        split: str = "train",
+        **load_dataset_kwargs: Any,
+    ) -> None:
+        self._tokenizer = tokenizer
+        self.template: InstructTemplate = resolve_template(template)
+        self.column_map: Dict[str, str] = _as_column_map(column_map)
+        self.train_on_input = train_on_input
+        if max_seq_len is None:
+            max_seq_len = getattr(tokenizer, "max_seq_len", None)
+        if max_seq_len is not None and max_seq_len < 2:
+            raise TuneError(f"dataset.max_seq_len must be at least 2 (BOS and EOS), got {max_seq_len}.")
+        self.max_seq_len = max_seq_len
+        self.source = source
+        self._described = describe_source(source, load_dataset_kwargs.get("data_files"))
+        self._data = load_hf_dataset(source, split=split, **load_dataset_kwargs)
+        self._check_columns(list(self._data.column_names))
+
+    def _column(self, field: str) -> str:
+        return self.column_map.get(field, field)
+
+    def _check_columns(self, available: List[str]) -> None:
+        needed = [*self.template.columns, self.template.response_column]
+        missing = [field for field in needed if self._column(field) not in available]
+        unknown_keys = [k for k in self.column_map
+                        if k not in needed and k not in self.template.optional_columns]
+        if not missing and not unknown_keys:
+            return
+        if unknown_keys:
+            raise TuneError(
+                f"dataset.column_map has key(s) {_names(unknown_keys)} that template {self.template!r} "
+                f"does not use; its fields are {_names(needed + list(self.template.optional_columns))}. "
+                "column_map maps a template field to a dataset column: {field: column}.")
+        # Suggest pairing each missing field with a column no field uses yet, in order.
+        used = {self._column(f) for f in needed if f not in missing}
+        spare = [c for c in available if c not in used]
+        pairs = {**self.column_map}
+        for i, field in enumerate(missing):
+            pairs[field] = spare[i] if i < len(spare) else "<your_column>"
+        example = "{" + ", ".join(f"{k}: {v}" for k, v in pairs.items()) + "}"
+        missing_cols = [self._column(f) for f in missing]
+        raise TuneError(
+            f"{self._described} has no column(s) {_names(missing_cols)}, which template "
+            f"{self.template!r} needs (its fields: {_names(needed)}). The dataset's columns are "
+            f"{_names(available)}. Map each template field to one of your columns with dataset.column_map, "
+            f"e.g. in YAML `dataset: {{column_map: {example}}}` or on the command line "
+            f"dataset.column_map='{example}'.")
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __getitem__(self, index: int) -> Dict[str, List[int]]:
+        return self.tokenize_row(self._data[index])
+
+    def tokenize_row(self, row: Mapping[str, Any]) -> Dict[str, List[int]]:
+        """Tokens and labels of one dataset row (see the class docstring)."""
+        fields = [*self.template.columns, *self.template.optional_columns]
+        sample = {f: row[self._column(f)] for f in fields if self._column(f) in row}
+        prompt = self.template.format(sample)
+        response = row[self._column(self.template.response_column)]
+        response = "" if response is None else str(response)
+        prompt_ids = self._tokenizer.encode(prompt, add_bos=True, add_eos=False)
+        response_ids = self._tokenizer.encode(response, add_bos=False, add_eos=True,
+                                              trim_leading_whitespace=True)
+        tokens = prompt_ids + response_ids
+        if self.train_on_input:
+            labels = list(tokens)
+        else:
+            labels = [CROSS_ENTROPY_IGNORE_IDX] * len(prompt_ids) + response_ids
+        if self.max_seq_len is not None and len(tokens) > self.max_seq_len:
+            eos = self._tokenizer.eos_id
+            # Keep the final EOS (and its label) so that a cut example still ends like one.
+            tokens = tokens[: self.max_seq_len - 1] + [eos]
+            labels = labels[: self.max_seq_len - 1] + [eos]
+        return {"tokens": tokens, "labels": labels}
+
+
+def _as_column_map(column_map: Any) -> Dict[str, str]:
+    if column_map is None:
+        return {}
+    if isinstance(column_map, str):
+        import yaml  # a CLI override may arrive as the text '{instruction: prompt}'
+
+        try:
+            column_map = yaml.safe_load(column_map)
+        except yaml.YAMLError as err:
+            raise TuneError(f"dataset.column_map {column_map!r} is not a mapping such as "
+                            "'{instruction: prompt, output: answer}'.") from err
+    if not hasattr(column_map, "items"):
+        raise TuneError(f"dataset.column_map must map template fields to dataset columns, such as "
+                        f"{{instruction: prompt, output: answer}}; got {column_map!r}.")
+    return {str(k): str(v) for k, v in column_map.items()}
+
+
+def _names(names: List[str]) -> str:
+    return ", ".join(f"'{n}'" for n in names) if names else "(none)"
+
+
+def instruct_dataset(
+    tokenizer: Tokenizer,
+    source: str,
+    template: TemplateLike,
+    column_map: Optional[Mapping[str, str]] = None,
+    train_on_input: bool = True,
+    max_seq_len: Optional[int] = None,
+    packed: bool = False,
+    split: str = "train",
+    **load_dataset_kwargs: Any,
+) -> Dataset:
+    """Config builder: an ``InstructDataset``, or, with ``packed=True``, a ``PackedDataset`` of it
+    (then ``max_seq_len`` is required: it is the length of every pack)."""
+    if packed and max_seq_len is None and getattr(tokenizer, "max_seq_len", None) is None:
+        raise TuneError("dataset.packed=True needs dataset.max_seq_len (the length of each packed sequence).")
+    ds = InstructDataset(tokenizer, source, template, column_map=column_map, train_on_input=train_on_input,
+                         max_seq_len=max_seq_len, split=split, **load_dataset_kwargs)
+    if packed:
+        from torchtune.datasets._packed import PackedDataset
+
+        return PackedDataset(ds, max_seq_len=ds.max_seq_len, padding_idx=_padding_idx(tokenizer))
+    return ds
+
+
+def _padding_idx(tokenizer: Tokenizer) -> int:
+    pad = getattr(tokenizer, "pad_id", 0)
+    return pad if pad is not None and pad >= 0 else 0

@@ -1,0 +1,140 @@
+"""Convert Llama2 state dicts between Meta, Hugging Face and torchtune parameter names.
+
+torchtune uses Meta's interleaved rotary layout (channel pairs ``(2i, 2i+1)`` rotate together);
+Hugging Face's Llama rotates halves (``i`` with ``i + head_dim/2``), so its q/k projection rows are
+permuted. :func:`hf_to_tune` undoes HF's permutation and :func:`tune_to_hf` applies it again, which
+makes both directions exact (pure re-indexing, no arithmetic).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+import torch
+
+from torchtune._errors import TuneError
+
+# Keys are templates: "{}" stands for the layer index.
+_FROM_META = {
+    "tok_embeddings.weight": "tok_embeddings.weight",
+    "norm.weight": "norm.scale",
+    "output.weight": "output.weight",
+    "layers.{}.attention.wq.weight": "layers.{}.attn.q_proj.weight",
+    "layers.{}.attention.wk.weight": "layers.{}.attn.k_proj.weight",
+    "layers.{}.attention.wv.weight": "layers.{}.attn.v_proj.weight",
+    "layers.{}.attention.wo.weight": "layers.{}.attn.output_proj.weight",
+    "layers.{}.attention_norm.weight": "layers.{}.sa_norm.scale",
+    "layers.{}.ffn_norm.weight": "layers.{}.mlp_norm.scale",
+    "layers.{}.feed_forward.w1.weight": "layers.{}.mlp.w1.weight",
+    "layers.{}.feed_forward.w2.weight": "layers.{}.mlp.w2.weight",
+    "layers.{}.feed_forward.w3.weight": "layers.{}.mlp.w3.weight",
+}
+
+_FROM_HF = {
+    "model.embed_tokens.weight": "tok_embeddings.weight",
+    "model.norm.weight": "norm.scale",
+    "lm_head.weight": "output.weight",
+    "model.layers.{}.self_attn.q_proj.weight": "layers.{}.attn.q_proj.weight",
+    "model.layers.{}.self_attn.k_proj.weight": "layers.{}.attn.k_proj.weight",
+    "model.layers.{}.self_attn.v_proj.weight": "layers.{}.attn.v_proj.weight",
+    "model.layers.{}.self_attn.o_proj.weight": "layers.{}.attn.output_proj.weight",
+    "model.layers.{}.input_layernorm.weight": "layers.{}.sa_norm.scale",
+    "model.layers.{}.post_attention_layernorm.weight": "layers.{}.mlp_norm.scale",
+    "model.layers.{}.mlp.gate_proj.weight": "layers.{}.mlp.w1.weight",
+    "model.layers.{}.mlp.up_proj.weight": "layers.{}.mlp.w3.weight",
+    "model.layers.{}.mlp.down_proj.weight": "layers.{}.mlp.w2.weight",
+}
+
+# Buffers that checkpoints sometimes carry but that the model recomputes (RoPE frequencies).
+_DERIVABLE_META = [re.compile(r"^rope\.freqs$")]
+_DERIVABLE_HF = [re.compile(r"^model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq$"),
+                 re.compile(r"^model\.rotary_emb\.inv_freq$")]
+
+_LAYER = re.compile(r"\.(\d+)\.")
+
+
+def _rename(key: str, mapping: dict[str, str]) -> Optional[str]:
+    match = _LAYER.search(key)
+    if match is None:
+        return mapping.get(key)
+    template = key[: match.start()] + ".{}." + key[match.end():]
+    target = mapping.get(template)
+    return None if target is None else target.format(match.group(1))
+
+
+def _convert(state_dict: dict[str, torch.Tensor], mapping: dict[str, str], derivable: list[re.Pattern],
+             source: str) -> dict[str, torch.Tensor]:
+    converted, unknown = {}, []
+    for key, value in state_dict.items():
+        new_key = _rename(key, mapping)
+        if new_key is not None:
+            converted[new_key] = value
+        elif not any(p.match(key) for p in derivable):
+            unknown.append(key)
+    if unknown:
+        shown = ", ".join(unknown[:20]) + (f" (and {len(unknown) - 20} more)" if len(unknown) > 20 else "")
+        raise TuneError(
+            f"The checkpoint has parameters that a Llama2 {source} checkpoint does not have: {shown}. "
+            f"Check that checkpointer.checkpoint_files name a Llama2 checkpoint in {source} format "
+            f"and that checkpointer.model_type (LLAMA2) matches it.")
+    return converted
+
+
+def _permute(w: torch.Tensor, n_heads: int, head_dim: int) -> torch.Tensor:
+    """Meta (interleaved) -> HF (half-split) row order of a q/k projection, as in HF's conversion script."""
+    dim_in = w.shape[1]
+    return w.view(n_heads, head_dim // 2, 2, dim_in).transpose(1, 2).reshape(n_heads * head_dim, dim_in)
+
+
+def _unpermute(w: torch.Tensor, n_heads: int, head_dim: int) -> torch.Tensor:
+    """HF (half-split) -> Meta (interleaved); the inverse of :func:`_permute`."""
+    dim_in = w.shape[1]
+    return w.view(n_heads, 2, head_dim // 2, dim_in).transpose(1, 2).reshape(n_heads * head_dim, dim_in)
+
+
+def meta_to_tune(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Meta's ``consolidated.00.pth`` names -> torchtune names (same tensors; ``rope.freqs`` dropped)."""
+    return _convert(state_dict, _FROM_META, _DERIVABLE_META, "Meta")
+
+
+def tune_to_meta(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """torchtune names -> Meta's names."""
+    return _convert(state_dict, {v: k for k, v in _FROM_META.items()}, [], "torchtune")
+
+
+def hf_to_tune(state_dict: dict[str, torch.Tensor], num_heads: int = 32, num_kv_heads: int = 32,
+               dim: int = 4096, head_dim: Optional[int] = None) -> dict[str, torch.Tensor]:
+    """Hugging Face Llama names -> torchtune names, undoing HF's q/k rotary permutation.
+
+    Args:
+        state_dict: HF state dict (``model.layers.0.self_attn.q_proj.weight`` ...).
+        num_heads: ``num_attention_heads`` from config.json.
+        num_kv_heads: ``num_key_value_heads`` from config.json.
+        dim: ``hidden_size`` from config.json.
+        head_dim: ``head_dim`` from config.json; default ``dim // num_heads``.
+    """
+    head_dim = dim // num_heads if head_dim is None else head_dim
+    converted = _convert(state_dict, _FROM_HF, _DERIVABLE_HF, "Hugging Face")
+    for key in converted:
+        if key.endswith("attn.q_proj.weight"):
+            converted[key] = _unpermute(converted[key], num_heads, head_dim)
+        elif key.endswith("attn.k_proj.weight"):
+            converted[key] = _unpermute(converted[key], num_kv_heads, head_dim)
+    return converted
+
+
+def tune_to_hf(state_dict: dict[str, torch.Tensor], num_heads: int = 32, num_kv_heads: int = 32,
+               dim: int = 4096, head_dim: Optional[int] = None) -> dict[str, torch.Tensor]:
+    """torchtune names -> Hugging Face Llama names, re-applying HF's q/k rotary permutation.
+
+    Arguments as for :func:`hf_to_tune`.
+    """
+    head_dim = dim // num_heads if head_dim is None else head_dim
+    converted = _convert(state_dict, {v: k for k, v in _FROM_HF.items()}, [], "torchtune")
+    for key in converted:
+        if key.endswith("self_attn.q_proj.weight"):
+            converted[key] = _permute(converted[key], num_heads, head_dim)
+        elif key.endswith("self_attn.k_proj.weight"):
+            converted[key] = _permute(converted[key], num_kv_heads, head_dim)
+    return converted

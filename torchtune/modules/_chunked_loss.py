@@ -1,0 +1,108 @@
+"""Cross-entropy that applies the output projection chunk by chunk, so the fp32 logits never exist whole.
+
+For Llama2-7B at batch 2 x 2048 tokens the full fp32 logits are 2*2048*32000*4 bytes = 524 MB, and
+the plain loss keeps the bf16 logits (262 MB) and the fp32 log-probabilities (524 MB) for backward.
+Here forward keeps nothing but the (already alive) hidden states and the weight; backward recomputes
+one chunk of logits at a time and accumulates the output projection's gradient into ONE buffer in
+place, so the weight gradient is never held twice (autograd would hold a per-chunk gradient next to
+the running sum).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["ChunkedCrossEntropyLoss"]
+
+
+def _chunk_nll_sum(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                   labels: torch.Tensor, ignore_index: int) -> torch.Tensor:
+    logits = F.linear(hidden, weight, bias)
+    # log_softmax straight into fp32: no separate fp32 copy of the logits
+    logp = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
+    del logits
+    valid = labels != ignore_index
+    target = torch.where(valid, labels, torch.zeros_like(labels))
+    nll = -logp.gather(1, target.unsqueeze(1)).squeeze(1)
+    return torch.where(valid, nll, torch.zeros_like(nll)).sum()
+
+
+class _ChunkedLinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                labels: torch.Tensor, num_chunks: int, ignore_index: int) -> torch.Tensor:
+        dim = hidden.size(-1)
+        flat_h = hidden.reshape(-1, dim)
+        flat_y = labels.reshape(-1)
+        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        for h_c, y_c in zip(flat_h.chunk(num_chunks), flat_y.chunk(num_chunks)):
+            total = total + _chunk_nll_sum(h_c, weight, bias, y_c, ignore_index)
+        # clamp instead of branching on the count: no host sync, 0 when every label is ignored
+        num_tokens = (flat_y != ignore_index).sum().clamp(min=1)
+        ctx.save_for_backward(hidden, weight, bias, labels, num_tokens)
+        ctx.num_chunks = num_chunks
+        ctx.ignore_index = ignore_index
+        return total / num_tokens
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        hidden, weight, bias, labels, num_tokens = ctx.saved_tensors
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        dim = hidden.size(-1)
+        flat_h = hidden.reshape(-1, dim)
+        flat_y = labels.reshape(-1)
+        scale = grad_out.float() / num_tokens
+        grad_h = torch.empty_like(flat_h) if need_h else None
+        grad_w = torch.zeros_like(weight) if need_w else None
+        grad_b = torch.zeros_like(bias) if (need_b and bias is not None) else None
+        grad_h_chunks = grad_h.chunk(ctx.num_chunks) if need_h else [None] * ctx.num_chunks
+        for h_c, y_c, gh_c in zip(flat_h.chunk(ctx.num_chunks), flat_y.chunk(ctx.num_chunks), grad_h_chunks):
+            logits = F.linear(h_c, weight, bias)
+            g = torch.softmax(logits, dim=-1, dtype=torch.float32)
+            del logits
+            valid = y_c != ctx.ignore_index
+            target = torch.where(valid, y_c, torch.zeros_like(y_c))
+            # d(-log softmax[target]) / d logits = softmax - onehot(target)
+            g.scatter_add_(1, target.unsqueeze(1), torch.full_like(g[:, :1], -1.0))
+            g.mul_((valid.to(g.dtype) * scale).unsqueeze(1))
+            g = g.to(weight.dtype)
+            if need_h:
+                torch.mm(g, weight, out=gh_c)
+            if need_w:
+                grad_w.addmm_(g.t(), h_c)
+            if grad_b is not None:
+                grad_b.add_(g.sum(0))
+            del g
+        if need_h:
+            grad_h = grad_h.view_as(hidden)
+        return grad_h, grad_w, grad_b, None, None, None
+
+
+class ChunkedCrossEntropyLoss(nn.Module):
+    """Mean token cross-entropy in fp32, computed ``num_output_chunks`` token chunks at a time.
+
+    Same inputs, value and gradients as ``torchtune.modules.loss.CrossEntropyLoss``: called with the
+    output projection, the final hidden states ``[b, s, dim]`` and already-shifted labels ``[b, s]``;
+    labels equal to ``ignore_index`` are left out; a batch with no label gives 0 and zero gradients.
+
+    Args:
+        num_output_chunks: how many token chunks the logits are computed in. More chunks: a smaller
+            fp32 peak (``b*s*vocab*4 / num_output_chunks`` bytes), slightly more kernel launches.
+        ignore_index: label value that is left out of the loss.
+    """
+
+    def __init__(self, num_output_chunks: int = 8, ignore_index: int = -100) -> None:
+        super().__init__()
+        if num_output_chunks < 1:
+            raise ValueError(f"num_output_chunks must be >= 1, got {num_output_chunks}")
+        self.num_output_chunks = num_output_chunks
+        self.ignore_index = ignore_index
+
+    def forward(self, output_proj: nn.Linear, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Loss of ``output_proj(hidden)`` against ``labels``, never materialising all logits."""
+        return _ChunkedLinearCrossEntropy.apply(hidden, output_proj.weight, output_proj.bias, labels,
+                                                self.num_output_chunks, self.ignore_index)

@@ -1,0 +1,76 @@
+"""Rotary position embeddings (RoPE) in Meta's interleaved layout."""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+from torch import nn
+
+
+class RotaryPositionalEmbeddings(nn.Module):
+    """Llama2's rotary embeddings: channel pairs ``(2i, 2i+1)`` of each head rotate by ``pos * base^(-2i/dim)``.
+
+    cos/sin are cached for ``max_seq_len`` positions in a ``persistent=False`` buffer, so they are not
+    in the state dict. The cache is always fp32 and always real data: after ``to_empty()``, ``.to()``
+    or ``.half()`` it is rebuilt on the new device (cheap: ``max_seq_len * dim`` numbers). A model built
+    on the meta device and then given weights with ``load_state_dict(assign=True)`` still holds a meta
+    cache; call :meth:`rope_init` (or ``TransformerDecoder.init_buffers``) once it is on its device.
+
+    Args:
+        dim: the head dimension (channels rotated per head).
+        max_seq_len: number of positions cached.
+        base: the frequency base (10000 for Llama2).
+    """
+
+    def __init__(self, dim: int, max_seq_len: int = 4096, base: int = 10_000) -> None:
+        super().__init__()
+        if dim % 2:
+            raise ValueError(f"RoPE needs an even head dimension, got {dim}")
+        self.dim = dim
+        self.max_seq_len = max_seq_len
+        self.base = base
+        self.register_buffer("cache", torch.empty(max_seq_len, dim // 2, 2, dtype=torch.float32),
+                             persistent=False)
+        self.rope_init()
+
+    def rope_init(self, device: Optional[torch.device] = None) -> None:
+        """(Re)build the cos/sin cache on ``device`` (default: where the cache lies now)."""
+        device = self.cache.device if device is None else torch.device(device)
+        if device.type == "meta":
+            self.cache = torch.empty(self.max_seq_len, self.dim // 2, 2, dtype=torch.float32, device=device)
+            return
+        # Computed in fp32 whatever the default dtype is: bf16 angles are wrong beyond a few hundred positions.
+        theta = 1.0 / (self.base ** (torch.arange(0, self.dim, 2, device=device, dtype=torch.float32)
+                                     [: self.dim // 2] / self.dim))
+        positions = torch.arange(self.max_seq_len, device=device, dtype=torch.float32)
+        angles = torch.outer(positions, theta)
+        self.cache = torch.stack([torch.cos(angles), torch.sin(angles)], dim=-1)
+
+    def reset_parameters(self) -> None:
+        """Alias of :meth:`rope_init` for code that re-initialises modules generically."""
+        self.rope_init()
+
+    def _apply(self, fn: Callable, recurse: bool = True):  # type: ignore[override]
+        # Every device/dtype move (including to_empty, which leaves garbage) rebuilds the cache so it
+        # stays fp32 and correct; this is what makes meta-device construction + to_empty() just work.
+        super()._apply(fn, recurse)
+        if self.cache.device.type != "meta":
+            self.rope_init(self.cache.device)
+        return self
+
+    def forward(self, x: torch.Tensor, *, input_pos: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Rotate ``x`` of shape ``[b, s, n_heads, head_dim]``.
+
+        Args:
+            x: queries or keys.
+            input_pos: positions ``[b, s]`` (or ``[s]``); ``None`` means ``0..s-1``.
+        """
+        seq_len = x.size(1)
+        rope = self.cache[:seq_len] if input_pos is None else self.cache[input_pos]
+        rope = rope.view(-1, seq_len, 1, self.dim // 2, 2)
+        x_pairs = x.float().reshape(*x.shape[:-1], self.dim // 2, 2)
+        x0, x1 = x_pairs[..., 0], x_pairs[..., 1]
+        cos, sin = rope[..., 0], rope[..., 1]
+        out = torch.stack([x0 * cos - x1 * sin, x1 * cos + x0 * sin], dim=-1)
+        return out.flatten(-2).type_as(x)

@@ -1,0 +1,112 @@
+"""Atomic checkpoint folders: write into a temporary sibling, fsync, add the manifest, rename into place.
+
+A crash or a full disk at any point leaves either the previous complete folder or the new complete
+one, never a half-written folder under the final name. Leftover ``.tmp-*`` / ``.old-*`` folders of a
+crashed save are never loaded and are removed by the next save into the same output folder.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Callable
+
+from torchtune._errors import TuneError
+from torchtune.utils._checkpointing._manifest import MANIFEST_NAME, build_manifest
+
+TMP_PREFIX = ".tmp-"
+OLD_PREFIX = ".old-"
+
+
+def fsync_file(path: Path) -> None:
+    """Flush ``path``'s data to the disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: Path) -> None:
+    """Flush a folder's entries (new names, renames) to the disk; a no-op where folders cannot be opened."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return  # e.g. Windows
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def clean_leftovers(parent: Path) -> None:
+    """Remove ``.tmp-*`` and ``.old-*`` folders that a crashed save left in ``parent``."""
+    if not parent.is_dir():
+        return
+    for path in parent.iterdir():
+        if path.is_dir() and path.name.startswith((TMP_PREFIX, OLD_PREFIX)):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def write_folder_atomically(destination: Path, write_contents: Callable[[Path], None], *, step: int,
+                            epoch: int, intermediate: bool) -> Path:
+    """Create ``destination`` with the files ``write_contents(tmp_folder)`` writes, atomically.
+
+    Order: clean leftovers, write into ``.tmp-<name>-<pid>``, fsync each file, write and fsync
+    ``manifest.json`` last, fsync the folder, then rename. An existing ``destination`` (a re-save of
+    the same step) is renamed aside first and deleted only once the new folder is in place.
+
+    Raises:
+        TuneError: on any ``OSError`` (full disk, permissions); the temporary folder is removed and
+            the previous checkpoint is kept.
+    """
+    destination = Path(destination)
+    parent = destination.parent
+    tmp = parent / f"{TMP_PREFIX}{destination.name}-{os.getpid()}"
+    old = parent / f"{OLD_PREFIX}{destination.name}-{os.getpid()}"
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        clean_leftovers(parent)
+        tmp.mkdir()
+        write_contents(tmp)
+        for path in tmp.rglob("*"):
+            if path.is_file():
+                fsync_file(path)
+        manifest = build_manifest(tmp, step=step, epoch=epoch, intermediate=intermediate)
+        manifest_path = tmp / MANIFEST_NAME
+        with open(manifest_path, "w") as f:
+            json.dump(manifest, f, indent=2)
+            f.flush()
+            os.fsync(f.fileno())
+        fsync_dir(tmp)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        reason = ("the disk is full" if exc.errno in (errno.ENOSPC, errno.EDQUOT)
+                  else f"{exc.strerror or exc} ({exc.filename or tmp})")
+        raise TuneError(
+            f"Saving the checkpoint {destination} failed: {reason}. The partial files were removed and "
+            f"the previous checkpoint in {parent} is kept. Free space (or fix the problem) in "
+            f"checkpointer.output_dir={parent}, or point checkpointer.output_dir at another disk, "
+            f"and resume from the previous checkpoint.") from exc
+
+    try:
+        if destination.exists():
+            os.rename(destination, old)
+        try:
+            os.rename(tmp, destination)
+        except OSError:
+            if old.exists() and not destination.exists():
+                os.rename(old, destination)  # put the previous checkpoint back
+            raise
+        fsync_dir(parent)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise TuneError(f"Moving the new checkpoint into {destination} failed: {exc}. The previous checkpoint "
+                        f"is kept. Check permissions of checkpointer.output_dir={parent}.") from exc
+    shutil.rmtree(old, ignore_errors=True)
+    return destination

@@ -1,0 +1,316 @@
+"""Checkpointers: read a model in its published format, hand out torchtune names, write it back the same way.
+
+``FullModelHFCheckpointer`` reads and writes Hugging Face folders (safetensors or ``.bin``, one file or
+sharded with an index); ``FullModelMetaCheckpointer`` reads and writes Meta's ``consolidated.00.pth``.
+Every save is atomic (see ``_atomic.py``) and carries a ``manifest.json`` that is verified when the
+folder is loaded again to resume.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import torch
+from torch import nn
+
+from torchtune._errors import TuneError
+from torchtune.models.llama2._convert_weights import hf_to_tune, meta_to_tune, tune_to_hf, tune_to_meta
+from torchtune.utils._checkpointing._atomic import write_folder_atomically
+from torchtune.utils._checkpointing._manifest import verify_manifest
+from torchtune.utils._checkpointing._safe_load import (load_recipe_state, load_safetensors_weights,
+                                                       load_torch_weights)
+
+SUPPORTED_MODEL_TYPES = ("LLAMA2",)
+RECIPE_STATE_NAME = "recipe_state.pt"
+MODEL_KEY = "model"
+# Files of a HF model folder that are not weights but belong with them.
+HF_SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.model", "tokenizer.json",
+                 "tokenizer_config.json", "special_tokens_map.json")
+META_SIDE_FILES = ("params.json", "tokenizer.model")
+
+
+def _save_safetensors_file(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """Write one safetensors file (a seam the tests use to simulate a full disk)."""
+    from safetensors.torch import save_file
+
+    save_file(tensors, str(path), metadata={"format": "pt"})
+
+
+def _save_torch_file(obj: Any, path: Path) -> None:
+    """Write one ``torch.save`` file (a seam the tests use to simulate a full disk)."""
+    torch.save(obj, path)
+
+
+def _shorten(items: list[str], limit: int = 20) -> str:
+    shown = ", ".join(items[:limit])
+    return shown + (f" (and {len(items) - limit} more)" if len(items) > limit else "")
+
+
+def validate_state_dict(model: nn.Module, state_dict: dict[str, torch.Tensor]) -> None:
+    """Check that ``state_dict`` has exactly ``model``'s parameter names and shapes.
+
+    Works on a model built on the meta device. Dtypes are not compared (loading casts).
+
+    Raises:
+        TuneError: listing missing keys, unexpected keys and shape mismatches (with both shapes).
+    """
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in state_dict]
+    unexpected = [k for k in state_dict if k not in expected]
+    mismatched = [f"{k}: checkpoint {tuple(state_dict[k].shape)} vs model {tuple(v.shape)}"
+                  for k, v in expected.items() if k in state_dict and state_dict[k].shape != v.shape]
+    if not (missing or unexpected or mismatched):
+        return
+    problems = []
+    if missing:
+        problems.append(f"missing from the checkpoint: {_shorten(missing)}")
+    if unexpected:
+        problems.append(f"in the checkpoint but not in the model: {_shorten(unexpected)}")
+    if mismatched:
+        problems.append(f"shape mismatches: {_shorten(mismatched)}")
+    raise TuneError(
+        "The checkpoint does not fit the model: " + "; ".join(problems) + ". The model builder in the "
+        "config (model._component_) probably does not match the checkpoint's config.json / params.json "
+        "(size, vocab_size, heads): choose the builder for these weights, or point "
+        "checkpointer.checkpoint_dir at the weights of this model.")
+
+
+class _FullModelCheckpointer:
+    """Shared argument checks, recipe-state loading and the atomic save of the two checkpointers."""
+
+    _format = ""
+
+    def __init__(self, checkpoint_dir: Union[str, Path], checkpoint_files: Union[str, Sequence[str]],
+                 model_type: str = "LLAMA2", output_dir: Union[str, Path, None] = None,
+                 recipe_checkpoint: Optional[str] = None, resume_from_checkpoint: bool = False) -> None:
+        self._checkpoint_dir = Path(checkpoint_dir).expanduser()
+        if not self._checkpoint_dir.is_dir():
+            raise TuneError(f"The checkpoint folder {self._checkpoint_dir} does not exist. Set "
+                            f"checkpointer.checkpoint_dir to the folder that holds the model weights "
+                            f"(download them with `tune download`).")
+        if str(model_type).upper() not in SUPPORTED_MODEL_TYPES:
+            raise TuneError(f"checkpointer.model_type={model_type} is not supported; use one of "
+                            f"{', '.join(SUPPORTED_MODEL_TYPES)}.")
+        self._model_type = str(model_type).upper()
+        if output_dir is None:
+            raise TuneError("checkpointer.output_dir is not set: set it to the folder where checkpoints "
+                            "should be written.")
+        self._output_dir = Path(output_dir).expanduser()
+        out, src = self._output_dir.resolve(), self._checkpoint_dir.resolve()
+        if out == src or src in out.parents:
+            raise TuneError(
+                f"checkpointer.output_dir ({self._output_dir}) is inside checkpointer.checkpoint_dir "
+                f"({self._checkpoint_dir}): saved checkpoints would mix with the input weights. Set "
+                f"checkpointer.output_dir to a folder outside the checkpoint folder.")
+        if isinstance(checkpoint_files, (str, Path)):
+            checkpoint_files = [str(checkpoint_files)]
+        self._checkpoint_files = [str(f) for f in checkpoint_files]
+        if not self._checkpoint_files:
+            raise TuneError("checkpointer.checkpoint_files is empty: list the weight files to load.")
+        self._resume_from_checkpoint = bool(resume_from_checkpoint)
+        self._recipe_checkpoint = recipe_checkpoint
+        if self._resume_from_checkpoint and not recipe_checkpoint:
+            raise TuneError("resume_from_checkpoint is true but checkpointer.recipe_checkpoint is not set: "
+                            "set it to the recipe_state.pt of the checkpoint to resume from (relative to "
+                            "checkpointer.checkpoint_dir).")
+
+    # --- helpers -----------------------------------------------------------------------------------
+    def _existing_file(self, name: str) -> Path:
+        path = Path(name)
+        path = path if path.is_absolute() else self._checkpoint_dir / path
+        if not path.is_file():
+            raise TuneError(f"The checkpoint file {path} does not exist. Check checkpointer.checkpoint_files "
+                            f"(names relative to checkpointer.checkpoint_dir={self._checkpoint_dir}).")
+        return path
+
+    def _verify(self, names: list[str]) -> None:
+        """Verify files of our own earlier output (folders that carry manifest.json)."""
+        verify_manifest(self._checkpoint_dir, only=names)
+
+    def _load_recipe_state(self) -> dict[str, Any]:
+        path = Path(self._recipe_checkpoint)
+        path = path if path.is_absolute() else self._checkpoint_dir / path
+        if not path.is_file():
+            raise TuneError(f"The recipe state {path} does not exist, so the run cannot resume. Set "
+                            f"checkpointer.recipe_checkpoint to the recipe_state.pt of the checkpoint folder "
+                            f"(relative to checkpointer.checkpoint_dir), or set resume_from_checkpoint=False.")
+        verify_manifest(path.parent, only=[path.name])
+        state = load_recipe_state(path)
+        if MODEL_KEY in state:
+            raise TuneError(f"{path} has a '{MODEL_KEY}' entry; it is not a recipe state. Check "
+                            f"checkpointer.recipe_checkpoint.")
+        return state
+
+    def _finish_load(self, model_sd: dict[str, torch.Tensor]) -> dict[str, Any]:
+        result: dict[str, Any] = {MODEL_KEY: model_sd}
+        if self._resume_from_checkpoint:
+            result.update(self._load_recipe_state())
+        return result
+
+    def _copy_side_files(self, names: Sequence[str], folder: Path) -> None:
+        for name in names:
+            src = self._checkpoint_dir / name
+            if src.is_file():
+                shutil.copyfile(src, folder / name)
+
+    def _save(self, state_dict: dict[str, Any], epoch: int, step: int, intermediate: bool, write_model) -> Path:
+        if MODEL_KEY not in state_dict:
+            raise ValueError(f"save_checkpoint needs the model weights under '{MODEL_KEY}'")
+        recipe_state = {k: v for k, v in state_dict.items() if k != MODEL_KEY}
+        name = f"step_{step}" if intermediate else f"epoch_{epoch}"
+
+        def write_contents(folder: Path) -> None:
+            write_model(state_dict[MODEL_KEY], folder)
+            if recipe_state:
+                _save_torch_file(recipe_state, folder / RECIPE_STATE_NAME)
+
+        return write_folder_atomically(self._output_dir / name, write_contents, step=step, epoch=epoch,
+                                       intermediate=intermediate)
+
+
+class FullModelHFCheckpointer(_FullModelCheckpointer):
+    """Load and save a Hugging Face Llama2 folder (``config.json`` + safetensors or ``.bin`` shards).
+
+    Args:
+        checkpoint_dir: the model folder.
+        checkpoint_files: weight file names, or the name of an index (``model.safetensors.index.json`` /
+            ``pytorch_model.bin.index.json``) whose ``weight_map`` lists the shards.
+        model_type: ``"LLAMA2"``.
+        output_dir: where ``step_N`` / ``epoch_N`` folders are written; must be outside ``checkpoint_dir``.
+        recipe_checkpoint: ``recipe_state.pt`` to resume from (relative to ``checkpoint_dir`` or absolute).
+        resume_from_checkpoint: also load ``recipe_checkpoint``.
+
+    Saves keep the input's format, file names, tensor-to-shard assignment and index, and copy
+    ``config.json`` and the tokenizer files, so the output loads with ``from_pretrained``.
+    """
+
+    def __init__(self, checkpoint_dir: Union[str, Path], checkpoint_files: Union[str, Sequence[str]],
+                 model_type: str = "LLAMA2", output_dir: Union[str, Path, None] = None,
+                 recipe_checkpoint: Optional[str] = None, resume_from_checkpoint: bool = False) -> None:
+        super().__init__(checkpoint_dir, checkpoint_files, model_type, output_dir, recipe_checkpoint,
+                         resume_from_checkpoint)
+        self._index_name: Optional[str] = None
+        files = self._checkpoint_files
+        if len(files) == 1 and files[0].endswith(".index.json"):
+            index_path = self._existing_file(files[0])
+            self._index_name = index_path.name
+            try:
+                weight_map = json.loads(index_path.read_text())["weight_map"]
+            except (ValueError, KeyError) as exc:
+                raise TuneError(f"{index_path} is not a valid index (no weight_map): {exc}. Check "
+                                f"checkpointer.checkpoint_files.") from exc
+            files = list(dict.fromkeys(weight_map.values()))  # shard order of first appearance
+        self._shard_names = [self._existing_file(f).name for f in files]
+        self._safetensors = all(f.endswith(".safetensors") for f in self._shard_names)
+        if not self._safetensors and any(f.endswith(".safetensors") for f in self._shard_names):
+            raise TuneError("checkpointer.checkpoint_files mixes .safetensors and .bin files; list one format.")
+        config_path = self._checkpoint_dir / "config.json"
+        if not config_path.is_file():
+            raise TuneError(f"{config_path} does not exist; a Hugging Face checkpoint folder needs its "
+                            f"config.json. Check checkpointer.checkpoint_dir.")
+        self._config = json.loads(config_path.read_text())
+        try:
+            self._num_heads = int(self._config["num_attention_heads"])
+            self._dim = int(self._config["hidden_size"])
+        except KeyError as exc:
+            raise TuneError(f"{config_path} has no {exc} entry; is this a Llama2 config.json?") from exc
+        self._num_kv_heads = int(self._config.get("num_key_value_heads") or self._num_heads)
+        self._head_dim = self._config.get("head_dim") or self._dim // self._num_heads
+        self._tied = bool(self._config.get("tie_word_embeddings", False))
+        self._key_to_file: dict[str, str] = {}
+        self._output_missing_in_input = False
+
+    def load_checkpoint(self) -> dict[str, Any]:
+        """Read the weights (memory-mapped) and return ``{"model": state_dict in torchtune names, ...recipe state}``."""
+        self._verify(self._shard_names + ["config.json"] + ([self._index_name] if self._index_name else []))
+        merged: dict[str, torch.Tensor] = {}
+        for name in self._shard_names:
+            path = self._checkpoint_dir / name
+            shard = load_safetensors_weights(path) if self._safetensors else load_torch_weights(path)
+            for key, value in shard.items():
+                merged[key] = value
+                self._key_to_file[key] = name
+        if "lm_head.weight" not in merged and self._tied and "model.embed_tokens.weight" in merged:
+            # Tied embeddings: the file has no lm_head; our model keeps a separate output projection.
+            merged["lm_head.weight"] = merged["model.embed_tokens.weight"].clone()
+            self._output_missing_in_input = True
+        model_sd = hf_to_tune(merged, num_heads=self._num_heads, num_kv_heads=self._num_kv_heads,
+                              dim=self._dim, head_dim=self._head_dim)
+        return self._finish_load(model_sd)
+
+    def _write_model(self, model_sd: dict[str, torch.Tensor], folder: Path) -> None:
+        hf_sd = tune_to_hf(model_sd, num_heads=self._num_heads, num_kv_heads=self._num_kv_heads,
+                           dim=self._dim, head_dim=self._head_dim)
+        if self._output_missing_in_input:
+            hf_sd.pop("lm_head.weight", None)
+        default_file = self._shard_names[-1]
+        by_file: dict[str, list[str]] = {name: [] for name in self._shard_names}
+        weight_map = {}
+        for key in hf_sd:
+            name = self._key_to_file.get(key, default_file)
+            by_file[name].append(key)
+            weight_map[key] = name
+        total_size = 0
+        for name, keys in by_file.items():
+            # One shard on the host at a time bounds the extra host memory of a save.
+            tensors = {k: hf_sd[k].detach().to("cpu").contiguous() for k in keys}
+            total_size += sum(t.numel() * t.element_size() for t in tensors.values())
+            if self._safetensors:
+                _save_safetensors_file(tensors, folder / name)
+            else:
+                _save_torch_file(tensors, folder / name)
+            del tensors
+        if self._index_name or len(self._shard_names) > 1:
+            index_name = self._index_name or ("model.safetensors.index.json" if self._safetensors
+                                              else "pytorch_model.bin.index.json")
+            index = {"metadata": {"total_size": total_size}, "weight_map": dict(sorted(weight_map.items()))}
+            (folder / index_name).write_text(json.dumps(index, indent=2) + "\n")
+        self._copy_side_files(HF_SIDE_FILES, folder)
+
+    def save_checkpoint(self, state_dict: dict[str, Any], epoch: int, step: int = 0,
+                        intermediate: bool = False) -> Path:
+        """Write ``state_dict["model"]`` in HF format (+ ``recipe_state.pt`` of the other keys) atomically.
+
+        Returns:
+            The folder written: ``output_dir/step_{step}`` if ``intermediate`` else ``output_dir/epoch_{epoch}``.
+        """
+        return self._save(state_dict, epoch, step, intermediate, self._write_model)
+
+
+class FullModelMetaCheckpointer(_FullModelCheckpointer):
+    """Load and save Meta's Llama2 format (``consolidated.00.pth`` + ``params.json``).
+
+    Arguments as for :class:`FullModelHFCheckpointer`; ``checkpoint_files`` names the one ``.pth`` file
+    (model-parallel shards ``consolidated.01.pth`` ... of the 13B/70B releases are not supported).
+    """
+
+    def __init__(self, checkpoint_dir: Union[str, Path], checkpoint_files: Union[str, Sequence[str]],
+                 model_type: str = "LLAMA2", output_dir: Union[str, Path, None] = None,
+                 recipe_checkpoint: Optional[str] = None, resume_from_checkpoint: bool = False) -> None:
+        super().__init__(checkpoint_dir, checkpoint_files, model_type, output_dir, recipe_checkpoint,
+                         resume_from_checkpoint)
+        if len(self._checkpoint_files) != 1:
+            raise TuneError(f"checkpointer.checkpoint_files lists {len(self._checkpoint_files)} files; the Meta "
+                            f"checkpointer reads one consolidated .pth file. Convert model-parallel shards to a "
+                            f"single file, or use the Hugging Face weights with FullModelHFCheckpointer.")
+        self._weights_name = self._existing_file(self._checkpoint_files[0]).name
+
+    def load_checkpoint(self) -> dict[str, Any]:
+        """Read the ``.pth`` (memory-mapped) and return ``{"model": state_dict in torchtune names, ...recipe state}``."""
+        self._verify([self._weights_name, "params.json"])
+        sd = load_torch_weights(self._checkpoint_dir / self._weights_name)
+        return self._finish_load(meta_to_tune(sd))
+
+    def _write_model(self, model_sd: dict[str, torch.Tensor], folder: Path) -> None:
+        meta_sd = {k: v.detach().to("cpu").contiguous() for k, v in tune_to_meta(model_sd).items()}
+        _save_torch_file(meta_sd, folder / self._weights_name)
+        self._copy_side_files(META_SIDE_FILES, folder)
+
+    def save_checkpoint(self, state_dict: dict[str, Any], epoch: int, step: int = 0,
+                        intermediate: bool = False) -> Path:
+        """Write ``state_dict["model"]`` in Meta format (+ ``recipe_state.pt``) atomically; returns the folder."""
+        return self._save(state_dict, epoch, step, intermediate, self._write_model)

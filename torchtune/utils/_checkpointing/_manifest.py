@@ -1,0 +1,128 @@
+"""manifest.json: the list of files, sizes and sha256 sums that marks a checkpoint folder complete."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+from torchtune._errors import TuneError
+
+MANIFEST_NAME = "manifest.json"
+MANIFEST_FORMAT_VERSION = 1
+_CHUNK = 1 << 20  # 1 MB reads: hashlib's speed without holding a shard in memory
+_CHECKPOINT_FOLDER = re.compile(r"^(step|epoch)_(\d+)$")
+
+
+def sha256_of(path: Path) -> str:
+    """Hex sha256 of the file at ``path``, read in 1 MB chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def build_manifest(folder: Path, *, step: int, epoch: int, intermediate: bool) -> dict[str, Any]:
+    """Describe every file under ``folder`` (except the manifest itself)."""
+    files = {}
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        name = path.relative_to(folder).as_posix()
+        if name == MANIFEST_NAME:
+            continue
+        files[name] = {"size": path.stat().st_size, "sha256": sha256_of(path)}
+    return {"format_version": MANIFEST_FORMAT_VERSION, "step": step, "epoch": epoch,
+            "intermediate": intermediate, "files": files}
+
+
+def read_manifest(folder: Path) -> Optional[dict[str, Any]]:
+    """The manifest of ``folder``, or ``None`` when it has none (e.g. a downloaded checkpoint)."""
+    path = Path(folder) / MANIFEST_NAME
+    if not path.is_file():
+        return None
+    try:
+        manifest = json.loads(path.read_text())
+        manifest["files"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise TuneError(f"{path} is damaged ({exc}), so the checkpoint in {folder} cannot be trusted. "
+                        f"{_previous_hint(Path(folder))}") from exc
+    return manifest
+
+
+def previous_checkpoint(folder: Path) -> Optional[Path]:
+    """The complete sibling checkpoint folder saved before ``folder`` (by step/epoch number), if any."""
+    folder = Path(folder)
+    match = _CHECKPOINT_FOLDER.match(folder.name)
+    if match is None or not folder.parent.is_dir():
+        return None
+    kind, number = match.group(1), int(match.group(2))
+    candidates = []
+    for sibling in folder.parent.iterdir():
+        m = _CHECKPOINT_FOLDER.match(sibling.name)
+        if m and m.group(1) == kind and int(m.group(2)) < number and (sibling / MANIFEST_NAME).is_file():
+            candidates.append((int(m.group(2)), sibling))
+    return max(candidates)[1] if candidates else None
+
+
+def find_latest_checkpoint(output_dir: Path) -> Optional[Path]:
+    """The complete checkpoint folder in ``output_dir`` with the highest step (``.tmp-*`` leftovers ignored)."""
+    best = None
+    output_dir = Path(output_dir)
+    if not output_dir.is_dir():
+        return None
+    for folder in output_dir.iterdir():
+        if not _CHECKPOINT_FOLDER.match(folder.name):
+            continue
+        try:
+            manifest = read_manifest(folder)
+        except TuneError:
+            continue
+        if manifest is not None:
+            key = (int(manifest.get("step", 0)), int(manifest.get("epoch", 0)), folder.stat().st_mtime)
+            if best is None or key > best[0]:
+                best = (key, folder)
+    return None if best is None else best[1]
+
+
+def _previous_hint(folder: Path) -> str:
+    previous = previous_checkpoint(folder)
+    if previous is not None:
+        return f"Resume from the previous checkpoint instead: set checkpointer.checkpoint_dir={previous}."
+    return "Resume from an earlier checkpoint folder (set checkpointer.checkpoint_dir) or from the original weights."
+
+
+def verify_manifest(folder: Path, only: Optional[Iterable[str]] = None) -> Optional[dict[str, Any]]:
+    """Check the sizes and sha256 sums of the files in ``folder``'s manifest.
+
+    Args:
+        folder: a checkpoint folder written by this library.
+        only: names (relative to ``folder``) to check; default every file in the manifest. Names the
+            manifest does not list are skipped.
+
+    Returns:
+        The manifest, or ``None`` when ``folder`` has no manifest (nothing to verify).
+
+    Raises:
+        TuneError: naming the missing, truncated or corrupted file and suggesting the previous checkpoint.
+    """
+    folder = Path(folder)
+    manifest = read_manifest(folder)
+    if manifest is None:
+        return None
+    names = list(manifest["files"]) if only is None else [n for n in only if n in manifest["files"]]
+    for name in names:
+        entry = manifest["files"][name]
+        path = folder / name
+        if not path.is_file():
+            problem = "is missing"
+        elif path.stat().st_size != entry["size"]:
+            problem = f"has {path.stat().st_size} bytes but was saved with {entry['size']} (truncated?)"
+        elif sha256_of(path) != entry["sha256"]:
+            problem = "does not match the sha256 checksum it was saved with (corrupted)"
+        else:
+            continue
+        raise TuneError(f"Checkpoint file {path} {problem}, so this checkpoint cannot be loaded. "
+                        f"{_previous_hint(folder)}")
+    return manifest

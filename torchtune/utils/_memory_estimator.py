@@ -1,0 +1,509 @@
+"""Peak-memory estimate of a training step, on fake tensors, split by what the memory holds.
+
+How it counts: a ``TorchDispatchMode`` (``StorageCounter``) sees every tensor an op returns and
+registers its storage once, with a ``weakref.finalize`` on the storage object that subtracts it when
+the storage dies. Sizes are rounded up to 512 bytes as the CUDA caching allocator does. The same
+counter runs on real tensors (``fake=False``), which is how the estimate is checked against a real run.
+
+At every new peak the live storages are put into categories:
+
+- weights: storages of the model's parameters and buffers;
+- gradients: storages referenced by a parameter's ``.grad`` (with optimizer in backward each is freed
+  in its hook, so at most a few are alive);
+- optimizer state (device): tensors in ``optimizer.state`` of every optimizer that stepped;
+- activations: storages autograd saved for backward, seen through saved-tensor hooks (layer inputs
+  at checkpoint boundaries, non-checkpointed layers, the loss inputs). The recomputed insides of the
+  layer being back-propagated under activation checkpointing are invisible to those hooks and count
+  as temporaries;
+- temporaries: everything else alive at that moment.
+
+Optimizers from bitsandbytes and torchao do not run on fake tensors. For them the estimator uses
+``LayoutOptimizer``: it runs the real optimizer class once on small real CPU tensors of the
+parameter's dtype, measures the state bytes it creates per parameter (including per-block absmax and
+quantization maps, and bitsandbytes' rules: 32-bit state below ``min_8bit_size`` elements, paged
+buffers only from 1e5 elements), scales them linearly to the parameter's size, and allocates that many
+bytes on the device, or counts them as paged/managed memory (not in the device peak, needs host RAM).
+
+Fake tensors stand for device tensors but are CPU tensors here: fake CUDA tensors cannot take part in
+autograd on a PyTorch build without CUDA, and SDPA picks its math kernel for them. The CPU flash
+attention kernel saves the same tensors (output and fp32 log-sum-exp) as the CUDA flash kernel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import weakref
+from typing import Any, Callable, Iterable, Iterator, Optional
+
+import torch
+from torch import nn
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._pytree import tree_leaves
+
+__all__ = ["CATEGORIES", "LayoutOptimizer", "MemoryEstimate", "StorageCounter", "measure_state_layout",
+           "profile_memory"]
+
+GB = 1e9
+CATEGORIES = ("weights", "gradients", "optimizer_state", "activations", "temporaries")
+_ALIGN = 512  # the CUDA caching allocator rounds every block up to a multiple of 512 bytes
+
+
+def _rounded(nbytes: int) -> int:
+    return 0 if nbytes == 0 else -(-nbytes // _ALIGN) * _ALIGN
+
+
+def _storage_key(t: torch.Tensor) -> Optional[int]:
+    try:
+        return t.untyped_storage()._cdata
+    except (RuntimeError, NotImplementedError, TypeError):  # tensor subclasses without one storage
+        return None
+
+
+def _inner_tensors(t: torch.Tensor) -> list[torch.Tensor]:
+    """The plain tensors holding ``t``'s data (unwraps torchao-style tensor subclasses)."""
+    if hasattr(t, "__tensor_flatten__") and type(t) is not torch.Tensor and not isinstance(t, nn.Parameter):
+        try:
+            names, _ = t.__tensor_flatten__()
+        except Exception:  # not a wrapper subclass after all
+            return [t]
+        out: list[torch.Tensor] = []
+        for name in names:
+            out.extend(_inner_tensors(getattr(t, name)))
+        return out
+    return [t]
+
+
+class StorageCounter(TorchDispatchMode):
+    """Counts the bytes of live tensor storages created by ops while the mode is active.
+
+    ``current``/``peak`` are device bytes; allocations made inside ``host()`` are host bytes
+    (``host_current``/``host_peak``). ``classify`` (optional) is called at every new device peak and
+    returns ``{storage key: category}`` for the storages it recognises; the rest are temporaries.
+    """
+
+    def __init__(self, classify: Optional[Callable[[], dict[int, str]]] = None,
+                 on_free: Optional[Callable[[int], None]] = None) -> None:
+        super().__init__()
+        self.classify = classify
+        self.on_free = on_free
+        self.current = 0
+        self.peak = 0
+        self.window_peak = 0  # peak since the last reset_window(): one training step
+        self.host_current = 0
+        self.host_peak = 0
+        self.peak_breakdown: dict[str, int] = {c: 0 for c in CATEGORIES}
+        self._live: dict[int, int] = {}
+        self._host_live: dict[int, int] = {}
+        self._in_host = 0
+
+    @contextlib.contextmanager
+    def host(self) -> Iterator[None]:
+        """Allocations made inside count as host memory (pinned host copies of offloaded tensors)."""
+        self._in_host += 1
+        try:
+            yield
+        finally:
+            self._in_host -= 1
+
+    def live_keys(self) -> Iterable[int]:
+        return self._live.keys()
+
+    def reset_window(self) -> None:
+        self.window_peak = self.current
+
+    def track(self, t: torch.Tensor) -> None:
+        """Count ``t``'s storage if it is not counted yet (also for tensors made before the mode)."""
+        for inner in _inner_tensors(t):
+            self._track_plain(inner)
+
+    def _track_plain(self, t: torch.Tensor) -> None:
+        key = _storage_key(t)
+        if key is None:
+            return
+        nbytes = _rounded(t.untyped_storage().nbytes())
+        table = self._host_live if key in self._host_live else self._live
+        if key in table:
+            if table[key] != nbytes:  # resized in place (an out= op grew it)
+                self._add(table, key, nbytes - table[key])
+            return
+        if key in self._live or key in self._host_live:
+            return
+        table = self._host_live if self._in_host else self._live
+        table[key] = 0
+        weakref.finalize(t.untyped_storage(), self._free, key)
+        self._add(table, key, nbytes)
+
+    def _add(self, table: dict[int, int], key: int, delta: int) -> None:
+        table[key] += delta
+        if table is self._host_live:
+            self.host_current += delta
+            self.host_peak = max(self.host_peak, self.host_current)
+            return
+        self.current += delta
+        self.window_peak = max(self.window_peak, self.current)
+        if self.current > self.peak:
+            self.peak = self.current
+            self._snapshot()
+
+    def _free(self, key: int) -> None:
+        if key in self._live:
+            self.current -= self._live.pop(key)
+        elif key in self._host_live:
+            self.host_current -= self._host_live.pop(key)
+        if self.on_free is not None:
+            self.on_free(key)  # the address may be reused by a new storage: forget its tags
+
+    def _snapshot(self) -> None:
+        tags = self.classify() if self.classify is not None else {}
+        breakdown = {c: 0 for c in CATEGORIES}
+        for key, nbytes in self._live.items():
+            breakdown[tags.get(key, "temporaries")] += nbytes
+        self.peak_breakdown = breakdown
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self.track(t)
+        return out
+
+
+# --- optimizer state layout for optimizers that cannot run on fake tensors --------------------------
+
+_LAYOUT_CACHE: dict[tuple[str, tuple, int, torch.dtype], tuple[int, int]] = {}
+# parameters up to this size are measured at their own size; larger ones at 2**17 and 2**18 elements,
+# both above bitsandbytes' 1e5-element paging threshold so the two points have the same layout
+_MEASURE_DIRECT_UP_TO = 1 << 17
+
+
+def _import(path: str) -> Any:
+    module, _, name = path.rpartition(".")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
+
+
+def _measured_bytes(optimizer_cls: type, kwargs: dict[str, Any], numel: int,
+                    dtype: torch.dtype) -> tuple[int, int]:
+    """(device bytes, paged bytes) of the state the real class creates for one param of ``numel``."""
+    import warnings
+
+    torch.manual_seed(0)
+    param = nn.Parameter(torch.randn(numel, dtype=torch.float32).to(dtype))
+    optimizer = optimizer_cls([param], **kwargs)
+    param.grad = torch.randn_like(param)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "paged optimizers are not supported on CPU": we only measure
+        optimizer.step()
+    # bitsandbytes allocates paged buffers only for tensors of >= 1e5 elements (get_state_buffer)
+    paged = bool(getattr(optimizer, "is_paged", False)) and numel >= 1e5
+    device_bytes = paged_bytes = 0
+    seen: set[int] = set()
+    for value in optimizer.state[param].values():
+        if not isinstance(value, torch.Tensor):
+            continue
+        for inner in _inner_tensors(value):
+            key = _storage_key(inner)
+            if key in seen:
+                continue
+            seen.add(key)
+            nbytes = inner.untyped_storage().nbytes()
+            # the moment buffers (same size as the param) are the paged ones; absmax/qmap stay on device
+            if paged and inner.numel() == numel:
+                paged_bytes += nbytes
+            else:
+                device_bytes += nbytes
+    return device_bytes, paged_bytes
+
+
+def measure_state_layout(optimizer_cls: type, kwargs: dict[str, Any], numel: int,
+                         dtype: torch.dtype) -> tuple[int, int]:
+    """(device bytes, paged/managed bytes) of ``optimizer_cls``'s state for a parameter of ``numel``.
+
+    Measured by one real step of the real class on CPU; parameters above 131072 elements are measured
+    at 131072 and 262144 elements and extrapolated linearly (state is a per-element part plus
+    per-block scales, both linear in the size).
+    """
+    key = (f"{optimizer_cls.__module__}.{optimizer_cls.__qualname__}", tuple(sorted(kwargs.items())), numel, dtype)
+    if key in _LAYOUT_CACHE:
+        return _LAYOUT_CACHE[key]
+    with _disable_current_modes():  # real tensors, even when called under the fake mode
+        if numel <= _MEASURE_DIRECT_UP_TO:
+            result = _measured_bytes(optimizer_cls, kwargs, numel, dtype)
+        else:
+            n1, n2 = _MEASURE_DIRECT_UP_TO, 2 * _MEASURE_DIRECT_UP_TO
+            d1, p1 = _measured_bytes(optimizer_cls, kwargs, n1, dtype)
+            d2, p2 = _measured_bytes(optimizer_cls, kwargs, n2, dtype)
+            scale = (numel - n1) / (n2 - n1)
+            result = (round(d1 + (d2 - d1) * scale), round(p1 + (p2 - p1) * scale))
+    _LAYOUT_CACHE[key] = result
+    return result
+
+
+class LayoutOptimizer(torch.optim.Optimizer):
+    """Stands in for a bitsandbytes/torchao optimizer under the fake mode (memory estimation only).
+
+    Allocates, per parameter, the state bytes the real class ``optimizer_component`` creates
+    (``measure_state_layout``) as one uint8 buffer on the parameter's device, adds the paged share to
+    ``paged_bytes`` instead of allocating it, and applies a plain in-place update so the step's
+    memory behaviour (grads read in place, no copies) matches the fused kernels.
+    """
+
+    paged_bytes_total = 0  # summed over every instance: one optimizer per parameter in backward
+
+    def __init__(self, params: Any, optimizer_component: str, **kwargs: Any) -> None:
+        self.optimizer_cls = _import(optimizer_component)
+        self.optimizer_component = optimizer_component
+        self.real_kwargs = kwargs
+        self.is_paged = optimizer_component.rsplit(".", 1)[-1].startswith("Paged")
+        self.paged_bytes = 0
+        super().__init__(params, {"lr": kwargs.get("lr", 1e-3)})
+
+    @torch.no_grad()
+    def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    device_bytes, paged_bytes = measure_state_layout(
+                        self.optimizer_cls, self.real_kwargs, p.numel(), p.dtype)
+                    state["state"] = torch.zeros(device_bytes, dtype=torch.uint8, device=p.device)
+                    self.paged_bytes += paged_bytes
+                    LayoutOptimizer.paged_bytes_total += paged_bytes
+                p.add_(p.grad, alpha=-group["lr"])
+        return None
+
+
+def layout_optimizer_config(component: str, kwargs: dict[str, Any]) -> Optional[dict[str, Any]]:
+    """The ``_component_`` node that replaces a bitsandbytes/torchao optimizer, or None for others."""
+    if not component.startswith(("bitsandbytes.", "torchao.")):
+        return None
+    return {"_component_": f"{__name__}.LayoutOptimizer", "optimizer_component": component, **kwargs}
+
+
+# --- profiling a training step ----------------------------------------------------------------------
+
+@dataclasses.dataclass
+class MemoryEstimate:
+    """Peak device memory of a training run split into categories (bytes), plus host-side needs."""
+
+    peak_bytes: int
+    breakdown: dict[str, int]
+    paged_optimizer_bytes: int = 0
+    host_offload_peak_bytes: int = 0
+    step_peaks: list[int] = dataclasses.field(default_factory=list)
+    fake: bool = True
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def host_bytes_needed(self) -> int:
+        """Host RAM the run needs besides the process itself: paged optimizer state + offloaded activations."""
+        return self.paged_optimizer_bytes + self.host_offload_peak_bytes
+
+    def as_gb(self) -> dict[str, float]:
+        out = {name: nbytes / GB for name, nbytes in self.breakdown.items()}
+        out["total"] = self.peak_bytes / GB
+        out["paged_optimizer_state"] = self.paged_optimizer_bytes / GB
+        out["host_offloaded_activations"] = self.host_offload_peak_bytes / GB
+        return out
+
+    def format(self, title: str = "Estimated peak device memory") -> str:
+        rows = [(f"  {name.replace('_', ' ')}", nbytes) for name, nbytes in self.breakdown.items()]
+        lines = [f"{title} (1 GB = 1e9 bytes):"]
+        lines += [f"{label:<34}{nbytes / GB:>9.2f} GB" for label, nbytes in rows]
+        lines.append(f"{'  total (device peak)':<34}{self.peak_bytes / GB:>9.2f} GB")
+        lines.append("Outside the device peak:")
+        lines.append(f"{'  optimizer state, paged/managed':<34}{self.paged_optimizer_bytes / GB:>9.2f} GB"
+                     "  (CUDA managed memory; needs that much host RAM when paged out)")
+        lines.append(f"{'  offloaded activations (host)':<34}{self.host_offload_peak_bytes / GB:>9.2f} GB"
+                     "  (pinned host memory)")
+        lines.append(f"{'  host RAM needed for these':<34}{self.host_bytes_needed / GB:>9.2f} GB")
+        lines += [f"Note: {note}" for note in self.notes]
+        return "\n".join(lines)
+
+
+class _Tracker:
+    """What the categories need to know: parameters, optimizers that stepped, saved tensors."""
+
+    def __init__(self) -> None:
+        self.model: Optional[nn.Module] = None
+        self.optimizers: "weakref.WeakSet[torch.optim.Optimizer]" = weakref.WeakSet()
+        self.saved: dict[int, None] = {}  # keys of storages saved for backward (pruned when freed)
+        self.counter: Optional[StorageCounter] = None
+
+    def on_saved(self, t: torch.Tensor) -> None:
+        for inner in _inner_tensors(t):
+            key = _storage_key(inner)
+            if key is not None:
+                self.saved[key] = None
+
+    def classify(self) -> dict[int, str]:
+        tags: dict[int, str] = {}
+        live = self.counter._live if self.counter is not None else {}
+        for key in self.saved:
+            if key in live:
+                tags[key] = "activations"
+        for opt in list(self.optimizers):
+            for state in opt.state.values():
+                for value in state.values():
+                    if isinstance(value, torch.Tensor):
+                        for inner in _inner_tensors(value):
+                            tags[_storage_key(inner)] = "optimizer_state"
+        if self.model is not None:
+            for p in self.model.parameters():
+                if p.grad is not None:
+                    tags[_storage_key(p.grad)] = "gradients"
+            for t in self.model.parameters():
+                tags[_storage_key(t)] = "weights"
+            for t in self.model.buffers():
+                tags[_storage_key(t)] = "weights"
+        return tags
+
+
+def profile_memory(setup: Callable[[], tuple[nn.Module, Callable[[], Any]]], steps: int = 2,
+                   fake: bool = True) -> MemoryEstimate:
+    """Peak memory of ``steps`` calls of a training step, counted by ``StorageCounter``.
+
+    ``setup()`` runs inside the counting (and, with ``fake=True``, inside ``FakeTensorMode``) and
+    returns ``(model, step)``; ``step()`` runs one training step (forward, loss, backward, optimizer).
+    Offloaded activations (``OffloadActivations``) are simulated as if CPU tensors were device tensors,
+    their host copies counted separately.
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from torchtune.utils._activations import simulate_offloading
+
+    tracker = _Tracker()
+    counter = StorageCounter(classify=tracker.classify)
+    tracker.counter = counter
+    counter.on_free = lambda key: tracker.saved.pop(key, None)
+    LayoutOptimizer.paged_bytes_total = 0
+    handle = register_optimizer_step_pre_hook(
+        lambda opt, args, kwargs: tracker.optimizers.add(opt))
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        tracker.on_saved(t)
+        return t
+
+    step_peaks: list[int] = []
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
+    try:
+        with fake_mode, counter, simulate_offloading(counter.host, tracker.on_saved), \
+                torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            model, step = setup()
+            tracker.model = model
+            for t in [*model.parameters(), *model.buffers()]:
+                counter.track(t)  # in case they were made before the mode
+            for _ in range(steps):
+                counter.reset_window()
+                step()
+                step_peaks.append(counter.window_peak)
+            estimate = MemoryEstimate(
+                peak_bytes=counter.peak, breakdown=dict(counter.peak_breakdown),
+                paged_optimizer_bytes=LayoutOptimizer.paged_bytes_total,
+                host_offload_peak_bytes=counter.host_peak, step_peaks=step_peaks, fake=fake)
+            del model, step
+    finally:
+        handle.remove()
+    return estimate
+
+
+# --- the recipe, on fake tensors ----------------------------------------------------------------------
+
+def _recipe_class() -> type:
+    try:
+        from recipes.full_finetune_single_device import FullFinetuneRecipeSingleDevice
+    except ImportError as exc:  # pragma: no cover - a broken install
+        from torchtune._errors import TuneError
+
+        raise TuneError(f"The recipe full_finetune_single_device could not be imported ({exc}); "
+                        "reinstall torchtune (pip install -e .).") from exc
+    return FullFinetuneRecipeSingleDevice
+
+
+def default_seq_len(cfg: Any) -> int:
+    """The sequence length a config trains on: ``dataset.max_seq_len``, else ``tokenizer.max_seq_len``."""
+    for section in ("dataset", "tokenizer"):
+        node = cfg.get(section)
+        value = node.get("max_seq_len") if node is not None else None
+        if value:
+            return int(value)
+    from torchtune._errors import ConfigError
+
+    raise ConfigError("The config sets no dataset.max_seq_len (nor tokenizer.max_seq_len): pass --seq-len N "
+                      "to say how long the training sequences are.")
+
+
+def estimate_recipe_memory(cfg: Any, seq_len: Optional[int] = None, batch_size: Optional[int] = None,
+                           steps: int = 2, fake: bool = True) -> MemoryEstimate:
+    """Peak memory of the ``full_finetune_single_device`` recipe for ``cfg``, without weights or GPU.
+
+    Builds ``FullFinetuneRecipeSingleDevice(cfg)`` (the recipe's own code), and inside the fake mode
+    calls its ``_setup_model`` (random init, no weights), ``_setup_optimizer``, ``_setup_loss`` and
+    ``steps`` times ``train_step`` on a synthetic batch of ``batch_size`` x ``seq_len`` tokens. The
+    device is simulated on CPU tensors; bitsandbytes/torchao optimizers become ``LayoutOptimizer``.
+    With ``fake=False`` the same runs on real CPU tensors (to check the estimate on a small model).
+    """
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
+    target_device = str(cfg.device)
+    seq_len = int(seq_len) if seq_len is not None else default_seq_len(cfg)
+    if batch_size is not None:
+        cfg.batch_size = int(batch_size)
+    cfg.device = "cpu"  # fake CPU tensors stand for the device (see the module docstring)
+    cfg.compile = False  # compiling does not run on fake tensors; it changes temporaries only
+    notes = [f"simulated on fake CPU tensors standing for device={target_device}; sizes rounded to "
+             "512 bytes like the CUDA caching allocator; fragmentation (reserved - allocated) and the "
+             "CUDA context (~0.3-0.5 GB) are not included"]
+    optimizer_node = OmegaConf.to_container(cfg.optimizer, resolve=True)
+    component = optimizer_node.pop("_component_")
+    layout = layout_optimizer_config(component, optimizer_node)
+    if layout is not None:
+        if component.startswith("bitsandbytes."):
+            _require(component, "bitsandbytes")
+        else:
+            _require(component, "torchao")
+        cfg.optimizer = layout
+        notes.append(f"{component} state measured per parameter from the real class on small CPU "
+                     "tensors and scaled to each parameter's size")
+    if not cfg.optimizer_in_bwd:
+        notes.append("optimizer_in_bwd=False: a full set of gradients exists after backward")
+
+    recipe = _recipe_class()(cfg)
+    batch = int(cfg.batch_size)
+
+    def setup() -> tuple[nn.Module, Callable[[], Any]]:
+        model = recipe._setup_model(cfg.model,
+                                    enable_activation_checkpointing=bool(cfg.enable_activation_checkpointing),
+                                    enable_activation_offloading=bool(cfg.enable_activation_offloading),
+                                    compile_model=False, model_state_dict=None)
+        recipe._model = model
+        recipe._optimizer = recipe._setup_optimizer(cfg.optimizer, optimizer_in_bwd=bool(cfg.optimizer_in_bwd))
+        recipe._loss_fn = recipe._setup_loss(cfg.loss)
+        vocab = model.tok_embeddings.num_embeddings
+        generator = torch.Generator().manual_seed(0)
+        with _disable_current_modes():  # real token ids, then counted as inputs
+            tokens = torch.randint(0, vocab, (batch, seq_len), generator=generator)
+            labels = torch.randint(0, vocab, (batch, seq_len), generator=generator)
+        data = {"tokens": tokens, "labels": labels}
+        return model, lambda: recipe.train_step(data)
+
+    estimate = profile_memory(setup, steps=steps, fake=fake)
+    estimate.notes = notes + estimate.notes
+    return estimate
+
+
+def _require(component: str, package: str) -> None:
+    try:
+        __import__(package)
+    except ImportError as exc:
+        from torchtune._errors import TuneError
+
+        raise TuneError(f"optimizer._component_={component} needs {package} installed to measure its state "
+                        f"layout ({exc}). pip install {package}, or estimate with "
+                        "optimizer._component_=torch.optim.AdamW.") from exc

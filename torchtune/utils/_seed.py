@@ -1,0 +1,34 @@
+"""Seeding and RNG state capture for exact resume."""
+
+from __future__ import annotations
+
+import random
+from typing import Any, Dict, Optional
+
+import torch
+
+
+def set_seed(seed: Optional[int] = None) -> int:
+    """Seed python and torch (all devices); a ``None`` seed draws one and returns it."""
+    if seed is None:
+        seed = random.SystemRandom().randint(0, 2**31 - 1)
+    random.seed(seed)
+    torch.manual_seed(seed)  # also seeds every CUDA device
+    return seed
+
+
+def get_rng_state() -> Dict[str, Any]:
+    """RNG states in a form ``torch.load(weights_only=True)`` accepts."""
+    state: Dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: Dict[str, Any]) -> None:
+    """Restore what :func:`get_rng_state` captured."""
+    torch.set_rng_state(state["torch"])
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
