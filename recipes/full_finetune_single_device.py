@@ -607,13 +607,23 @@ class FullFinetuneRecipeSingleDevice:
         """The command line that resumes this run from ``recipe_checkpoint``."""
         argv = list(sys.argv[1:])
         config_path = None
-        if "--config" in argv:
+        if "--config" in argv[:-1]:
             i = argv.index("--config")
             config_path = argv[i + 1]
             del argv[i : i + 2]
+        elif any(a.startswith("--config=") for a in argv):
+            config_path = next(a for a in argv if a.startswith("--config=")).split("=", 1)[1]
+            argv = [a for a in argv if not a.startswith("--config=")]
         overrides = [a for a in argv if not a.startswith(("resume_from_checkpoint=",
                                                           "checkpointer.recipe_checkpoint="))]
-        parts = ["tune", "run", "full_finetune_single_device", "--config", config_path or "CONFIG",
+        # A copy of this recipe (`tune cp`) resumes with the copy, not with the built-in recipe.
+        from torchtune import _recipe_registry
+
+        builtin = _recipe_registry.get_recipe("full_finetune_single_device")
+        script = sys.argv[0] if sys.argv and sys.argv[0].endswith(".py") else ""
+        recipe = (script if script and builtin is not None and Path(script).resolve() != builtin.path.resolve()
+                  else "full_finetune_single_device")
+        parts = ["tune", "run", recipe, "--config", config_path or "CONFIG",
                  *overrides, "resume_from_checkpoint=True", f"checkpointer.recipe_checkpoint={recipe_checkpoint}"]
         return " ".join(shlex.quote(p) for p in parts)
 

@@ -94,6 +94,8 @@ class StorageCounter(TorchDispatchMode):
         self.host_current = 0
         self.host_peak = 0
         self.peak_breakdown: dict[str, int] = {c: 0 for c in CATEGORIES}
+        self.peak_op = ""  # the op whose output made the peak
+        self._op = ""
         self._live: dict[int, int] = {}
         self._host_live: dict[int, int] = {}
         self._in_host = 0
@@ -161,9 +163,11 @@ class StorageCounter(TorchDispatchMode):
         for key, nbytes in self._live.items():
             breakdown[tags.get(key, "temporaries")] += nbytes
         self.peak_breakdown = breakdown
+        self.peak_op = self._op
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        self._op = str(func)
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
                 self.track(t)
@@ -297,6 +301,7 @@ class MemoryEstimate:
     host_offload_peak_bytes: int = 0
     step_peaks: list[int] = dataclasses.field(default_factory=list)
     fake: bool = True
+    peak_op: str = ""
     notes: list[str] = dataclasses.field(default_factory=list)
 
     @property
@@ -315,7 +320,8 @@ class MemoryEstimate:
         rows = [(f"  {name.replace('_', ' ')}", nbytes) for name, nbytes in self.breakdown.items()]
         lines = [f"{title} (1 GB = 1e9 bytes):"]
         lines += [f"{label:<34}{nbytes / GB:>9.2f} GB" for label, nbytes in rows]
-        lines.append(f"{'  total (device peak)':<34}{self.peak_bytes / GB:>9.2f} GB")
+        lines.append(f"{'  total (device peak)':<34}{self.peak_bytes / GB:>9.2f} GB"
+                     + (f"  (reached at {self.peak_op})" if self.peak_op else ""))
         lines.append("Outside the device peak:")
         lines.append(f"{'  optimizer state, paged/managed':<34}{self.paged_optimizer_bytes / GB:>9.2f} GB"
                      "  (CUDA managed memory; needs that much host RAM when paged out)")
@@ -405,7 +411,8 @@ def profile_memory(setup: Callable[[], tuple[nn.Module, Callable[[], Any]]], ste
             estimate = MemoryEstimate(
                 peak_bytes=counter.peak, breakdown=dict(counter.peak_breakdown),
                 paged_optimizer_bytes=LayoutOptimizer.paged_bytes_total,
-                host_offload_peak_bytes=counter.host_peak, step_peaks=step_peaks, fake=fake)
+                host_offload_peak_bytes=counter.host_peak, step_peaks=step_peaks, fake=fake,
+                peak_op=counter.peak_op)
             del model, step
     finally:
         handle.remove()

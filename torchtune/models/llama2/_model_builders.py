@@ -53,6 +53,4 @@ def llama2_tokenizer(path: str, max_seq_len: Optional[int] = None):
     # Imported here so building a model never pulls in sentencepiece.
     from torchtune.modules.tokenizers import SentencePieceTokenizer
 
-    tokenizer = SentencePieceTokenizer(path)
-    tokenizer.max_seq_len = max_seq_len
-    return tokenizer
+    return SentencePieceTokenizer(path, max_seq_len=max_seq_len)

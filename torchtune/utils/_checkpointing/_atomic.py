@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from torchtune._errors import TuneError
-from torchtune.utils._checkpointing._manifest import MANIFEST_NAME, build_manifest
+from torchtune.utils._checkpointing._manifest import MANIFEST_NAME, build_manifest, find_latest_checkpoint
 
 TMP_PREFIX = ".tmp-"
 OLD_PREFIX = ".old-"
@@ -88,11 +88,15 @@ def write_folder_atomically(destination: Path, write_contents: Callable[[Path], 
         shutil.rmtree(tmp, ignore_errors=True)
         reason = ("the disk is full" if exc.errno in (errno.ENOSPC, errno.EDQUOT)
                   else f"{exc.strerror or exc} ({exc.filename or tmp})")
+        latest = find_latest_checkpoint(parent)
+        kept = (f"the previous checkpoint {latest} is kept" if latest is not None
+                else f"nothing else in {parent} was changed")
+        resume = (f" and resume from {latest / 'recipe_state.pt'} (checkpointer.recipe_checkpoint)"
+                  if latest is not None and (latest / "recipe_state.pt").is_file() else "")
         raise TuneError(
             f"Saving the checkpoint {destination} failed: {reason}. The partial files were removed and "
-            f"the previous checkpoint in {parent} is kept. Free space (or fix the problem) in "
-            f"checkpointer.output_dir={parent}, or point checkpointer.output_dir at another disk, "
-            f"and resume from the previous checkpoint.") from exc
+            f"{kept}. Free space (or fix the problem) in checkpointer.output_dir={parent}, or point "
+            f"checkpointer.output_dir at another disk{resume}.") from exc
 
     try:
         if destination.exists():

@@ -238,8 +238,16 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
             # Tied embeddings: the file has no lm_head; our model keeps a separate output projection.
             merged["lm_head.weight"] = merged["model.embed_tokens.weight"].clone()
             self._output_missing_in_input = True
-        model_sd = hf_to_tune(merged, num_heads=self._num_heads, num_kv_heads=self._num_kv_heads,
-                              dim=self._dim, head_dim=self._head_dim)
+        try:
+            model_sd = hf_to_tune(merged, num_heads=self._num_heads, num_kv_heads=self._num_kv_heads,
+                                  dim=self._dim, head_dim=self._head_dim)
+        except RuntimeError as exc:  # q/k un-permutation: the shapes in config.json do not fit the weights
+            raise TuneError(
+                f"The weights in {self._checkpoint_dir} ({_shorten(self._shard_names)}) do not have the shapes "
+                f"that {self._checkpoint_dir / 'config.json'} describes (hidden_size={self._dim}, "
+                f"num_attention_heads={self._num_heads}, num_key_value_heads={self._num_kv_heads}): {exc}. "
+                "Use the config.json that came with these weights, or check checkpointer.checkpoint_files."
+            ) from exc
         return self._finish_load(model_sd)
 
     def _write_model(self, model_sd: dict[str, torch.Tensor], folder: Path) -> None:

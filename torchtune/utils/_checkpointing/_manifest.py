@@ -58,12 +58,29 @@ def previous_checkpoint(folder: Path) -> Optional[Path]:
     if match is None or not folder.parent.is_dir():
         return None
     kind, number = match.group(1), int(match.group(2))
+    # Compare by the saved global step where the manifests tell it, so that step_N and epoch_N folders
+    # are ordered together (epoch_0 at step 6 comes after step_4); else by the number of the same kind.
+    own_step = _saved_step(folder)
     candidates = []
     for sibling in folder.parent.iterdir():
         m = _CHECKPOINT_FOLDER.match(sibling.name)
-        if m and m.group(1) == kind and int(m.group(2)) < number and (sibling / MANIFEST_NAME).is_file():
+        if not m or sibling.name == folder.name or not (sibling / MANIFEST_NAME).is_file():
+            continue
+        if own_step is not None:
+            step = _saved_step(sibling)
+            if step is not None and step < own_step:
+                candidates.append((step, sibling))
+        elif m.group(1) == kind and int(m.group(2)) < number:
             candidates.append((int(m.group(2)), sibling))
     return max(candidates)[1] if candidates else None
+
+
+def _saved_step(folder: Path) -> Optional[int]:
+    """The global step in ``folder``'s manifest, or None if it has no readable one."""
+    try:
+        return int(json.loads((Path(folder) / MANIFEST_NAME).read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def find_latest_checkpoint(output_dir: Path) -> Optional[Path]:
@@ -88,8 +105,13 @@ def find_latest_checkpoint(output_dir: Path) -> Optional[Path]:
 
 def _previous_hint(folder: Path) -> str:
     previous = previous_checkpoint(folder)
+    if previous is not None and (previous / "recipe_state.pt").is_file():
+        # A resume takes its weights from the recipe_checkpoint's folder, so that is the key to change.
+        return (f"Fall back to the previous checkpoint {previous}: to resume from it, set "
+                f"checkpointer.recipe_checkpoint={previous / 'recipe_state.pt'} (its weights are loaded from "
+                f"the same folder); to start from its weights, set checkpointer.checkpoint_dir={previous}.")
     if previous is not None:
-        return f"Resume from the previous checkpoint instead: set checkpointer.checkpoint_dir={previous}."
+        return f"Fall back to the previous checkpoint {previous}: set checkpointer.checkpoint_dir={previous}."
     return "Resume from an earlier checkpoint folder (set checkpointer.checkpoint_dir) or from the original weights."
 
 

@@ -71,3 +71,14 @@ def test_meta_round_trip():
     meta["rope.freqs"] = torch.ones(4)
     back = meta_to_tune(meta)
     assert back.keys() == sd.keys() and all(torch.equal(back[k], sd[k]) for k in sd)
+
+
+def test_llama2_tokenizer_builder(tmp_path):
+    from tests._helpers.tokenizer import make_spm_tokenizer
+    from torchtune.models.llama2 import llama2_tokenizer
+
+    tokenizer = llama2_tokenizer(str(make_spm_tokenizer(tmp_path)), max_seq_len=64)
+    assert tokenizer.max_seq_len == 64
+    ids = tokenizer.encode("Hello world")
+    assert ids[0] == tokenizer.bos_id == 1 and ids[-1] == tokenizer.eos_id == 2
+    assert tokenizer.decode(ids) == "Hello world"
