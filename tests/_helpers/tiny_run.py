@@ -64,11 +64,14 @@ def make_hf_checkpoint(folder: Path, vocab_size: int, seed: int = 0, **dims: Any
     return folder
 
 
-def make_tiny_run(tmp_path: Path, num_examples: int = 24, **overrides: Any) -> Path:
+def make_tiny_run(tmp_path: Path, num_examples: int = 24, model_dims: Optional[Dict[str, int]] = None,
+                  **overrides: Any) -> Path:
     """Create checkpoint, tokenizer and data under ``tmp_path`` and return a config path.
 
-    ``overrides`` are dotted keys set on the config (e.g. ``optimizer_in_bwd=False``).
+    ``model_dims`` change the tiny model's size (checkpoint and config alike); ``overrides`` are
+    dotted keys set on the config (e.g. ``optimizer_in_bwd=False``).
     """
+    dims = {**TINY_DIMS, **(model_dims or {})}
     tmp_path = Path(tmp_path)
     data = tmp_path / "data.json"
     rows = alpaca_examples(num_examples)
@@ -79,9 +82,10 @@ def make_tiny_run(tmp_path: Path, num_examples: int = 24, **overrides: Any) -> P
     import sentencepiece as spm
 
     vocab = spm.SentencePieceProcessor(model_file=str(tokenizer)).vocab_size()
-    ckpt = make_hf_checkpoint(tmp_path / "base", vocab_size=vocab)
+    ckpt = make_hf_checkpoint(tmp_path / "base", vocab_size=vocab, **dims)
     (ckpt / "tokenizer.model").write_bytes(tokenizer.read_bytes())
     cfg = OmegaConf.create(base_config(tmp_path, ckpt, tokenizer, data, vocab))
+    cfg.model.update(dims)
     for key, value in overrides.items():
         OmegaConf.update(cfg, key, value, merge=False)
     path = tmp_path / "config.yaml"

@@ -138,14 +138,25 @@ sys.exit(main(sys.argv[1:]))
 '''
 
 
-def test_kill_during_save_keeps_previous_checkpoint_and_resume_is_exact(tiny, reference, tmp_path):
-    out = tmp_path / "out"
-    driver = tmp_path / "crash_in_save.py"
-    driver.write_text(CRASHING_DRIVER)
-    proc = subprocess.run([sys.executable, str(driver), "run", "full_finetune_single_device", "--config",
-                           str(tiny), f"output_dir={out}", *RUN], capture_output=True, text=True,
-                          env={**os.environ, **ENV, "PYTHONPATH": str(REPO_ROOT)}, timeout=300, cwd=REPO_ROOT)
-    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+@pytest.fixture(scope="module")
+def crashing_run(tiny, tmp_path_factory):
+    """Starts the run that is killed in its 2nd save; requested before `reference`, so they overlap."""
+    folder = tmp_path_factory.mktemp("crash")
+    (folder / "crash_in_save.py").write_text(CRASHING_DRIVER)
+    out, stderr = folder / "out", open(folder / "stderr.txt", "w")
+    proc = subprocess.Popen([sys.executable, str(folder / "crash_in_save.py"), "run",
+                             "full_finetune_single_device", "--config", str(tiny), f"output_dir={out}", *RUN],
+                            stdout=subprocess.DEVNULL, stderr=stderr, cwd=REPO_ROOT,
+                            env={**os.environ, **ENV, "PYTHONPATH": str(REPO_ROOT)})
+    yield proc, out, folder / "stderr.txt"
+    if proc.poll() is None:
+        proc.kill()
+    stderr.close()
+
+
+def test_kill_during_save_keeps_previous_checkpoint_and_resume_is_exact(tiny, crashing_run, reference):
+    proc, out, stderr = crashing_run
+    assert proc.wait(timeout=300) == -signal.SIGKILL, stderr.read_text()[-3000:]
 
     # Killed while writing epoch_0: the half-written folder never got the final name.
     leftovers = [p.name for p in out.iterdir() if p.name.startswith(".tmp-")]

@@ -493,10 +493,10 @@ def estimate_recipe_memory(cfg: Any, seq_len: Optional[int] = None, batch_size: 
         recipe._optimizer = recipe._setup_optimizer(cfg.optimizer, optimizer_in_bwd=bool(cfg.optimizer_in_bwd))
         recipe._loss_fn = recipe._setup_loss(cfg.loss)
         vocab = model.tok_embeddings.num_embeddings
-        generator = torch.Generator().manual_seed(0)
-        with _disable_current_modes():  # real token ids, then counted as inputs
-            tokens = torch.randint(0, vocab, (batch, seq_len), generator=generator)
-            labels = torch.randint(0, vocab, (batch, seq_len), generator=generator)
+        # made inside the modes: on the fake run they are fake too (a real input would be copied
+        # into a new fake storage when first used, which a real run does not do)
+        tokens = torch.randint(0, vocab, (batch, seq_len))
+        labels = torch.randint(0, vocab, (batch, seq_len))
         data = {"tokens": tokens, "labels": labels}
         return model, lambda: recipe.train_step(data)
 

@@ -1,0 +1,53 @@
+"""`tune estimate-memory` on a tiny model, and the GPU check's CPU path."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from torchtune._cli.tune import main
+
+TINY = ["model._component_=torchtune.models.llama2.llama2_tiny", "optimizer._component_=torch.optim.AdamW",
+        "dtype=fp32"]
+
+
+def test_estimate_memory_prints_the_split(capsys):
+    code = main(["estimate-memory", "--config", "llama2/7B_full_low_memory", "--seq-len", "32",
+                 "--batch-size", "1", *TINY])
+    out = capsys.readouterr().out
+    assert code == 0
+    for label in ("weights", "gradients", "optimizer state", "activations", "temporaries",
+                  "total (device peak)", "paged/managed", "host RAM needed"):
+        assert label in out
+    assert "batch 1 x 32 tokens" in out
+
+
+def test_estimate_memory_rejects_bad_numbers(capsys):
+    code = main(["estimate-memory", "--config", "llama2/7B_full_low_memory", "--seq-len", "0", *TINY])
+    assert code == 2
+    assert "--seq-len must be at least 1" in capsys.readouterr().err
+
+
+def test_estimate_memory_bad_override_is_a_config_error(capsys):
+    code = main(["estimate-memory", "--config", "llama2/7B_full_low_memory", "optimizer.lrr=1"])
+    assert code == 2
+    assert "optimizer.lr" in capsys.readouterr().err
+
+
+def test_gpu_memory_check_cpu_path(capsys):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
+    try:
+        import gpu_memory_check
+    finally:
+        sys.path.pop(0)
+    results = gpu_memory_check.run(gpu_memory_check.main.__globals__["argparse"].Namespace(
+        model="tiny", device="cpu", dtype="fp32", optimizer="torch.optim.AdamW", batch_size=2,
+        seq_lens=[16, 32], steps=2, cap_gb=None, estimate=True))
+    out = capsys.readouterr().out
+    assert [r["seq_len"] for r in results] == [16, 32]
+    for r in results:
+        assert r["host_peak_rss"] > 0 and r["tokens_per_second"] > 0 and r["estimated_peak"] > 0
+    assert json.loads(out.strip().splitlines()[-1])["seq_len"] == 32
+    with pytest.raises(SystemExit):
+        gpu_memory_check.main(["--model", "huge"])
