@@ -6,6 +6,7 @@ does is in this one file.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import hashlib
 import logging
@@ -15,13 +16,12 @@ import shlex
 import signal
 import sys
 import time
-from functools import partial
 from pathlib import Path
 from typing import Any, Dict, Optional
 
 import torch
 import torch.nn.functional as F
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from torch import nn
 from torch.utils.data import DataLoader
 from tqdm import tqdm
@@ -154,6 +154,7 @@ class FullFinetuneRecipeSingleDevice:
         self._grad_norm_sq: Optional[torch.Tensor] = None
         self._resumed_from: Optional[Path] = None
         self._last_checkpoint: Optional[Path] = None
+        self._last_checkpoint_step: Optional[int] = None
         self._activations_ctx: Any = None
 
     # ------------------------------------------------------------------------------------------
@@ -457,7 +458,7 @@ class FullFinetuneRecipeSingleDevice:
         if input_pos is not None:
             input_pos = input_pos.to(self._device, non_blocking=True)
 
-        ctx = self._activations_ctx() if self._activations_ctx is not None else _null_context()
+        ctx = self._activations_ctx() if self._activations_ctx is not None else contextlib.nullcontext()
         with ctx:
             hidden = self._model(tokens, mask=mask, input_pos=input_pos, output_hidden_states=True)
             loss = self._loss_fn(self._model.output, hidden, labels)
@@ -585,7 +586,7 @@ class FullFinetuneRecipeSingleDevice:
             state.update(self._recipe_state())
         folder = Path(self._checkpointer.save_checkpoint(
             state, epoch=epoch, step=self.global_step, intermediate=step_checkpoint))
-        self._last_checkpoint = folder
+        self._last_checkpoint, self._last_checkpoint_step = folder, self.global_step
         log.info("Saved checkpoint to %s%s", folder, "" if final else " (resumable)")
         if step_checkpoint and self._keep_last_n is not None:
             self._prune_step_checkpoints(folder.parent)
@@ -629,8 +630,8 @@ class FullFinetuneRecipeSingleDevice:
 
     def _stop_and_exit(self, epoch: int) -> None:
         name = signal.Signals(self._stop_signal).name
-        if self._steps_run_in_epoch == 0 and self._last_checkpoint is not None:
-            folder = self._last_checkpoint  # the epoch checkpoint just written
+        if self._last_checkpoint is not None and self._last_checkpoint_step == self.global_step:
+            folder = self._last_checkpoint  # just written (epoch end or save_every_n_steps): no second save
         else:
             folder = self.save_checkpoint(epoch=epoch, step_checkpoint=True)
         recipe_ckpt = folder / "recipe_state.pt"
@@ -667,14 +668,6 @@ class FullFinetuneRecipeSingleDevice:
 
     def cleanup(self) -> None:
         self._metric_logger.close()
-
-
-class _null_context:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _check_keys(cfg: DictConfig) -> None:

@@ -3,9 +3,10 @@ page documents every key the recipe reads.
 
 Offline commands are the fenced blocks tagged ```` ```bash offline ```` (or preceded by an
 ``<!-- offline -->`` comment) in the pages listed in ``OFFLINE_PAGES``. Each block runs as one
-``bash -e`` script with the venv's ``bin`` first on PATH, in a fresh temporary folder shared by the
-blocks of one page (so ``tune cp`` and a later ``tune validate`` of the copy work as for a user).
-A block tagged ```` ```bash offline repo ```` runs in the repository root instead.
+``bash -e`` script with the venv's ``bin`` first on PATH, in a fresh temporary folder of its own, so a
+block must not depend on another (``tune cp`` and a ``tune validate`` of the copy go in one block). A
+block tagged ```` ```bash offline repo ```` runs in the repository root instead. All blocks start at
+once, so the slowest one (``tune estimate-memory``) sets the wall time, not their sum.
 """
 
 from __future__ import annotations
@@ -80,10 +81,25 @@ def _subprocess_env() -> dict:
     return env
 
 
+def _block_id(block: Block) -> str:
+    return f"{block.page}:{block.line}"
+
+
 @pytest.fixture(scope="module")
-def page_dirs(tmp_path_factory) -> dict:
-    """One working folder per page, shared by that page's blocks in document order."""
-    return {name: tmp_path_factory.mktemp(name.replace(".md", "")) for name in OFFLINE_PAGES}
+def started_blocks(tmp_path_factory) -> Iterator[dict]:
+    """Every offline block, started at once as a subprocess in its own folder: {block id: Popen}."""
+    env = _subprocess_env()
+    procs = {}
+    for block in offline_blocks():
+        cwd = REPO if "repo" in block.info.split() else tmp_path_factory.mktemp(block.page.replace(".md", ""))
+        procs[_block_id(block)] = subprocess.Popen(
+            ["bash", "-e", "-o", "pipefail", "-c", block.text], cwd=cwd, env=env,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    yield procs
+    for proc in procs.values():  # only ours, and only if a test stopped waiting for it
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
 
 
 def test_quickstart_has_offline_commands():
@@ -94,14 +110,13 @@ def test_quickstart_has_offline_commands():
         assert expected in commands
 
 
-@pytest.mark.parametrize("block", offline_blocks(), ids=lambda b: f"{b.page}:{b.line}")
-def test_offline_command_block_runs(block: Block, page_dirs: dict):
-    cwd = REPO if "repo" in block.info.split() else page_dirs[block.page]
-    result = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", block.text], cwd=cwd, env=_subprocess_env(),
-                            capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, (
-        f"{block.page} line {block.line}: the block exited with status {result.returncode}\n"
-        f"--- block ---\n{block.text}\n--- stdout ---\n{result.stdout[-3000:]}\n--- stderr ---\n{result.stderr[-3000:]}")
+@pytest.mark.parametrize("block", offline_blocks(), ids=_block_id)
+def test_offline_command_block_runs(block: Block, started_blocks: dict):
+    proc = started_blocks[_block_id(block)]
+    stdout, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 0, (
+        f"{block.page} line {block.line}: the block exited with status {proc.returncode}\n"
+        f"--- block ---\n{block.text}\n--- stdout ---\n{stdout[-3000:]}\n--- stderr ---\n{stderr[-3000:]}")
 
 
 def _prose(path: Path) -> str:

@@ -330,19 +330,29 @@ def test_resume_command_names_the_recipe_that_ran(tmp_path, monkeypatch, copied)
         "checkpointer.recipe_checkpoint=/out/step_7/recipe_state.pt"]
 
 
-def test_sigterm_finishes_the_step_and_saves(tiny, reference, tmp_path, components, capsys):
+@pytest.mark.parametrize("at_step", [3, 4])  # 4: the signal comes with a scheduled save (save_every_n_steps=4)
+def test_sigterm_finishes_the_step_and_saves_once(tiny, reference, tmp_path, components, capsys, monkeypatch,
+                                                  at_step):
+    from torchtune.utils._checkpointing import _checkpointer
+
+    saves = []
+    real_save = _checkpointer.write_folder_atomically
+    monkeypatch.setattr(_checkpointer, "write_folder_atomically",
+                        lambda destination, *a, **kw: saves.append(destination.name) or real_save(destination, *a, **kw))
     out = tmp_path / "out"
     handler_before = signal.getsignal(signal.SIGTERM)
     rc = _main(tiny, f"output_dir={out}", *RUN, f"metric_logger={components}.SignalAtStep",
-               "+metric_logger.at_step=3", f"+metric_logger.signum={int(signal.SIGTERM)}")
+               f"+metric_logger.at_step={at_step}", f"+metric_logger.signum={int(signal.SIGTERM)}")
     assert rc == 128 + signal.SIGTERM
     assert signal.getsignal(signal.SIGTERM) is handler_before
     err = capsys.readouterr().err
-    assert f"Stopped by SIGTERM after step 3; checkpoint saved to {out / 'step_3'}" in err
-    assert "checkpointer.recipe_checkpoint=" in err and "resume_from_checkpoint=True" in err
-    assert verify_manifest(out / "step_3")["step"] == 3
+    folder = out / f"step_{at_step}"
+    assert f"Stopped by SIGTERM after step {at_step}; checkpoint saved to {folder}" in err
+    assert f"resume_from_checkpoint=True checkpointer.recipe_checkpoint={folder / 'recipe_state.pt'}" in err
+    assert saves == [f"step_{at_step}"]  # the step finished, then one save; none after the signal's step
+    assert verify_manifest(folder)["step"] == at_step
 
-    assert _main(tiny, f"output_dir={out}", *RUN, *_resume_args(out / "step_3")) == 0
+    assert _main(tiny, f"output_dir={out}", *RUN, *_resume_args(folder)) == 0
     assert read_losses(out) == read_losses(reference)
 
 
