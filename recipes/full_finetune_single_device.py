@@ -49,11 +49,6 @@ RECIPE_KEYS = (
     "metric_logger", "log_every_n_steps", "log_peak_memory_stats",
 )
 
-# Packages the optimizer may come from that are optional extras of ours.
-_OPTIONAL_OPTIMIZER_PACKAGES = {
-    "bitsandbytes": "pip install 'torchtune[bitsandbytes]'  (or: pip install bitsandbytes)",
-    "torchao": "pip install 'torchtune[torchao]'  (or: pip install torchao)",
-}
 
 
 class FullFinetuneRecipeSingleDevice:
@@ -179,6 +174,7 @@ class FullFinetuneRecipeSingleDevice:
         )
         if self._resume_from_checkpoint:
             self._check_model_fingerprint(ckpt)
+        self._check_attention_heads()
         self._tokenizer = config.instantiate(cfg.tokenizer)
         vocab_size = self._model.tok_embeddings.num_embeddings
         if self._tokenizer.vocab_size > vocab_size:
@@ -243,6 +239,19 @@ class FullFinetuneRecipeSingleDevice:
             cfg_checkpointer.recipe_checkpoint = str(path)
         return config.instantiate(cfg_checkpointer, resume_from_checkpoint=self._resume_from_checkpoint)
 
+    def _check_attention_heads(self) -> None:
+        """Heads in the checkpoint's config vs the model: a mismatch converts q/k weights wrongly
+        without any shape error, so it is caught here."""
+        heads = getattr(self._checkpointer, "attention_heads", None)
+        attn = self._model.layers[0].attn
+        if heads is not None and heads != (attn.num_heads, attn.num_kv_heads):
+            raise TuneError(
+                f"The checkpoint's config.json says num_attention_heads={heads[0]}, "
+                f"num_key_value_heads={heads[1]}, but the model built from model._component_ has "
+                f"{attn.num_heads} heads and {attn.num_kv_heads} key/value heads. Use the model builder "
+                "that matches these weights (or fix config.json in checkpointer.checkpoint_dir)."
+            )
+
     def _setup_model(
         self,
         cfg_model: DictConfig,
@@ -289,7 +298,6 @@ class FullFinetuneRecipeSingleDevice:
         Returns the optimizer in standard mode and ``None`` in backward, where the
         ``OptimInBackwardWrapper`` (``self._optim_wrapper``) holds the per-parameter optimizers.
         """
-        _require_optimizer_package(cfg_optimizer._component_)
         params = {n: p for n, p in self._model.named_parameters() if p.requires_grad}
         self._optim_wrapper = None
         if not optimizer_in_bwd:
@@ -697,21 +705,6 @@ def _positive_int(cfg: DictConfig, key: str, allow_none: bool = False) -> Option
         extra = " or null" if allow_none else ""
         raise ConfigError(f"{key} must be a whole number of at least 1{extra}, got {value!r}. Set {key}=1 or more.")
     return value
-
-
-def _require_optimizer_package(component: str) -> None:
-    package = str(component).split(".")[0]
-    hint = _OPTIONAL_OPTIMIZER_PACKAGES.get(package)
-    if hint is None:
-        return
-    try:
-        __import__(package)
-    except ImportError as exc:
-        raise TuneError(
-            f"optimizer._component_={component} needs the {package} package, which is not installed "
-            f"({exc}). Install it with `{hint}`, or pick a torch optimizer such as "
-            "optimizer._component_=torch.optim.AdamW."
-        ) from exc
 
 
 @config.parse

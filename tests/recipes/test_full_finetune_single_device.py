@@ -112,3 +112,18 @@ def test_cli_run_logs_per_step_losses(tiny, tmp_path):
     assert cli_losses == read_losses(in_process_dir)
     assert (out / "epoch_0" / "model.safetensors").exists()
     assert (out / "epoch_0" / "config.json").exists()
+
+
+def test_head_count_mismatch_with_config_json_is_an_error(tmp_path):
+    # Same hidden size, other split into heads: every shape matches, only the heads differ.
+    import json
+
+    from torchtune import TuneError
+
+    config_path = make_tiny_run(tmp_path)
+    hf_config = tmp_path / "base" / "config.json"
+    data = json.loads(hf_config.read_text())
+    data.update(num_attention_heads=8, num_key_value_heads=4)
+    hf_config.write_text(json.dumps(data))
+    with pytest.raises(TuneError, match="num_attention_heads=8"):
+        _run(config_path, output_dir=str(tmp_path / "o"))

@@ -14,6 +14,18 @@ from torchtune._errors import ConfigError
 _COMPONENT = "_component_"
 
 
+# Optional dependencies that are extras of this package: the hint names the extra.
+_EXTRAS = {"bitsandbytes": "bitsandbytes", "torchao": "torchao", "matplotlib": "plot", "tensorboard": "tensorboard"}
+
+
+def install_hint(module: str) -> str:
+    """The pip command that provides ``module``."""
+    package = module.split(".")[0]
+    if package in _EXTRAS:
+        return f"pip install 'torchtune[{_EXTRAS[package]}]', or pip install {package}"
+    return f"pip install {package}"
+
+
 def import_component(path: str, key: Optional[str] = None) -> Any:
     """Import the dotted ``path`` (``torch.optim.AdamW``): the longest importable module, then attributes.
 
@@ -38,12 +50,12 @@ def import_component(path: str, key: Optional[str] = None) -> Any:
             if exc.name is None or not (name == exc.name or name.startswith(exc.name + ".")):
                 raise ConfigError(
                     f"Cannot import {where}'{path}': module '{name}' needs '{exc.name}', which is not "
-                    f"installed. Install it (pip install {exc.name.split('.')[0]}) or choose another component."
+                    f"installed. Install it ({install_hint(exc.name)}) or choose another component."
                 ) from exc
             if i == 1:
                 raise ConfigError(
                     f"Cannot import {where}'{path}': there is no module named '{exc.name}'. Check the spelling, "
-                    f"or install the package that provides it (pip install {exc.name.split('.')[0]})."
+                    f"or install the package that provides it ({install_hint(exc.name)})."
                 ) from exc
         except ImportError as exc:
             raise ConfigError(f"Cannot import {where}'{path}': importing '{name}' failed: {exc}") from exc

@@ -221,6 +221,9 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
         self._num_kv_heads = int(self._config.get("num_key_value_heads") or self._num_heads)
         self._head_dim = self._config.get("head_dim") or self._dim // self._num_heads
         self._tied = bool(self._config.get("tie_word_embeddings", False))
+        # Shapes cannot tell a wrong head count (same hidden size, other split into heads), but the
+        # q/k permutation depends on it: the recipe compares these with the model it built.
+        self.attention_heads = (self._num_heads, self._num_kv_heads)
         self._key_to_file: dict[str, str] = {}
         self._output_missing_in_input = False
 
