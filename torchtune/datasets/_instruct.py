@@ -105,7 +105,7 @@ class InstructDataset(Dataset):
             f"{self.template!r} needs (its fields: {_names(needed)}). The dataset's columns are "
             f"{_names(available)}. Map each template field to one of your columns with dataset.column_map, "
             f"e.g. in YAML `dataset: {{column_map: {example}}}` or on the command line "
-            f"dataset.column_map='{example}'.")
+            f"+dataset.column_map='{example}' (the + adds the key when the config has none).")
 
     def __len__(self) -> int:
         return len(self._data)
