@@ -327,7 +327,9 @@ class FullFinetuneRecipeSingleDevice:
             if self._grad_norm_sq is not None:  # only on steps whose metrics are logged
                 self._grad_norm_sq += torch.linalg.vector_norm(param.grad, dtype=torch.float32).square()
             optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            # The optimizer holds only this parameter: dropping its grad is all zero_grad would
+            # do, without zero_grad's ~25 us of Python per parameter per step.
+            param.grad = None
 
         return step_and_free
 

@@ -15,7 +15,7 @@ may differ between CPUs, so a rerun elsewhere gives a model of the same quality,
 
 Usage::
 
-    python scripts/pretrain_demo_model.py                 # about 5 minutes on 2 CPU cores
+    python scripts/pretrain_demo_model.py                 # 5-10 minutes on 2 idle CPU cores
     python scripts/pretrain_demo_model.py --steps 20 --out-dir /tmp/base_model   # a quick try
 """
 

@@ -68,18 +68,27 @@ def _tune() -> str:
 def test_tune_plot_command(tmp_path):
     run_dir = tmp_path / "run"
     _write_metrics(run_dir / "logs" / "metrics.jsonl", _run_rows())
-    result = subprocess.run([_tune(), "plot", str(run_dir)], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    assert (run_dir / "metrics.png").read_bytes()[:8] == PNG_MAGIC
-    assert f"Wrote {run_dir / 'metrics.png'}" in result.stdout
-
     out = tmp_path / "elsewhere.png"
     result = subprocess.run([_tune(), "plot", str(run_dir), "--out", str(out)], capture_output=True,
                             text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert out.read_bytes()[:8] == PNG_MAGIC
+    assert f"Wrote {out}" in result.stdout
 
     result = subprocess.run([_tune(), "plot", str(tmp_path / "missing")], capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 1
     assert "does not exist" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_tune_plot_default_output_and_accepted_paths(tmp_path, capsys):
+    from torchtune._cli.tune import main
+
+    run_dir = tmp_path / "run"
+    metrics = _write_metrics(run_dir / "logs" / "metrics.jsonl", _run_rows())
+    for given in (run_dir, run_dir / "logs", metrics):
+        assert main(["plot", str(given)]) == 0
+        assert (run_dir / "metrics.png").read_bytes()[:8] == PNG_MAGIC
+        (run_dir / "metrics.png").unlink()
+    assert main(["plot", str(tmp_path)]) == 1  # a folder without logs/metrics.jsonl
+    assert "holds no logs/metrics.jsonl" in capsys.readouterr().err
