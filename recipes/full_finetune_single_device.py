@@ -7,7 +7,6 @@ does is in this one file.
 from __future__ import annotations
 
 import contextlib
-import difflib
 import hashlib
 import logging
 import math
@@ -101,7 +100,7 @@ class FullFinetuneRecipeSingleDevice:
     """
 
     def __init__(self, cfg: DictConfig) -> None:
-        _check_keys(cfg)
+        config.check_recipe_keys(cfg, RECIPE_KEYS, "full_finetune_single_device", "llama2/7B_full_low_memory")
         self._cfg = cfg
         if str(cfg.device).startswith("cuda"):
             # Must happen before the first CUDA allocation; see torchtune.utils.memory.
@@ -678,25 +677,6 @@ class FullFinetuneRecipeSingleDevice:
 
     def cleanup(self) -> None:
         self._metric_logger.close()
-
-
-def _check_keys(cfg: DictConfig) -> None:
-    keys = set(cfg.keys())
-    unknown = sorted(keys - set(RECIPE_KEYS))
-    missing = [k for k in RECIPE_KEYS if k not in keys]
-    problems = []
-    for key in unknown:
-        close = difflib.get_close_matches(key, RECIPE_KEYS, n=2)
-        hint = f" (did you mean {' or '.join(close)}?)" if close else ""
-        problems.append(f"unknown key '{key}'{hint}")
-    if missing:
-        problems.append("missing key(s) " + ", ".join(missing))
-    if problems:
-        raise ConfigError(
-            "The config does not fit the full_finetune_single_device recipe: " + "; ".join(problems)
-            + ". Every key this recipe reads is in its shipped configs (tune cp llama2/7B_full_low_memory .); "
-            "remove or fix the keys above."
-        )
 
 
 def _positive_int(cfg: DictConfig, key: str, allow_none: bool = False) -> Optional[int]:

@@ -9,7 +9,6 @@ Copy it with ``tune cp generate my_generate.py`` and edit it: everything the run
 
 from __future__ import annotations
 
-import difflib
 import sys
 import time
 from typing import Any, Dict
@@ -45,7 +44,7 @@ class InferenceRecipe:
     """
 
     def __init__(self, cfg: DictConfig) -> None:
-        _check_keys(cfg)
+        config.check_recipe_keys(cfg, RECIPE_KEYS, "generate", "generate.yaml")
         self._device = utils.get_device(cfg.device)
         self._dtype = utils.get_dtype(cfg.dtype, self._device)
         if isinstance(cfg.max_new_tokens, bool) or not isinstance(cfg.max_new_tokens, int) or cfg.max_new_tokens < 1:
@@ -104,21 +103,6 @@ class InferenceRecipe:
         print(f"[{len(new_tokens)} tokens in {seconds:.2f}s, {len(new_tokens) / max(seconds, 1e-9):.1f} "
               f"tokens/s]", file=sys.stderr)
         return completion
-
-
-def _check_keys(cfg: DictConfig) -> None:
-    keys = set(cfg.keys())
-    unknown = sorted(keys - set(RECIPE_KEYS))
-    missing = [k for k in RECIPE_KEYS if k not in keys]
-    problems = []
-    for key in unknown:
-        close = difflib.get_close_matches(key, RECIPE_KEYS, n=2)
-        problems.append(f"unknown key '{key}'" + (f" (did you mean {' or '.join(close)}?)" if close else ""))
-    if missing:
-        problems.append("missing key(s) " + ", ".join(missing))
-    if problems:
-        raise ConfigError("The config does not fit the generate recipe: " + "; ".join(problems)
-                          + ". Every key this recipe reads is in its shipped config (tune cp generate .).")
 
 
 @config.parse

@@ -11,11 +11,12 @@ from torchtune.config._instantiate import import_component, instantiate
 from torchtune.config._load import load_config, resolve_config_path
 from torchtune.config._overrides import apply_overrides
 from torchtune.config._parse import parse
-from torchtune.config._validate import validate
+from torchtune.config._validate import check_recipe_keys, validate
 
 __all__ = [
     "ConfigError",
     "apply_overrides",
+    "check_recipe_keys",
     "import_component",
     "instantiate",
     "load_config",

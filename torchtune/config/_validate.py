@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
 import inspect
-from typing import Any
+from typing import Any, Sequence
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
@@ -78,3 +79,32 @@ def validate(cfg: Any) -> None:
         listing = "\n".join(f"  - {p}" for p in problems)
         plural = "s" if len(problems) > 1 else ""
         raise ConfigError(f"The config has {len(problems)} problem{plural}:\n\n{listing}")
+
+
+def check_recipe_keys(cfg: Any, recipe_keys: Sequence[str], recipe_name: str, shipped_config: str) -> None:
+    """Refuse top-level keys a recipe does not read (typos) and keys it reads but the config lacks.
+
+    Args:
+        cfg: the loaded config.
+        recipe_keys: every top-level key the recipe reads.
+        recipe_name: named in the error.
+        shipped_config: a built-in config that has every key, named in the error for ``tune cp``.
+
+    Raises:
+        ConfigError: listing each unknown key (with the closest known ones) and each missing key.
+    """
+    keys = set(cfg.keys())
+    problems = []
+    for key in sorted(keys - set(recipe_keys)):
+        close = difflib.get_close_matches(key, recipe_keys, n=2)
+        hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+        problems.append(f"unknown key '{key}'{hint}")
+    missing = [k for k in recipe_keys if k not in keys]
+    if missing:
+        problems.append("missing key(s) " + ", ".join(missing))
+    if problems:
+        raise ConfigError(
+            f"The config does not fit the {recipe_name} recipe: " + "; ".join(problems)
+            + f". Every key this recipe reads is in its shipped config (tune cp {shipped_config} .); "
+            "remove or fix the keys above."
+        )

@@ -62,3 +62,18 @@ def test_shipped_config_is_valid(path: Path):
 def test_registered_config_file_exists(cfg):
     assert cfg.path.is_file(), f"registered config {cfg.name} has no file at {cfg.path}"
     assert config.resolve_config_path(cfg.name) == cfg.path
+
+
+def test_check_recipe_keys_names_unknown_and_missing_keys():
+    from omegaconf import OmegaConf
+
+    from torchtune.config import check_recipe_keys
+
+    cfg = OmegaConf.create({"batch_sizee": 2, "epochs": 1})
+    with pytest.raises(ConfigError) as err:
+        check_recipe_keys(cfg, ("batch_size", "epochs", "seed"), "my_recipe", "my/config")
+    message = str(err.value)
+    assert "unknown key 'batch_sizee' (did you mean batch_size?)" in message
+    assert "missing key(s) batch_size, seed" in message
+    assert "tune cp my/config ." in message
+    check_recipe_keys(OmegaConf.create({"batch_size": 1}), ("batch_size",), "r", "c")  # no error
