@@ -150,3 +150,25 @@ def read_losses(output_dir: Path) -> List[float]:
     from torchtune.utils.metric_logging import read_metrics
 
     return [row["loss"] for row in read_metrics(Path(output_dir) / "logs" / "metrics.jsonl")]
+
+
+def build_recipe(config: Any, **overrides: Any):
+    """A set-up ``FullFinetuneRecipeSingleDevice`` from a config path or DictConfig plus dotted overrides."""
+    from recipes.full_finetune_single_device import FullFinetuneRecipeSingleDevice
+
+    cfg = OmegaConf.load(config) if isinstance(config, (str, Path)) else config.copy()
+    for key, value in overrides.items():
+        OmegaConf.update(cfg, key, value, merge=False)
+    recipe = FullFinetuneRecipeSingleDevice(cfg)
+    recipe.setup()
+    return recipe
+
+
+def run_recipe(config: Any, **overrides: Any):
+    """Set up, train and clean up a recipe in this process; returns it for inspection."""
+    recipe = build_recipe(config, **overrides)
+    try:
+        recipe.train()
+    finally:
+        recipe.cleanup()
+    return recipe

@@ -5,24 +5,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
-from recipes.full_finetune_single_device import FullFinetuneRecipeSingleDevice
-from tests._helpers.tiny_run import make_tiny_run, read_losses, run_tune
-
-
-def _run(config_path: Path, **overrides) -> FullFinetuneRecipeSingleDevice:
-    cfg = OmegaConf.load(config_path)
-    for key, value in overrides.items():
-        OmegaConf.update(cfg, key, value, merge=False)
-    recipe = FullFinetuneRecipeSingleDevice(cfg)
-    recipe.setup()
-    try:
-        recipe.train()
-    finally:
-        recipe.cleanup()
-    return recipe
+from tests._helpers.tiny_run import make_tiny_run, read_losses, run_recipe as _run, run_tune
 
 
 def _final_weights(output_dir: Path) -> dict:

@@ -2,10 +2,8 @@
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
-from recipes.full_finetune_single_device import FullFinetuneRecipeSingleDevice
-from tests._helpers.tiny_run import make_tiny_run, read_losses
+from tests._helpers.tiny_run import build_recipe as _recipe, make_tiny_run, read_losses
 
 OPTIMIZERS = [
     "bitsandbytes.optim.PagedAdamW",
@@ -22,15 +20,6 @@ def tiny(tmp_path_factory):
     # embed_dim 64 so every weight matrix is large enough for the 8/4-bit block layouts.
     return make_tiny_run(tmp_path_factory.mktemp("opt"), num_examples=8,
                          model_dims={"embed_dim": 64}, epochs=1, batch_size=4)
-
-
-def _recipe(config_path, **overrides):
-    cfg = OmegaConf.load(config_path)
-    for key, value in overrides.items():
-        OmegaConf.update(cfg, key, value, merge=False)
-    recipe = FullFinetuneRecipeSingleDevice(cfg)
-    recipe.setup()
-    return recipe
 
 
 @pytest.mark.parametrize("component", OPTIMIZERS)

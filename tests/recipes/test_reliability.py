@@ -24,7 +24,7 @@ import torch
 from safetensors.torch import load_file
 
 from recipes.full_finetune_single_device import FullFinetuneRecipeSingleDevice, recipe_main
-from tests._helpers.tiny_run import REPO_ROOT, TUNE, make_tiny_run, read_losses, run_tune
+from tests._helpers.tiny_run import REPO_ROOT, TUNE, make_tiny_run, read_losses, run_recipe, run_tune
 from torchtune.utils._checkpointing import find_latest_checkpoint, verify_manifest
 from torchtune.utils._checkpointing._manifest import MANIFEST_NAME, build_manifest
 from torchtune.utils.metric_logging import read_metrics
@@ -385,12 +385,7 @@ def test_pruning_and_host_memory_stay_bounded(tiny, tmp_path, components):
     cfg.output_dir = str(out)
     cfg.epochs, cfg.save_every_n_steps, cfg.keep_last_n_checkpoints = 4, 2, 2
     cfg.metric_logger = {"_component_": f"{components}.RssLogger", "log_dir": "${output_dir}/logs"}
-    recipe = FullFinetuneRecipeSingleDevice(cfg)
-    recipe.setup()
-    try:
-        recipe.train()
-    finally:
-        recipe.cleanup()
+    recipe = run_recipe(cfg)
     rss = recipe._metric_logger.rss
     assert sorted(rss) == list(range(1, 25))
     # Between steps 5-7 and 18-20 lie 5 step saves and 2 epoch saves. Measured: < 1.1 MB of growth;
@@ -407,11 +402,6 @@ def test_pruning_and_host_memory_stay_bounded(tiny, tmp_path, components):
     cfg.checkpointer.recipe_checkpoint = str(out / "step_20" / "recipe_state.pt")
     cfg.metric_logger = {"_component_": "torchtune.utils.metric_logging.DiskLogger",
                          "log_dir": "${output_dir}/logs"}
-    recipe = FullFinetuneRecipeSingleDevice(cfg)
-    recipe.setup()
-    try:
-        recipe.train()
-    finally:
-        recipe.cleanup()
+    recipe = run_recipe(cfg)
     assert sorted(p.name for p in out.glob("step_*")) == ["step_20", "step_28"]
     assert (out / "epoch_4").is_dir()
