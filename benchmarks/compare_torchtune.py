@@ -52,7 +52,7 @@ def prepare(work: Path, seq_len: int, n_examples: int) -> Dict[str, Path]:
     data = work / "data.json"
     data.write_text(json.dumps(rows))
     tokenizer = make_spm_tokenizer(work / "tok", [r["instruction"] for r in rows[:50]], vocab_size=300)
-    ckpt = make_hf_checkpoint(work / "base", vocab_size=DIMS["vocab_size"], seed=0, **DIMS)
+    ckpt = make_hf_checkpoint(work / "base", seed=0, **DIMS)
     return {"data": data, "tokenizer": tokenizer, "checkpoint": ckpt}
 
 
@@ -64,7 +64,7 @@ def config(impl: str, assets: Dict[str, Path], out: Path, args: argparse.Namespa
         "gradient_accumulation_steps": 1,
         "optimizer": {"_component_": "torch.optim.AdamW", "lr": 2e-5, "weight_decay": 0.0, "fused": True},
         "optimizer_in_bwd": in_bwd, "loss": {"_component_": LOSSES[args.loss][impl]},
-        "clip_grad_norm": None, "compile": False, "device": "cpu", "dtype": args.dtype,
+        "clip_grad_norm": None, "compile": False, "device": args.device, "dtype": args.dtype,
         "enable_activation_checkpointing": False, "enable_activation_offloading": False,
         "log_every_n_steps": 1, "log_peak_memory_stats": False,
     }
@@ -109,10 +109,18 @@ def worker(impl: str, config_path: Path, result_path: Path) -> None:
         counts = [recipe._num_tokens(b) for b, _ in zip(recipe._dataloader, rates)]
         tokens = [int(b["tokens"].numel()) for b, _ in zip(recipe._dataloader, rates)]
     else:
+        import importlib.util
+        import sysconfig
+
         import torchtune
-        from recipes.full_finetune_single_device import FullFinetuneRecipeSingleDevice  # torchtune's
 
         assert "site-packages" in torchtune.__file__, torchtune.__file__
+        # torchtune's recipes/__init__.py refuses imports; load the recipe file itself
+        path = Path(sysconfig.get_paths()["purelib"]) / "recipes" / "full_finetune_single_device.py"
+        spec = importlib.util.spec_from_file_location("tt_full_finetune_single_device", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        FullFinetuneRecipeSingleDevice = module.FullFinetuneRecipeSingleDevice
         recipe = FullFinetuneRecipeSingleDevice(cfg)
         recipe.setup(cfg)
         recipe.train()
@@ -133,6 +141,7 @@ def main() -> None:
     parser.add_argument("--skip", type=int, default=2, help="first steps left out (warm-up)")
     parser.add_argument("--batch-size", type=int, default=2)
     parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     parser.add_argument("--loss", default="plain", choices=sorted(LOSSES))
     parser.add_argument("--modes", default="bwd,std", help="bwd: optimizer in backward; std: standard step")
@@ -171,8 +180,11 @@ def main() -> None:
                 assert all(t == args.batch_size * args.seq_len for t in res["tokens"]), res["tokens"]
                 results.setdefault(f"{impl}_{mode}", []).extend(res["step_s"][args.skip:])
                 print(f"  step times: {[round(s, 2) for s in res['step_s']]}", file=sys.stderr, flush=True)
+    import shutil
+
+    shutil.rmtree(work, ignore_errors=True)  # a saved 168M checkpoint per run: gigabytes
     tokens = args.batch_size * args.seq_len
-    print(f"\nLlama2 {DIMS}, {args.dtype} on cpu, batch {args.batch_size} x seq {args.seq_len} (no padding), "
+    print(f"\nLlama2 {DIMS}, {args.dtype} on {args.device}, batch {args.batch_size} x seq {args.seq_len} (no padding), "
           f"AdamW fused, loss {args.loss}, {args.steps} steps per run (first {args.skip} left out), "
           f"{args.repeats} run(s) each\n")
     print("| mode | recipe | step (s, median) | tokens/s | ours vs torchtune 0.6.1 (speed) |\n|---|---|---|---|---|")
