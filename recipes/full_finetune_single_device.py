@@ -12,6 +12,7 @@ import logging
 import math
 import os
 import shlex
+import shutil
 import signal
 import sys
 import time
@@ -609,8 +610,6 @@ class FullFinetuneRecipeSingleDevice:
         for old in folders[: max(0, len(folders) - self._keep_last_n)]:
             if old.resolve() in protected:
                 continue
-            import shutil
-
             shutil.rmtree(old, ignore_errors=True)
 
     def resume_command(self, recipe_checkpoint: Path) -> str:

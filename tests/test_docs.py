@@ -119,12 +119,10 @@ def test_offline_command_block_runs(block: Block, started_blocks: dict):
         f"--- block ---\n{block.text}\n--- stdout ---\n{stdout[-3000:]}\n--- stderr ---\n{stderr[-3000:]}")
 
 
-def _prose(path: Path) -> str:
-    """The page without fenced code blocks and inline code, where links are not links."""
-    text = path.read_text(encoding="utf-8")
-    kept: List[str] = []
+def _lines_outside_fences(path: Path) -> Iterator[str]:
+    """The page's lines, fenced code blocks left out."""
     fence = None
-    for line in text.splitlines():
+    for line in path.read_text(encoding="utf-8").splitlines():
         match = _FENCE.match(line.strip())
         if fence is None and match:
             fence = match.group(1)
@@ -133,8 +131,12 @@ def _prose(path: Path) -> str:
             if line.strip().startswith(fence):
                 fence = None
             continue
-        kept.append(_INLINE_CODE.sub("", line))
-    return "\n".join(kept)
+        yield line
+
+
+def _prose(path: Path) -> str:
+    """The page without fenced code blocks and inline code, where links are not links."""
+    return "\n".join(_INLINE_CODE.sub("", line) for line in _lines_outside_fences(path))
 
 
 def github_anchors(path: Path) -> set:
@@ -151,16 +153,7 @@ def github_anchors(path: Path) -> set:
 
 
 def _prose_with_headings(path: Path) -> Iterator[str]:
-    fence = None
-    for line in path.read_text(encoding="utf-8").splitlines():
-        match = _FENCE.match(line.strip())
-        if fence is None and match:
-            fence = match.group(1)
-            continue
-        if fence is not None:
-            if line.strip().startswith(fence):
-                fence = None
-            continue
+    for line in _lines_outside_fences(path):
         heading = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
         if heading:
             yield heading.group(1).replace("`", "")

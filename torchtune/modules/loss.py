@@ -10,6 +10,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from torchtune.modules._chunked_loss import ChunkedCrossEntropyLoss
+
+__all__ = ["ChunkedCrossEntropyLoss", "CrossEntropyLoss"]
+
 
 class CrossEntropyLoss(nn.Module):
     """Mean token cross-entropy over labels that are not ``ignore_index``, in fp32.
@@ -35,5 +39,3 @@ class CrossEntropyLoss(nn.Module):
         num_tokens = (labels != self.ignore_index).sum().clamp(min=1)
         return loss_sum / num_tokens
 
-
-from torchtune.modules._chunked_loss import ChunkedCrossEntropyLoss  # noqa: E402,F401  (memory helper)

@@ -11,7 +11,7 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional, Union
+from typing import Any, Dict, Mapping, Union
 
 from torchtune._errors import TuneError
 
@@ -120,8 +120,3 @@ def read_metrics(path: Union[str, Path]) -> list:
             except json.JSONDecodeError:
                 continue
     return rows
-
-
-def get_metric_logger(cfg: Optional[Any] = None) -> Any:  # pragma: no cover - convenience
-    """Default logger when a config has none."""
-    return StdoutLogger()

@@ -114,6 +114,17 @@ def test_lr_scheduler_state_round_trip():
         wrapper.step_lr_scheduler()
     assert scheduler.state_dict()["last_epoch"] == 4
 
+    # Restored into a fresh wrapper + scheduler, the schedule continues where it was.
+    restored = _wrapper(_model(), lr=1.0)
+    restored.load_state_dict(_saved_and_loaded(wrapper.state_dict()))
+    scheduler_b = get_cosine_schedule_with_warmup(restored.scheduler_optimizer, 2, 10)
+    scheduler_b.load_state_dict(_saved_and_loaded(scheduler.state_dict()))
+    restored.set_lr_scheduler(scheduler_b)
+    for _ in range(3):
+        wrapper.step_lr_scheduler()
+        restored.step_lr_scheduler()
+        assert restored.get_optim_key("lr") == pytest.approx(wrapper.get_optim_key("lr"))
+
 
 def test_scheduler_must_be_built_on_the_view():
     model = _model()
