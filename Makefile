@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed.stamp
 # The CPU build of torch that lies on this machine's disk; an unpinned torch pulls a CUDA build.
 TORCH_VERSION := 2.13.0
 
-.PHONY: test demo setup clean
+.PHONY: test lint demo setup clean
 
 setup: $(STAMP)
 
@@ -18,7 +18,11 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install --quiet -e ".[dev]" "torch==$(TORCH_VERSION)"
 	touch $(STAMP)
 
-test: $(STAMP)
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test: lint
 	$(PY) -m pytest -q tests
 
 demo: $(STAMP)

@@ -58,8 +58,7 @@ DEFAULT_VARIANTS = ("adamw", "adamw_bwd", "bnb_adamw8bit_bwd", "ao_adamw8bit_bwd
 BASELINE = "adamw"
 
 # The mid-size Llama2 of the issue: ~170M parameters (134M of them in the embedding and output).
-DEFAULT_MODEL = dict(vocab_size=32000, num_layers=8, num_heads=16, num_kv_heads=16, embed_dim=1024,
-                     max_seq_len=512)
+DEFAULT_MODEL = dict(vocab_size=32000, num_layers=8, num_heads=16, num_kv_heads=16, embed_dim=1024, max_seq_len=512)
 
 
 def count_tokens(recipe: FullFinetuneRecipeSingleDevice, batch: Dict[str, torch.Tensor]) -> int:
@@ -76,23 +75,48 @@ def resolve_dtype(dtype: str, device: str) -> str:
     return "bf16" if torch.ops.mkldnn._is_mkldnn_bf16_supported() else "fp32"
 
 
-def bench_config(variant: str, model: Dict[str, Any], dtype: str, device: str, lr: float = 2e-5,
-                 loss: str = "torchtune.modules.loss.CrossEntropyLoss", compile_model: bool = False) -> DictConfig:
+def bench_config(
+    variant: str,
+    model: Dict[str, Any],
+    dtype: str,
+    device: str,
+    lr: float = 2e-5,
+    loss: str = "torchtune.modules.loss.CrossEntropyLoss",
+    compile_model: bool = False,
+) -> DictConfig:
     """A complete recipe config for ``variant`` (every key the recipe checks; data/checkpoint unused)."""
     optimizer, in_bwd = VARIANTS[variant]
-    return OmegaConf.create({
-        "output_dir": "/tmp/bench_step_unused", "tokenizer": None, "dataset": None, "seed": 0,
-        "shuffle": False,
-        "model": {"_component_": "torchtune.models.llama2.llama2", **model},
-        "checkpointer": None, "resume_from_checkpoint": False, "batch_size": 1, "epochs": 1,
-        "max_steps_per_epoch": None, "gradient_accumulation_steps": 1,
-        "optimizer": {**optimizer, "lr": lr, "weight_decay": 0.0}, "optimizer_in_bwd": in_bwd,
-        "lr_scheduler": None, "loss": {"_component_": loss}, "clip_grad_norm": None,
-        "compile": compile_model, "device": device, "dtype": dtype,
-        "enable_activation_checkpointing": False, "enable_activation_offloading": False,
-        "save_every_n_steps": None, "keep_last_n_checkpoints": None, "metric_logger": None,
-        "log_every_n_steps": 1, "log_peak_memory_stats": False,
-    })
+    return OmegaConf.create(
+        {
+            "output_dir": "/tmp/bench_step_unused",
+            "tokenizer": None,
+            "dataset": None,
+            "seed": 0,
+            "shuffle": False,
+            "model": {"_component_": "torchtune.models.llama2.llama2", **model},
+            "checkpointer": None,
+            "resume_from_checkpoint": False,
+            "batch_size": 1,
+            "epochs": 1,
+            "max_steps_per_epoch": None,
+            "gradient_accumulation_steps": 1,
+            "optimizer": {**optimizer, "lr": lr, "weight_decay": 0.0},
+            "optimizer_in_bwd": in_bwd,
+            "lr_scheduler": None,
+            "loss": {"_component_": loss},
+            "clip_grad_norm": None,
+            "compile": compile_model,
+            "device": device,
+            "dtype": dtype,
+            "enable_activation_checkpointing": False,
+            "enable_activation_offloading": False,
+            "save_every_n_steps": None,
+            "keep_last_n_checkpoints": None,
+            "metric_logger": None,
+            "log_every_n_steps": 1,
+            "log_peak_memory_stats": False,
+        }
+    )
 
 
 def build_recipe(cfg: DictConfig, weights_seed: int = 0) -> FullFinetuneRecipeSingleDevice:
@@ -100,16 +124,21 @@ def build_recipe(cfg: DictConfig, weights_seed: int = 0) -> FullFinetuneRecipeSi
     recipe = FullFinetuneRecipeSingleDevice(cfg)
     torch.manual_seed(weights_seed)  # every variant starts from the same weights
     recipe._model = recipe._setup_model(
-        cfg.model, enable_activation_checkpointing=cfg.enable_activation_checkpointing,
-        enable_activation_offloading=cfg.enable_activation_offloading, compile_model=cfg.compile,
-        model_state_dict=None)
+        cfg.model,
+        enable_activation_checkpointing=cfg.enable_activation_checkpointing,
+        enable_activation_offloading=cfg.enable_activation_offloading,
+        compile_model=cfg.compile,
+        model_state_dict=None,
+    )
     recipe._optimizer = recipe._setup_optimizer(cfg.optimizer, optimizer_in_bwd=cfg.optimizer_in_bwd)
     recipe._loss_fn = recipe._setup_loss(cfg.loss)
     recipe._pad_id = PAD_ID  # set by _setup_data in a real run (from the tokenizer)
     return recipe
 
 
-def synthetic_batches(n: int, batch_size: int, seq_len: int, vocab_size: int, seed: int = 0) -> List[Dict[str, torch.Tensor]]:
+def synthetic_batches(
+    n: int, batch_size: int, seq_len: int, vocab_size: int, seed: int = 0
+) -> List[Dict[str, torch.Tensor]]:
     """``n`` right-padded batches like ``padded_collate`` makes: row ``i`` is ``seq_len`` long minus
     ``i/batch_size`` of it in padding (the first row is full), so non-padding counting matters."""
     gen = torch.Generator().manual_seed(seed)
@@ -131,10 +160,21 @@ def _sync(device: str) -> Callable[[], None]:
     return lambda: None
 
 
-def run_benchmark(variants: Sequence[str], *, steps: int, warmup: int, batch_size: int, seq_len: int,
-                  device: str = "cpu", dtype: str = "auto", model: Optional[Dict[str, Any]] = None,
-                  loss: str = "torchtune.modules.loss.CrossEntropyLoss", compile_model: bool = False,
-                  budget_s: Optional[float] = None, log: Callable[[str], None] = print) -> Dict[str, Any]:
+def run_benchmark(
+    variants: Sequence[str],
+    *,
+    steps: int,
+    warmup: int,
+    batch_size: int,
+    seq_len: int,
+    device: str = "cpu",
+    dtype: str = "auto",
+    model: Optional[Dict[str, Any]] = None,
+    loss: str = "torchtune.modules.loss.CrossEntropyLoss",
+    compile_model: bool = False,
+    budget_s: Optional[float] = None,
+    log: Callable[[str], None] = print,
+) -> Dict[str, Any]:
     """Time ``warmup + steps`` training steps of every variant, interleaved; returns the results.
 
     ``budget_s``: stop the timed rounds early (after at least one) when the next round would end
@@ -162,7 +202,7 @@ def run_benchmark(variants: Sequence[str], *, steps: int, warmup: int, batch_siz
     budget_cut = False
     for i, batch in enumerate(batches):
         round_start = time.perf_counter()
-        rotated = order[i % len(order):] + order[: i % len(order)]
+        rotated = order[i % len(order) :] + order[: i % len(order)]
         this_round = []
         for name in rotated:
             recipe = recipes[name]
@@ -180,8 +220,12 @@ def run_benchmark(variants: Sequence[str], *, steps: int, warmup: int, batch_siz
                 losses[name].append(float(loss_value))
         log(f"round {i + 1}/{len(batches)}{' (warm-up)' if i < warmup else ''}: " + ", ".join(this_round))
         now = time.perf_counter()
-        if (budget_s is not None and i >= warmup and i + 1 < len(batches)
-                and now + (now - round_start) - start > budget_s):
+        if (
+            budget_s is not None
+            and i >= warmup
+            and i + 1 < len(batches)
+            and now + (now - round_start) - start > budget_s
+        ):
             budget_cut = True
             log(f"stopping after {i + 1 - warmup} timed round(s): the next would pass --budget-s {budget_s:g}")
             break
@@ -189,54 +233,87 @@ def run_benchmark(variants: Sequence[str], *, steps: int, warmup: int, batch_siz
     for name in variants:
         step_s = statistics.median(times[name])
         tps = statistics.median(t / s for t, s in zip(tokens[name], times[name]))
-        rows.append({"variant": name, "optimizer": VARIANTS[name][0]["_component_"],
-                     "fused": bool(VARIANTS[name][0].get("fused", False)),
-                     "optimizer_in_bwd": VARIANTS[name][1], "step_s_median": step_s,
-                     "step_s_min": min(times[name]), "tokens_per_s_median": tps,
-                     "cpu_s_median": statistics.median(cpu_times[name]),
-                     "step_times_s": times[name], "cpu_times_s": cpu_times[name], "tokens": tokens[name], "losses": losses[name]})
+        rows.append(
+            {
+                "variant": name,
+                "optimizer": VARIANTS[name][0]["_component_"],
+                "fused": bool(VARIANTS[name][0].get("fused", False)),
+                "optimizer_in_bwd": VARIANTS[name][1],
+                "step_s_median": step_s,
+                "step_s_min": min(times[name]),
+                "tokens_per_s_median": tps,
+                "cpu_s_median": statistics.median(cpu_times[name]),
+                "step_times_s": times[name],
+                "cpu_times_s": cpu_times[name],
+                "tokens": tokens[name],
+                "losses": losses[name],
+            }
+        )
     base = next((r for r in rows if r["variant"] == BASELINE), rows[0])
     for r in rows:
         r["step_ratio"] = r["step_s_median"] / base["step_s_median"]
         r["tokens_per_s_ratio"] = r["tokens_per_s_median"] / base["tokens_per_s_median"]
         r["cpu_ratio"] = r["cpu_s_median"] / base["cpu_s_median"]
-    return {"baseline": base["variant"], "device": device, "dtype": dtype, "model": model,
-            "parameters": n_params, "batch_size": batch_size, "seq_len": seq_len, "steps": steps,
-            "timed_rounds": len(times[variants[0]]), "budget_cut": budget_cut,
-            "warmup": warmup, "loss": loss, "compile": compile_model, "threads": torch.get_num_threads(),
-            "torch": torch.__version__, "rows": rows}
+    return {
+        "baseline": base["variant"],
+        "device": device,
+        "dtype": dtype,
+        "model": model,
+        "parameters": n_params,
+        "batch_size": batch_size,
+        "seq_len": seq_len,
+        "steps": steps,
+        "timed_rounds": len(times[variants[0]]),
+        "budget_cut": budget_cut,
+        "warmup": warmup,
+        "loss": loss,
+        "compile": compile_model,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "rows": rows,
+    }
 
 
 def format_table(result: Dict[str, Any]) -> str:
     """A Markdown table of the results (the one pasted into docs/speed.md)."""
     b = result["baseline"]
-    lines = [f"| variant | optimizer | in backward | step (s, median) | tokens/s (median) | "
-             f"step vs {b} | tokens/s vs {b} | CPU time/step (s) | CPU time vs {b} |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"| variant | optimizer | in backward | step (s, median) | tokens/s (median) | "
+        f"step vs {b} | tokens/s vs {b} | CPU time/step (s) | CPU time vs {b} |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in result["rows"]:
         opt = r["optimizer"] + (" (fused)" if r["fused"] else "")
-        lines.append(f"| {r['variant']} | {opt} | {'yes' if r['optimizer_in_bwd'] else 'no'} | "
-                     f"{r['step_s_median']:.3f} | {r['tokens_per_s_median']:.1f} | "
-                     f"{r['step_ratio']:.3f}x | {r['tokens_per_s_ratio']:.3f}x | "
-                     f"{r['cpu_s_median']:.3f} | {r['cpu_ratio']:.3f}x |")
+        lines.append(
+            f"| {r['variant']} | {opt} | {'yes' if r['optimizer_in_bwd'] else 'no'} | "
+            f"{r['step_s_median']:.3f} | {r['tokens_per_s_median']:.1f} | "
+            f"{r['step_ratio']:.3f}x | {r['tokens_per_s_ratio']:.3f}x | "
+            f"{r['cpu_s_median']:.3f} | {r['cpu_ratio']:.3f}x |"
+        )
     return "\n".join(lines)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--steps", type=int, default=5, help="timed steps per variant (median over these)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps per variant first")
     parser.add_argument("--batch-size", type=int, default=2)
     parser.add_argument("--seq-len", type=int, default=64)
-    parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
-                        help=f"comma-separated, from: {', '.join(VARIANTS)}")
+    parser.add_argument(
+        "--variants", default=",".join(DEFAULT_VARIANTS), help=f"comma-separated, from: {', '.join(VARIANTS)}"
+    )
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"])
     parser.add_argument("--loss", default="torchtune.modules.loss.CrossEntropyLoss")
     parser.add_argument("--compile", action="store_true", help="compile each decoder layer (recipe's compile: True)")
-    parser.add_argument("--budget-s", type=float, default=280,
-                        help="stop timed rounds early so the run ends within this many seconds (0: no limit)")
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=280,
+        help="stop timed rounds early so the run ends within this many seconds (0: no limit)",
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--json", dest="json_out", help="also write the results to this JSON file")
     group = parser.add_argument_group("model size (defaults: the ~170M Llama2 of docs/speed.md)")
@@ -249,18 +326,29 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     if "num_heads" in model and "num_kv_heads" not in model:
         model["num_kv_heads"] = model["num_heads"]
     t0 = time.perf_counter()
-    result = run_benchmark([v for v in args.variants.split(",") if v], steps=args.steps, warmup=args.warmup,
-                           batch_size=args.batch_size, seq_len=args.seq_len, device=args.device,
-                           dtype=args.dtype, model=model, loss=args.loss, compile_model=args.compile,
-                           budget_s=args.budget_s or None,
-                           log=lambda s: print(s, file=sys.stderr, flush=True))
+    result = run_benchmark(
+        [v for v in args.variants.split(",") if v],
+        steps=args.steps,
+        warmup=args.warmup,
+        batch_size=args.batch_size,
+        seq_len=args.seq_len,
+        device=args.device,
+        dtype=args.dtype,
+        model=model,
+        loss=args.loss,
+        compile_model=args.compile,
+        budget_s=args.budget_s or None,
+        log=lambda s: print(s, file=sys.stderr, flush=True),
+    )
     result["wall_s"] = time.perf_counter() - t0
-    print(f"\n{result['parameters'] / 1e6:.1f}M-parameter Llama2, {result['dtype']} on {result['device']}, "
-          f"batch {result['batch_size']} x seq {result['seq_len']}, {result['timed_rounds']} timed steps "
-          f"(+{result['warmup']} warm-up) per variant, {result['threads']} threads, torch {result['torch']}, "
-          f"{result['wall_s']:.0f}s in all"
-          + (f"; only {result['timed_rounds']} timed round(s) fitted in --budget-s" if result["budget_cut"] else "")
-          + "\n")
+    print(
+        f"\n{result['parameters'] / 1e6:.1f}M-parameter Llama2, {result['dtype']} on {result['device']}, "
+        f"batch {result['batch_size']} x seq {result['seq_len']}, {result['timed_rounds']} timed steps "
+        f"(+{result['warmup']} warm-up) per variant, {result['threads']} threads, torch {result['torch']}, "
+        f"{result['wall_s']:.0f}s in all"
+        + (f"; only {result['timed_rounds']} timed round(s) fitted in --budget-s" if result["budget_cut"] else "")
+        + "\n"
+    )
     print(format_table(result))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(result, indent=2))

@@ -33,8 +33,10 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 DIMS = dict(vocab_size=32000, num_layers=8, num_heads=16, num_kv_heads=16, embed_dim=1024, max_seq_len=512)
 LOSSES = {  # each recipe's own plain and chunked cross-entropy
     "plain": {"ours": "torchtune.modules.loss.CrossEntropyLoss", "torchtune": "torch.nn.CrossEntropyLoss"},
-    "chunked": {"ours": "torchtune.modules.loss.ChunkedCrossEntropyLoss",
-                "torchtune": "torchtune.modules.loss.CEWithChunkedOutputLoss"},
+    "chunked": {
+        "ours": "torchtune.modules.loss.ChunkedCrossEntropyLoss",
+        "torchtune": "torchtune.modules.loss.CEWithChunkedOutputLoss",
+    },
 }
 
 
@@ -45,10 +47,32 @@ def prepare(work: Path, seq_len: int, n_examples: int) -> Dict[str, Path]:
     from tests._helpers.tokenizer import make_spm_tokenizer
 
     rng = random.Random(0)
-    words = ["apple", "river", "stone", "cloud", "tiger", "lemon", "piano", "candle", "orbit", "maple",
-             "quartz", "violet", "harbor", "meadow", "copper", "falcon"]
-    rows = [{"instruction": " ".join(rng.choice(words) for _ in range(seq_len)), "input": "",
-             "output": " ".join(rng.choice(words) for _ in range(8))} for _ in range(n_examples)]
+    words = [
+        "apple",
+        "river",
+        "stone",
+        "cloud",
+        "tiger",
+        "lemon",
+        "piano",
+        "candle",
+        "orbit",
+        "maple",
+        "quartz",
+        "violet",
+        "harbor",
+        "meadow",
+        "copper",
+        "falcon",
+    ]
+    rows = [
+        {
+            "instruction": " ".join(rng.choice(words) for _ in range(seq_len)),
+            "input": "",
+            "output": " ".join(rng.choice(words) for _ in range(8)),
+        }
+        for _ in range(n_examples)
+    ]
     data = work / "data.json"
     data.write_text(json.dumps(rows))
     tokenizer = make_spm_tokenizer(work / "tok", [r["instruction"] for r in rows[:50]], vocab_size=300)
@@ -58,36 +82,70 @@ def prepare(work: Path, seq_len: int, n_examples: int) -> Dict[str, Path]:
 
 def config(impl: str, assets: Dict[str, Path], out: Path, args: argparse.Namespace, in_bwd: bool) -> Dict[str, Any]:
     common = {
-        "output_dir": str(out), "seed": 0, "shuffle": True, "resume_from_checkpoint": False,
+        "output_dir": str(out),
+        "seed": 0,
+        "shuffle": True,
+        "resume_from_checkpoint": False,
         "model": {"_component_": "torchtune.models.llama2.llama2", **DIMS},
-        "batch_size": args.batch_size, "epochs": 1, "max_steps_per_epoch": args.steps,
+        "batch_size": args.batch_size,
+        "epochs": 1,
+        "max_steps_per_epoch": args.steps,
         "gradient_accumulation_steps": 1,
         "optimizer": {"_component_": "torch.optim.AdamW", "lr": 2e-5, "weight_decay": 0.0, "fused": True},
-        "optimizer_in_bwd": in_bwd, "loss": {"_component_": LOSSES[args.loss][impl]},
-        "clip_grad_norm": None, "compile": False, "device": args.device, "dtype": args.dtype,
-        "enable_activation_checkpointing": False, "enable_activation_offloading": False,
-        "log_every_n_steps": 1, "log_peak_memory_stats": False,
+        "optimizer_in_bwd": in_bwd,
+        "loss": {"_component_": LOSSES[args.loss][impl]},
+        "clip_grad_norm": None,
+        "compile": False,
+        "device": args.device,
+        "dtype": args.dtype,
+        "enable_activation_checkpointing": False,
+        "enable_activation_offloading": False,
+        "log_every_n_steps": 1,
+        "log_peak_memory_stats": False,
     }
-    ckpt = {"checkpoint_dir": str(assets["checkpoint"]), "checkpoint_files": ["model.safetensors"],
-            "recipe_checkpoint": None, "output_dir": str(out), "model_type": "LLAMA2"}
-    data = {"_component_": "torchtune.datasets.alpaca_dataset", "source": "json",
-            "data_files": str(assets["data"]), "train_on_input": True, "packed": False, "split": "train"}
+    ckpt = {
+        "checkpoint_dir": str(assets["checkpoint"]),
+        "checkpoint_files": ["model.safetensors"],
+        "recipe_checkpoint": None,
+        "output_dir": str(out),
+        "model_type": "LLAMA2",
+    }
+    data = {
+        "_component_": "torchtune.datasets.alpaca_dataset",
+        "source": "json",
+        "data_files": str(assets["data"]),
+        "train_on_input": True,
+        "packed": False,
+        "split": "train",
+    }
     if impl == "ours":
         if args.loss == "chunked":
             common["loss"]["num_output_chunks"] = 8
-        return {**common, "tokenizer": {"_component_": "torchtune.models.llama2.llama2_tokenizer",
-                                        "path": str(assets["tokenizer"]), "max_seq_len": None},
-                "dataset": {**data, "max_seq_len": args.seq_len},
-                "checkpointer": {"_component_": "torchtune.utils.FullModelHFCheckpointer", **ckpt},
-                "lr_scheduler": None, "save_every_n_steps": None, "keep_last_n_checkpoints": None,
-                "metric_logger": {"_component_": "torchtune.utils.metric_logging.DiskLogger",
-                                  "log_dir": str(out / "logs")}}
-    return {**common, "tokenizer": {"_component_": "torchtune.models.llama2.llama2_tokenizer",
-                                    "path": str(assets["tokenizer"]), "max_seq_len": args.seq_len},
-            "dataset": data,
-            "checkpointer": {"_component_": "torchtune.training.FullModelHFCheckpointer", **ckpt},
-            "metric_logger": {"_component_": "torchtune.training.metric_logging.DiskLogger",
-                              "log_dir": str(out / "logs")}}
+        return {
+            **common,
+            "tokenizer": {
+                "_component_": "torchtune.models.llama2.llama2_tokenizer",
+                "path": str(assets["tokenizer"]),
+                "max_seq_len": None,
+            },
+            "dataset": {**data, "max_seq_len": args.seq_len},
+            "checkpointer": {"_component_": "torchtune.utils.FullModelHFCheckpointer", **ckpt},
+            "lr_scheduler": None,
+            "save_every_n_steps": None,
+            "keep_last_n_checkpoints": None,
+            "metric_logger": {"_component_": "torchtune.utils.metric_logging.DiskLogger", "log_dir": str(out / "logs")},
+        }
+    return {
+        **common,
+        "tokenizer": {
+            "_component_": "torchtune.models.llama2.llama2_tokenizer",
+            "path": str(assets["tokenizer"]),
+            "max_seq_len": args.seq_len,
+        },
+        "dataset": data,
+        "checkpointer": {"_component_": "torchtune.training.FullModelHFCheckpointer", **ckpt},
+        "metric_logger": {"_component_": "torchtune.training.metric_logging.DiskLogger", "log_dir": str(out / "logs")},
+    }
 
 
 def worker(impl: str, config_path: Path, result_path: Path) -> None:
@@ -171,22 +229,28 @@ def main() -> None:
                 cfg_path, res_path = out / "config.yaml", out / "result.json"
                 cfg_path.write_text(yaml.safe_dump(config(impl, assets, out, args, in_bwd=(mode == "bwd"))))
                 print(f"run {run}: {impl} {mode} ...", file=sys.stderr, flush=True)
-                proc = subprocess.run([pythons[impl], __file__, "--worker", impl, "--config", str(cfg_path),
-                                       "--result", str(res_path)], cwd=str(work), env=env,
-                                      capture_output=True, text=True)
+                proc = subprocess.run(
+                    [pythons[impl], __file__, "--worker", impl, "--config", str(cfg_path), "--result", str(res_path)],
+                    cwd=str(work),
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                )
                 if proc.returncode != 0:
                     raise SystemExit(f"{impl} {mode} failed:\n{proc.stderr[-3000:]}")
                 res = json.loads(res_path.read_text())
                 assert all(t == args.batch_size * args.seq_len for t in res["tokens"]), res["tokens"]
-                results.setdefault(f"{impl}_{mode}", []).extend(res["step_s"][args.skip:])
+                results.setdefault(f"{impl}_{mode}", []).extend(res["step_s"][args.skip :])
                 print(f"  step times: {[round(s, 2) for s in res['step_s']]}", file=sys.stderr, flush=True)
     import shutil
 
     shutil.rmtree(work, ignore_errors=True)  # a saved 168M checkpoint per run: gigabytes
     tokens = args.batch_size * args.seq_len
-    print(f"\nLlama2 {DIMS}, {args.dtype} on {args.device}, batch {args.batch_size} x seq {args.seq_len} (no padding), "
-          f"AdamW fused, loss {args.loss}, {args.steps} steps per run (first {args.skip} left out), "
-          f"{args.repeats} run(s) each\n")
+    print(
+        f"\nLlama2 {DIMS}, {args.dtype} on {args.device}, batch {args.batch_size} x seq {args.seq_len} (no padding), "
+        f"AdamW fused, loss {args.loss}, {args.steps} steps per run (first {args.skip} left out), "
+        f"{args.repeats} run(s) each\n"
+    )
     print("| mode | recipe | step (s, median) | tokens/s | ours vs torchtune 0.6.1 (speed) |\n|---|---|---|---|---|")
     for mode in args.modes.split(","):
         ours, theirs = statistics.median(results[f"ours_{mode}"]), statistics.median(results[f"torchtune_{mode}"])

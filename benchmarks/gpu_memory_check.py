@@ -46,9 +46,15 @@ def _load_recipe_config(args: argparse.Namespace):
         from recipes.full_finetune_single_device import FullFinetuneRecipeSingleDevice
         from torchtune.config import load_config
     except ImportError as exc:
-        raise SystemExit(f"{exc}: carry omegaconf/tqdm as wheels, see the top of {__file__}.")
-    overrides = [f"model._component_={MODELS[args.model]}", f"device={args.device}", f"dtype={args.dtype}",
-                 f"optimizer._component_={args.optimizer}", f"batch_size={args.batch_size}", "compile=False"]
+        raise SystemExit(f"{exc}: carry omegaconf/tqdm as wheels, see the top of {__file__}.") from exc
+    overrides = [
+        f"model._component_={MODELS[args.model]}",
+        f"device={args.device}",
+        f"dtype={args.dtype}",
+        f"optimizer._component_={args.optimizer}",
+        f"batch_size={args.batch_size}",
+        "compile=False",
+    ]
     return FullFinetuneRecipeSingleDevice, load_config("llama2/7B_full_low_memory", overrides)
 
 
@@ -64,9 +70,13 @@ def run(args: argparse.Namespace) -> list[dict]:
         total = torch.cuda.get_device_properties(device).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, args.cap_gb * 1e9 / total), device)
     recipe = recipe_cls(cfg)
-    model = recipe._setup_model(cfg.model, enable_activation_checkpointing=cfg.enable_activation_checkpointing,
-                                enable_activation_offloading=cfg.enable_activation_offloading,
-                                compile_model=False, model_state_dict=None)
+    model = recipe._setup_model(
+        cfg.model,
+        enable_activation_checkpointing=cfg.enable_activation_checkpointing,
+        enable_activation_offloading=cfg.enable_activation_offloading,
+        compile_model=False,
+        model_state_dict=None,
+    )
     recipe._model = model
     recipe._optimizer = recipe._setup_optimizer(cfg.optimizer, optimizer_in_bwd=cfg.optimizer_in_bwd)
     recipe._loss_fn = recipe._setup_loss(cfg.loss)
@@ -77,8 +87,10 @@ def run(args: argparse.Namespace) -> list[dict]:
     results = []
     for seq_len in args.seq_lens:
         seq_len = min(seq_len, model.max_seq_len)
-        batch = {"tokens": torch.randint(0, vocab, (args.batch_size, seq_len), generator=generator),
-                 "labels": torch.randint(0, vocab, (args.batch_size, seq_len), generator=generator)}
+        batch = {
+            "tokens": torch.randint(0, vocab, (args.batch_size, seq_len), generator=generator),
+            "labels": torch.randint(0, vocab, (args.batch_size, seq_len), generator=generator),
+        }
         memory.reset_peak_memory_stats(device)
         losses, start = [], None
         for step in range(args.steps):
@@ -91,18 +103,33 @@ def run(args: argparse.Namespace) -> list[dict]:
             torch.cuda.synchronize(device)
         timed = max(args.steps - 1, 1)
         elapsed = time.perf_counter() - start if start is not None else float("nan")
-        result = {"seq_len": seq_len, "batch_size": args.batch_size, "steps": args.steps,
-                  "optimizer": args.optimizer, "model": args.model, "device": str(device),
-                  "tokens_per_second": args.batch_size * seq_len * timed / elapsed if start else None,
-                  "last_loss": float(losses[-1]), **memory.get_memory_stats(device)}
+        result = {
+            "seq_len": seq_len,
+            "batch_size": args.batch_size,
+            "steps": args.steps,
+            "optimizer": args.optimizer,
+            "model": args.model,
+            "device": str(device),
+            "tokens_per_second": args.batch_size * seq_len * timed / elapsed if start else None,
+            "last_loss": float(losses[-1]),
+            **memory.get_memory_stats(device),
+        }
         if args.estimate:
             from torchtune.utils._memory_estimator import estimate_recipe_memory
 
-            result["estimated_peak"] = estimate_recipe_memory(cfg, seq_len=seq_len,
-                                                              batch_size=args.batch_size).peak_bytes / 1e9
-        print(memory.format_memory_stats({k: v for k, v in result.items() if isinstance(v, float)
-                                          and k not in ("tokens_per_second", "last_loss")},
-                                         f"Memory, batch {args.batch_size} x {seq_len} tokens"))
+            result["estimated_peak"] = (
+                estimate_recipe_memory(cfg, seq_len=seq_len, batch_size=args.batch_size).peak_bytes / 1e9
+            )
+        print(
+            memory.format_memory_stats(
+                {
+                    k: v
+                    for k, v in result.items()
+                    if isinstance(v, float) and k not in ("tokens_per_second", "last_loss")
+                },
+                f"Memory, batch {args.batch_size} x {seq_len} tokens",
+            )
+        )
         print(json.dumps(result), flush=True)
         results.append(result)
     return results
@@ -117,8 +144,9 @@ def main(argv=None) -> int:
     parser.add_argument("--batch-size", type=int, default=2)
     parser.add_argument("--seq-lens", type=int, nargs="+", default=[512, 2048])
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--cap-gb", type=float, default=None,
-                        help="cap the process at this many GB (1e9) of GPU memory, e.g. 16")
+    parser.add_argument(
+        "--cap-gb", type=float, default=None, help="cap the process at this many GB (1e9) of GPU memory, e.g. 16"
+    )
     parser.add_argument("--estimate", action="store_true", help="also print tune estimate-memory's figure")
     run(parser.parse_args(argv))
     return 0

@@ -10,7 +10,6 @@ import contextlib
 import hashlib
 import logging
 import math
-import os
 import shlex
 import shutil
 import signal
@@ -31,8 +30,8 @@ from torchtune._errors import ConfigError, TuneError
 from torchtune.datasets import collate_for
 from torchtune.utils import memory
 from torchtune.utils._activations import OffloadActivations, set_activation_checkpointing
-from torchtune.utils._checkpointing._checkpointer import validate_state_dict
 from torchtune.utils._checkpointing._checkpoint_utils import is_standard_optimizer_state
+from torchtune.utils._checkpointing._checkpointer import validate_state_dict
 
 log = logging.getLogger("torchtune")
 
@@ -41,14 +40,34 @@ RECIPE_STATE_VERSION = 1
 
 # Every key this recipe reads; each one is in the shipped configs. An unknown key is a typo.
 RECIPE_KEYS = (
-    "output_dir", "tokenizer", "dataset", "seed", "shuffle", "model", "checkpointer",
-    "resume_from_checkpoint", "batch_size", "epochs", "max_steps_per_epoch",
-    "gradient_accumulation_steps", "optimizer", "optimizer_in_bwd", "lr_scheduler", "loss",
-    "clip_grad_norm", "compile", "device", "dtype", "enable_activation_checkpointing",
-    "enable_activation_offloading", "save_every_n_steps", "keep_last_n_checkpoints",
-    "metric_logger", "log_every_n_steps", "log_peak_memory_stats",
+    "output_dir",
+    "tokenizer",
+    "dataset",
+    "seed",
+    "shuffle",
+    "model",
+    "checkpointer",
+    "resume_from_checkpoint",
+    "batch_size",
+    "epochs",
+    "max_steps_per_epoch",
+    "gradient_accumulation_steps",
+    "optimizer",
+    "optimizer_in_bwd",
+    "lr_scheduler",
+    "loss",
+    "clip_grad_norm",
+    "compile",
+    "device",
+    "dtype",
+    "enable_activation_checkpointing",
+    "enable_activation_offloading",
+    "save_every_n_steps",
+    "keep_last_n_checkpoints",
+    "metric_logger",
+    "log_every_n_steps",
+    "log_peak_memory_stats",
 )
-
 
 
 class FullFinetuneRecipeSingleDevice:
@@ -283,8 +302,13 @@ class FullFinetuneRecipeSingleDevice:
             # the same, and the in-backward hooks sit on the same parameters.
             for layer in model.layers:
                 layer.compile()
-        log.info("Model %s: %.1fM parameters, %s on %s", cfg_model._component_,
-                 sum(p.numel() for p in model.parameters()) / 1e6, self._dtype, self._device)
+        log.info(
+            "Model %s: %.1fM parameters, %s on %s",
+            cfg_model._component_,
+            sum(p.numel() for p in model.parameters()) / 1e6,
+            self._dtype,
+            self._device,
+        )
         return model
 
     def _setup_optimizer(
@@ -334,7 +358,9 @@ class FullFinetuneRecipeSingleDevice:
         return step_and_free
 
     def _setup_lr_scheduler(
-        self, cfg_lr_scheduler: Optional[DictConfig], num_training_steps: int,
+        self,
+        cfg_lr_scheduler: Optional[DictConfig],
+        num_training_steps: int,
         state_dict: Optional[Dict[str, Any]] = None,
     ) -> Optional[torch.optim.lr_scheduler.LRScheduler]:
         if cfg_lr_scheduler is None:
@@ -389,9 +415,19 @@ class FullFinetuneRecipeSingleDevice:
             )
 
     def _load_recipe_state(self, ckpt: Dict[str, Any]) -> None:
-        required = ("optimizer", "optimizer_in_bwd", "seed", "epochs_run", "total_epochs",
-                    "max_steps_per_epoch", "global_step", "steps_run_in_epoch", "batch_size",
-                    "gradient_accumulation_steps", "rng_state")
+        required = (
+            "optimizer",
+            "optimizer_in_bwd",
+            "seed",
+            "epochs_run",
+            "total_epochs",
+            "max_steps_per_epoch",
+            "global_step",
+            "steps_run_in_epoch",
+            "batch_size",
+            "gradient_accumulation_steps",
+            "rng_state",
+        )
         missing = [k for k in required if k not in ckpt]
         if missing:
             raise TuneError(
@@ -405,23 +441,35 @@ class FullFinetuneRecipeSingleDevice:
                 f"but this run has optimizer_in_bwd={self._optimizer_in_bwd}; the optimizer state "
                 f"cannot be carried across. Resume with optimizer_in_bwd={bool(ckpt['optimizer_in_bwd'])}."
             )
-        for key, ours in (("batch_size", self._batch_size),
-                          ("gradient_accumulation_steps", self._gradient_accumulation_steps)):
+        for key, ours in (
+            ("batch_size", self._batch_size),
+            ("gradient_accumulation_steps", self._gradient_accumulation_steps),
+        ):
             if ckpt[key] != ours:
                 raise TuneError(
                     f"The recipe checkpoint was made with {key}={ckpt[key]}, this run has {key}={ours}: "
                     f"the saved position inside the epoch would point at other data. Resume with {key}={ckpt[key]}."
                 )
         if self._cfg.seed is not None and ckpt["seed"] != self.seed:
-            log.warning("seed=%s differs from the checkpoint's seed=%s; using the checkpoint's so the "
-                        "data order continues.", self.seed, ckpt["seed"])
+            log.warning(
+                "seed=%s differs from the checkpoint's seed=%s; using the checkpoint's so the data order continues.",
+                self.seed,
+                ckpt["seed"],
+            )
         if ckpt["max_steps_per_epoch"] != self.max_steps_per_epoch:
-            log.warning("max_steps_per_epoch=%s differs from the checkpoint's %s; using the checkpoint's.",
-                        self.max_steps_per_epoch, ckpt["max_steps_per_epoch"])
+            log.warning(
+                "max_steps_per_epoch=%s differs from the checkpoint's %s; using the checkpoint's.",
+                self.max_steps_per_epoch,
+                ckpt["max_steps_per_epoch"],
+            )
         if ckpt["total_epochs"] != self.total_epochs:
-            log.warning("epochs=%s differs from the checkpoint's %s; training to %s epochs, and the LR "
-                        "schedule continues with the new total.", self.total_epochs,
-                        ckpt["total_epochs"], self.total_epochs)
+            log.warning(
+                "epochs=%s differs from the checkpoint's %s; training to %s epochs, and the LR "
+                "schedule continues with the new total.",
+                self.total_epochs,
+                ckpt["total_epochs"],
+                self.total_epochs,
+            )
         self.seed = int(ckpt["seed"])
         self.max_steps_per_epoch = ckpt["max_steps_per_epoch"]
         self.epochs_run = int(ckpt["epochs_run"])
@@ -430,8 +478,9 @@ class FullFinetuneRecipeSingleDevice:
         utils.set_rng_state(ckpt["rng_state"])
 
     def _recipe_state(self) -> Dict[str, Any]:
-        optimizer_state = (self._optim_wrapper.state_dict() if self._optim_wrapper is not None
-                           else self._optimizer.state_dict())
+        optimizer_state = (
+            self._optim_wrapper.state_dict() if self._optim_wrapper is not None else self._optimizer.state_dict()
+        )
         return {
             "recipe_state_version": RECIPE_STATE_VERSION,
             "optimizer": optimizer_state,
@@ -481,8 +530,7 @@ class FullFinetuneRecipeSingleDevice:
                 norm = torch.nn.utils.clip_grad_norm_(params, max_norm=float(self._clip_grad_norm))
                 self._grad_norm_sq = norm.detach().float().square()
             elif self._grad_norm_sq is not None:
-                self._grad_norm_sq = torch.nn.utils.get_total_norm(
-                    [p.grad for p in params]).float().square()
+                self._grad_norm_sq = torch.nn.utils.get_total_norm([p.grad for p in params]).float().square()
             self._optimizer.step()
             self._optimizer.zero_grad(set_to_none=True)
         return loss.detach()
@@ -507,8 +555,13 @@ class FullFinetuneRecipeSingleDevice:
                 self._sampler.set_epoch(epoch, start_index=start)
                 if not self._optimizer_in_bwd:
                     self._optimizer.zero_grad(set_to_none=True)
-                pbar = tqdm(total=self._steps_per_epoch, initial=self._steps_run_in_epoch,
-                            dynamic_ncols=True, file=sys.stderr, mininterval=0.5)
+                pbar = tqdm(
+                    total=self._steps_per_epoch,
+                    initial=self._steps_run_in_epoch,
+                    dynamic_ncols=True,
+                    file=sys.stderr,
+                    mininterval=0.5,
+                )
                 step_loss = torch.zeros((), device=self._device)
                 interval_tokens, interval_start = 0, time.perf_counter()
                 for idx, batch in enumerate(self._dataloader):
@@ -527,8 +580,7 @@ class FullFinetuneRecipeSingleDevice:
                     self.global_step += 1
                     self._steps_run_in_epoch += 1
                     # Recorded on the device: no sync on steps that are not logged.
-                    bad_step = torch.where((bad_step < 0) & ~torch.isfinite(step_loss),
-                                           self.global_step, bad_step)
+                    bad_step = torch.where((bad_step < 0) & ~torch.isfinite(step_loss), self.global_step, bad_step)
                     if self._optim_wrapper is not None:
                         self._optim_wrapper.step_lr_scheduler()
                     elif self._lr_scheduler is not None:
@@ -539,9 +591,13 @@ class FullFinetuneRecipeSingleDevice:
                         self._check_finite(bad_step, epoch)
                         elapsed = time.perf_counter() - interval_start
                         tokens_per_second = interval_tokens / max(elapsed, 1e-9)
-                        payload = {"epoch": epoch, "loss": loss_value, "lr": lr,
-                                   "tokens_per_second": tokens_per_second,
-                                   "grad_norm": math.sqrt(max(self._grad_norm_sq.item(), 0.0))}
+                        payload = {
+                            "epoch": epoch,
+                            "loss": loss_value,
+                            "lr": lr,
+                            "tokens_per_second": tokens_per_second,
+                            "grad_norm": math.sqrt(max(self._grad_norm_sq.item(), 0.0)),
+                        }
                         self._grad_norm_sq = None
                         if self._log_peak_memory_stats:
                             payload.update(memory.get_memory_stats(self._device))
@@ -552,8 +608,11 @@ class FullFinetuneRecipeSingleDevice:
                     pbar.update(1)
                     step_loss = torch.zeros((), device=self._device)
 
-                    if self._save_every_n_steps and self.global_step % self._save_every_n_steps == 0 \
-                            and self._steps_run_in_epoch < self._steps_per_epoch:
+                    if (
+                        self._save_every_n_steps
+                        and self.global_step % self._save_every_n_steps == 0
+                        and self._steps_run_in_epoch < self._steps_per_epoch
+                    ):
                         self._check_finite(bad_step, epoch)
                         self.save_checkpoint(epoch=epoch, step_checkpoint=True)
                     if self._stop_signal is not None:
@@ -594,8 +653,9 @@ class FullFinetuneRecipeSingleDevice:
         final = not step_checkpoint and self.epochs_run >= self.total_epochs
         if not final:
             state.update(self._recipe_state())
-        folder = Path(self._checkpointer.save_checkpoint(
-            state, epoch=epoch, step=self.global_step, intermediate=step_checkpoint))
+        folder = Path(
+            self._checkpointer.save_checkpoint(state, epoch=epoch, step=self.global_step, intermediate=step_checkpoint)
+        )
         self._last_checkpoint, self._last_checkpoint_step = folder, self.global_step
         log.info("Saved checkpoint to %s%s", folder, "" if final else " (resumable)")
         if step_checkpoint and self._keep_last_n is not None:
@@ -604,8 +664,9 @@ class FullFinetuneRecipeSingleDevice:
 
     def _prune_step_checkpoints(self, output_dir: Path) -> None:
         """Keep the newest ``keep_last_n_checkpoints`` step folders; never the resumed-from one."""
-        folders = sorted((p for p in output_dir.glob("step_*") if p.is_dir() and p.name[5:].isdigit()),
-                         key=lambda p: int(p.name[5:]))
+        folders = sorted(
+            (p for p in output_dir.glob("step_*") if p.is_dir() and p.name[5:].isdigit()), key=lambda p: int(p.name[5:])
+        )
         protected = {self._resumed_from.resolve()} if self._resumed_from else set()
         for old in folders[: max(0, len(folders) - self._keep_last_n)]:
             if old.resolve() in protected:
@@ -623,17 +684,29 @@ class FullFinetuneRecipeSingleDevice:
         elif any(a.startswith("--config=") for a in argv):
             config_path = next(a for a in argv if a.startswith("--config=")).split("=", 1)[1]
             argv = [a for a in argv if not a.startswith("--config=")]
-        overrides = [a for a in argv if not a.startswith(("resume_from_checkpoint=",
-                                                          "checkpointer.recipe_checkpoint="))]
+        overrides = [
+            a for a in argv if not a.startswith(("resume_from_checkpoint=", "checkpointer.recipe_checkpoint="))
+        ]
         # A copy of this recipe (`tune cp`) resumes with the copy, not with the built-in recipe.
         from torchtune import _recipe_registry
 
         builtin = _recipe_registry.get_recipe("full_finetune_single_device")
         script = sys.argv[0] if sys.argv and sys.argv[0].endswith(".py") else ""
-        recipe = (script if script and builtin is not None and Path(script).resolve() != builtin.path.resolve()
-                  else "full_finetune_single_device")
-        parts = ["tune", "run", recipe, "--config", config_path or "CONFIG",
-                 *overrides, "resume_from_checkpoint=True", f"checkpointer.recipe_checkpoint={recipe_checkpoint}"]
+        recipe = (
+            script
+            if script and builtin is not None and Path(script).resolve() != builtin.path.resolve()
+            else "full_finetune_single_device"
+        )
+        parts = [
+            "tune",
+            "run",
+            recipe,
+            "--config",
+            config_path or "CONFIG",
+            *overrides,
+            "resume_from_checkpoint=True",
+            f"checkpointer.recipe_checkpoint={recipe_checkpoint}",
+        ]
         return " ".join(shlex.quote(p) for p in parts)
 
     def _stop_and_exit(self, epoch: int) -> None:
@@ -644,8 +717,12 @@ class FullFinetuneRecipeSingleDevice:
             folder = self.save_checkpoint(epoch=epoch, step_checkpoint=True)
         recipe_ckpt = folder / "recipe_state.pt"
         if recipe_ckpt.exists():
-            print(f"\nStopped by {name} after step {self.global_step}; checkpoint saved to {folder}.\n"
-                  f"Resume with:\n  {self.resume_command(recipe_ckpt)}", file=sys.stderr, flush=True)
+            print(
+                f"\nStopped by {name} after step {self.global_step}; checkpoint saved to {folder}.\n"
+                f"Resume with:\n  {self.resume_command(recipe_ckpt)}",
+                file=sys.stderr,
+                flush=True,
+            )
         else:
             print(f"\nStopped by {name}; training had finished. Final weights in {folder}.", file=sys.stderr)
         raise SystemExit(128 + int(self._stop_signal))
@@ -657,8 +734,12 @@ class FullFinetuneRecipeSingleDevice:
             if self._stop_signal is not None:  # a second signal: stop now, as the user insists
                 raise KeyboardInterrupt
             self._stop_signal = signum
-            print(f"\nReceived {signal.Signals(signum).name}: finishing this step, then saving a "
-                  "checkpoint (send it again to stop at once, without saving).", file=sys.stderr, flush=True)
+            print(
+                f"\nReceived {signal.Signals(signum).name}: finishing this step, then saving a "
+                "checkpoint (send it again to stop at once, without saving).",
+                file=sys.stderr,
+                flush=True,
+            )
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:

@@ -14,16 +14,28 @@ import time
 from typing import Any, Dict
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from torchtune import config, utils
-from torchtune._errors import ConfigError, TuneError
+from torchtune._errors import ConfigError
 from torchtune.generation import generate
 from torchtune.utils._checkpointing._checkpointer import validate_state_dict
 
 # Every key this recipe reads; each one is in recipes/configs/generate.yaml. Anything else is a typo.
-RECIPE_KEYS = ("model", "checkpointer", "tokenizer", "device", "dtype", "seed", "instruction_template",
-               "prompt", "input", "max_new_tokens", "temperature", "top_k")
+RECIPE_KEYS = (
+    "model",
+    "checkpointer",
+    "tokenizer",
+    "device",
+    "dtype",
+    "seed",
+    "instruction_template",
+    "prompt",
+    "input",
+    "max_new_tokens",
+    "temperature",
+    "top_k",
+)
 
 
 class InferenceRecipe:
@@ -51,8 +63,7 @@ class InferenceRecipe:
             raise ConfigError(f"max_new_tokens must be a whole number of at least 1, got {cfg.max_new_tokens!r}.")
         if not isinstance(cfg.temperature, (int, float)) or cfg.temperature < 0:
             raise ConfigError(f"temperature must be a number >= 0 (0 is greedy), got {cfg.temperature!r}.")
-        if cfg.top_k is not None and (isinstance(cfg.top_k, bool) or not isinstance(cfg.top_k, int)
-                                      or cfg.top_k < 1):
+        if cfg.top_k is not None and (isinstance(cfg.top_k, bool) or not isinstance(cfg.top_k, int) or cfg.top_k < 1):
             raise ConfigError(f"top_k must be a whole number of at least 1, or null, got {cfg.top_k!r}.")
         self._seed = utils.set_seed(cfg.seed)
 
@@ -83,8 +94,10 @@ class InferenceRecipe:
         sample: Dict[str, Any] = {fields[0]: str(cfg.prompt)}
         if cfg.input is not None and str(cfg.input) != "":
             if len(fields) < 2:
-                raise ConfigError(f"input={cfg.input!r} was given, but instruction_template "
-                                  f"{template!r} has no input field; set input=null.")
+                raise ConfigError(
+                    f"input={cfg.input!r} was given, but instruction_template "
+                    f"{template!r} has no input field; set input=null."
+                )
             sample[fields[1]] = str(cfg.input)
         return template.format(sample)
 
@@ -94,14 +107,23 @@ class InferenceRecipe:
         tokens = self._tokenizer.encode(prompt, add_bos=True, add_eos=False)
         generator = torch.Generator(device=self._device).manual_seed(self._seed)
         start = time.perf_counter()
-        new_tokens = generate(self._model, tokens, cfg.max_new_tokens, temperature=float(cfg.temperature),
-                              top_k=cfg.top_k, stop_tokens=(self._tokenizer.eos_id,),
-                              pad_id=self._tokenizer.pad_id, generator=generator)
+        new_tokens = generate(
+            self._model,
+            tokens,
+            cfg.max_new_tokens,
+            temperature=float(cfg.temperature),
+            top_k=cfg.top_k,
+            stop_tokens=(self._tokenizer.eos_id,),
+            pad_id=self._tokenizer.pad_id,
+            generator=generator,
+        )
         seconds = time.perf_counter() - start
         completion = self._tokenizer.decode(new_tokens)
         print(prompt + completion)
-        print(f"[{len(new_tokens)} tokens in {seconds:.2f}s, {len(new_tokens) / max(seconds, 1e-9):.1f} "
-              f"tokens/s]", file=sys.stderr)
+        print(
+            f"[{len(new_tokens)} tokens in {seconds:.2f}s, {len(new_tokens) / max(seconds, 1e-9):.1f} tokens/s]",
+            file=sys.stderr,
+        )
         return completion
 
 

@@ -131,7 +131,9 @@ def main() -> int:
 
     print("\nGreedy generations (held-out):")
     for prompt, want, got in results[:6]:
-        question = prompt.split("### Instruction:\n")[-1].split("\n\n### Response")[0].replace("\n\n### Input:\n", " | ")
+        question = (
+            prompt.split("### Instruction:\n")[-1].split("\n\n### Response")[0].replace("\n\n### Input:\n", " | ")
+        )
         print(f"  {question[:60]:60s} expected {want!r:14s} got {got.strip()!r}")
     print("\nResults")
     print(f"  held-out loss        {base_loss:.3f} -> {loss:.3f}")

@@ -105,8 +105,9 @@ def _task_pool(task: str, rng: random.Random, n: int) -> list[dict[str, str]]:
     if task == "subtract":
         pairs = [(a, b) for a in range(ADD_MAX + 1) for b in range(a + 1)]
         rng.shuffle(pairs)
-        return [_example("Subtract the second number from the first.", f"{a} and {b}", str(a - b))
-                for a, b in pairs[:n]]
+        return [
+            _example("Subtract the second number from the first.", f"{a} and {b}", str(a - b)) for a, b in pairs[:n]
+        ]
     words = sorted(set(WORDS))
     rng.shuffle(words)
     words = words[:n]
@@ -119,11 +120,15 @@ def _task_pool(task: str, rng: random.Random, n: int) -> list[dict[str, str]]:
     if task == "count":
         return [_example(f'How many letters are in the word "{w}"?', "", str(len(w))) for w in words]
     if task == "sort_digits":
-        return [_example("Sort the numbers from smallest to largest.", s,
-                         " ".join(sorted(s.split(), key=int))) for s in _sort_digits_inputs(rng, n)]
+        return [
+            _example("Sort the numbers from smallest to largest.", s, " ".join(sorted(s.split(), key=int)))
+            for s in _sort_digits_inputs(rng, n)
+        ]
     if task == "sort_letters":
-        return [_example("Sort the letters in alphabetical order.", s, " ".join(sorted(s.split())))
-                for s in _sort_letters_inputs(rng, n)]
+        return [
+            _example("Sort the letters in alphabetical order.", s, " ".join(sorted(s.split())))
+            for s in _sort_letters_inputs(rng, n)
+        ]
     raise ValueError(f"unknown task {task!r}")
 
 
@@ -135,7 +140,7 @@ def make_splits(seed: int = SEED) -> tuple[list[dict[str, str]], list[dict[str, 
     for task, (n_train, n_heldout) in TASKS_PER_SPLIT.items():
         pool = _task_pool(task, rng, n_train + n_heldout)
         heldout.extend(pool[:n_heldout])
-        train.extend(pool[n_heldout:n_heldout + n_train])
+        train.extend(pool[n_heldout : n_heldout + n_train])
     rng.shuffle(train)
     rng.shuffle(heldout)
     return train, heldout
@@ -144,9 +149,9 @@ def make_splits(seed: int = SEED) -> tuple[list[dict[str, str]], list[dict[str, 
 # ---------------------------------------------------------------------------------------------------
 # Plain-text pretraining corpus: the same skills as sentences, never in the instruction format.
 
+
 def _fact(rng: random.Random) -> str:
-    kind = rng.choice(("add", "add", "sub", "spell", "reverse", "upper", "count", "sort_d", "sort_l",
-                       "words"))
+    kind = rng.choice(("add", "add", "sub", "spell", "reverse", "upper", "count", "sort_d", "sort_l", "words"))
     word = rng.choice(WORDS)
     if kind == "add":
         a, b = rng.randint(0, ADD_MAX), rng.randint(0, ADD_MAX)
@@ -185,10 +190,18 @@ def write_json(examples: list[dict[str, str]], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out-dir", type=Path, default=DEFAULT_OUT_DIR,
-                        help="folder for train.json and heldout.json (default: the committed bundle)")
-    parser.add_argument("--corpus", type=Path, default=None,
-                        help="also write the plain-text pretraining corpus here (one document a line)")
+    parser.add_argument(
+        "--out-dir",
+        type=Path,
+        default=DEFAULT_OUT_DIR,
+        help="folder for train.json and heldout.json (default: the committed bundle)",
+    )
+    parser.add_argument(
+        "--corpus",
+        type=Path,
+        default=None,
+        help="also write the plain-text pretraining corpus here (one document a line)",
+    )
     parser.add_argument("--seed", type=int, default=SEED)
     args = parser.parse_args(argv)
 

@@ -43,8 +43,17 @@ from torchtune.modules.tokenizers import SentencePieceTokenizer  # noqa: E402
 
 BUNDLE = make_demo_data.DEFAULT_OUT_DIR
 # The architecture; config.json spells the same numbers in Hugging Face's names.
-ARCH = dict(vocab_size=1000, num_layers=4, num_heads=4, num_kv_heads=2, embed_dim=256, max_seq_len=256,
-            intermediate_dim=768, norm_eps=1e-5, rope_base=10_000)
+ARCH = dict(
+    vocab_size=1000,
+    num_layers=4,
+    num_heads=4,
+    num_kv_heads=2,
+    embed_dim=256,
+    max_seq_len=256,
+    intermediate_dim=768,
+    norm_eps=1e-5,
+    rope_base=10_000,
+)
 SEED = 0
 
 
@@ -101,8 +110,9 @@ def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def pretrain(tokenizer: SentencePieceTokenizer, steps: int, batch_size: int, lr: float,
-             num_documents: int) -> nn.Module:
+def pretrain(
+    tokenizer: SentencePieceTokenizer, steps: int, batch_size: int, lr: float, num_documents: int
+) -> nn.Module:
     """Train a fresh model on ``steps`` batches of contiguous corpus windows; returns it in fp32."""
     torch.manual_seed(SEED)
     model = llama2(**ARCH)
@@ -111,18 +121,21 @@ def pretrain(tokenizer: SentencePieceTokenizer, steps: int, batch_size: int, lr:
     stream = token_stream(tokenizer, num_documents)
     windows = stream[: (len(stream) - 1) // seq_len * seq_len + 1]
     num_windows = (len(windows) - 1) // seq_len
-    print(f"corpus: {len(stream)} tokens, {num_windows} windows of {seq_len}; "
-          f"training on {steps * batch_size} windows ({steps * batch_size / num_windows:.2f} epochs)")
+    print(
+        f"corpus: {len(stream)} tokens, {num_windows} windows of {seq_len}; "
+        f"training on {steps * batch_size} windows ({steps * batch_size / num_windows:.2f} epochs)"
+    )
     order = torch.randperm(num_windows, generator=torch.Generator().manual_seed(SEED))
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
-                                   {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.95))
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.95)
+    )
     model.train()
     start = time.perf_counter()
     for step in range(steps):
         idx = order[torch.arange(step * batch_size, (step + 1) * batch_size) % num_windows]
-        batch = torch.stack([windows[i * seq_len: i * seq_len + seq_len + 1] for i in idx.tolist()])
+        batch = torch.stack([windows[i * seq_len : i * seq_len + seq_len + 1] for i in idx.tolist()])
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, steps, lr, warmup=max(1, steps // 10))
         logits = model(batch[:, :-1])
@@ -132,15 +145,25 @@ def pretrain(tokenizer: SentencePieceTokenizer, steps: int, batch_size: int, lr:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if step % 20 == 0 or step == steps - 1:
-            print(f"step {step:4d}  loss {loss.item():.4f}  lr {optimizer.param_groups[0]['lr']:.2e}  "
-                  f"{time.perf_counter() - start:6.1f}s", flush=True)
+            print(
+                f"step {step:4d}  loss {loss.item():.4f}  lr {optimizer.param_groups[0]['lr']:.2e}  "
+                f"{time.perf_counter() - start:6.1f}s",
+                flush=True,
+            )
     return model
 
 
 def probe(model: nn.Module, tokenizer: SentencePieceTokenizer) -> None:
     """Print greedy completions of corpus-style sentence starts (what the base model knows)."""
-    for text in ("7 plus 5 is", "13 minus 6 is", "apple is spelled", "tiger backwards is",
-                 "house in capitals is", "the word piano has", "in order, 8 2 5 becomes"):
+    for text in (
+        "7 plus 5 is",
+        "13 minus 6 is",
+        "apple is spelled",
+        "tiger backwards is",
+        "house in capitals is",
+        "the word piano has",
+        "in order, 8 2 5 becomes",
+    ):
         ids = tokenizer.encode(text, add_bos=True, add_eos=False)
         print(f"  {text!r} -> {tokenizer.decode(generate(model, ids, 16, stop_tokens=(tokenizer.eos_id,)))!r}")
 
@@ -149,8 +172,7 @@ def save_hf(model: nn.Module, out_dir: Path, tokenizer_path: Path) -> None:
     """Write ``config.json``, bf16 ``model.safetensors`` (HF names) and ``tokenizer.model``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()}
-    hf_state = tune_to_hf(state, num_heads=ARCH["num_heads"], num_kv_heads=ARCH["num_kv_heads"],
-                          dim=ARCH["embed_dim"])
+    hf_state = tune_to_hf(state, num_heads=ARCH["num_heads"], num_kv_heads=ARCH["num_kv_heads"], dim=ARCH["embed_dim"])
     hf_state = {k: v.contiguous() for k, v in sorted(hf_state.items())}
     save_file(hf_state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     (out_dir / "config.json").write_text(json.dumps(hf_config(ARCH), indent=2) + "\n", encoding="utf-8")
@@ -169,12 +191,15 @@ def main(argv: list[str] | None = None) -> None:
 
     tokenizer = SentencePieceTokenizer(args.tokenizer)
     if tokenizer.vocab_size != ARCH["vocab_size"]:
-        raise SystemExit(f"{args.tokenizer} has {tokenizer.vocab_size} pieces; the model expects "
-                         f"{ARCH['vocab_size']}. Run scripts/train_demo_tokenizer.py first.")
+        raise SystemExit(
+            f"{args.tokenizer} has {tokenizer.vocab_size} pieces; the model expects "
+            f"{ARCH['vocab_size']}. Run scripts/train_demo_tokenizer.py first."
+        )
     start = time.perf_counter()
     model = pretrain(tokenizer, args.steps, args.batch_size, args.lr, args.documents)
-    print(f"pretraining took {time.perf_counter() - start:.0f}s "
-          f"({sum(p.numel() for p in model.parameters())} parameters)")
+    print(
+        f"pretraining took {time.perf_counter() - start:.0f}s ({sum(p.numel() for p in model.parameters())} parameters)"
+    )
     model.eval()
     probe(model, tokenizer)
     save_hf(model, args.out_dir, args.tokenizer)

@@ -34,8 +34,7 @@ DEFAULT_OUT = make_demo_data.DEFAULT_OUT_DIR / "tokenizer.model"
 _ALPACA_LINES = (
     "Below is an instruction that describes a task, paired with an input that provides further "
     "context. Write a response that appropriately completes the request.",
-    "Below is an instruction that describes a task. Write a response that appropriately completes "
-    "the request.",
+    "Below is an instruction that describes a task. Write a response that appropriately completes the request.",
     "### Instruction:",
     "### Input:",
     "### Response:",
@@ -61,7 +60,10 @@ def train_tokenizer(out_path: Path, vocab_size: int = VOCAB_SIZE) -> None:
         model_writer=model,
         model_type="bpe",
         vocab_size=vocab_size,
-        unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+        unk_id=0,
+        bos_id=1,
+        eos_id=2,
+        pad_id=-1,
         byte_fallback=True,
         split_digits=True,
         character_coverage=1.0,

@@ -15,10 +15,18 @@ BUNDLE = REPO / "torchtune" / "assets" / "demo"
 SCRIPTS = REPO / "scripts"
 BASE = BUNDLE / "base_model"
 # The architecture of recipes/configs/generate.yaml (and of the demo's finetune config).
-ARCH = dict(vocab_size=1000, num_layers=4, num_heads=4, num_kv_heads=2, embed_dim=256, max_seq_len=256,
-            intermediate_dim=768)
-FILES = ["README.md", "train.json", "heldout.json", "tokenizer.model", "base_model/config.json",
-         "base_model/model.safetensors", "base_model/tokenizer.model"]
+ARCH = dict(
+    vocab_size=1000, num_layers=4, num_heads=4, num_kv_heads=2, embed_dim=256, max_seq_len=256, intermediate_dim=768
+)
+FILES = [
+    "README.md",
+    "train.json",
+    "heldout.json",
+    "tokenizer.model",
+    "base_model/config.json",
+    "base_model/model.safetensors",
+    "base_model/tokenizer.model",
+]
 
 
 def _load_script(name: str):
@@ -58,7 +66,7 @@ def test_data_generator_reproduces_committed_files(tmp_path):
     for row in json.loads((tmp_path / "heldout.json").read_text()):
         ins, inp, out = row["instruction"], row["input"], row["output"]
         if ins.startswith("What is"):
-            a, b = ins[len("What is "):-1].split(" plus ")
+            a, b = ins[len("What is ") : -1].split(" plus ")
             assert int(out) == int(a) + int(b)
         elif ins.startswith("Reverse"):
             assert out == inp[::-1]
@@ -79,8 +87,13 @@ def test_tokenizer_is_llama2_like():
     from torchtune.models.llama2 import llama2_tokenizer
 
     tok = llama2_tokenizer(str(BUNDLE / "tokenizer.model"))
-    assert (tok.vocab_size, tok.bos_id, tok.eos_id, tok.spm_model.pad_id(), tok.spm_model.unk_id()) == \
-        (1000, 1, 2, -1, 0)
+    assert (tok.vocab_size, tok.bos_id, tok.eos_id, tok.spm_model.pad_id(), tok.spm_model.unk_id()) == (
+        1000,
+        1,
+        2,
+        -1,
+        0,
+    )
     ids = tok.encode("What is 17 plus 5?")
     assert ids[0] == 1 and ids[-1] == 2
     assert [tok.spm_model.IdToPiece(i) for i in ids[3:6]] == ["▁", "1", "7"]  # one piece per digit
@@ -94,11 +107,18 @@ def test_base_model_loads_through_the_hf_checkpointer(tmp_path):
 
     config = json.loads((BASE / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"]
-    assert (config["hidden_size"], config["num_hidden_layers"], config["num_attention_heads"],
-            config["num_key_value_heads"], config["intermediate_size"], config["vocab_size"],
-            config["max_position_embeddings"]) == (256, 4, 4, 2, 768, 1000, 256)
-    checkpointer = FullModelHFCheckpointer(checkpoint_dir=BASE, checkpoint_files=["model.safetensors"],
-                                           output_dir=tmp_path)
+    assert (
+        config["hidden_size"],
+        config["num_hidden_layers"],
+        config["num_attention_heads"],
+        config["num_key_value_heads"],
+        config["intermediate_size"],
+        config["vocab_size"],
+        config["max_position_embeddings"],
+    ) == (256, 4, 4, 2, 768, 1000, 256)
+    checkpointer = FullModelHFCheckpointer(
+        checkpoint_dir=BASE, checkpoint_files=["model.safetensors"], output_dir=tmp_path
+    )
     state = checkpointer.load_checkpoint()["model"]
     assert all(t.dtype == torch.bfloat16 for t in state.values())
     model = llama2(**ARCH)
@@ -109,8 +129,9 @@ def test_base_model_loads_through_the_hf_checkpointer(tmp_path):
     # Round trip: what a finetune saves (epoch_0, HF format) loads back to the same tensors.
     saved = checkpointer.save_checkpoint({"model": model.state_dict()}, epoch=0)
     assert (saved / "config.json").is_file() and (saved / "tokenizer.model").is_file()
-    again = FullModelHFCheckpointer(checkpoint_dir=saved, checkpoint_files=["model.safetensors"],
-                                    output_dir=tmp_path / "again").load_checkpoint()["model"]
+    again = FullModelHFCheckpointer(
+        checkpoint_dir=saved, checkpoint_files=["model.safetensors"], output_dir=tmp_path / "again"
+    ).load_checkpoint()["model"]
     assert again.keys() == state.keys()
     for key, tensor in state.items():
         assert torch.equal(again[key], tensor), key
@@ -119,21 +140,36 @@ def test_base_model_loads_through_the_hf_checkpointer(tmp_path):
 def test_generate_recipe_runs_on_the_bundle(tmp_path):
     tune = Path(sys.executable).with_name("tune")
     result = subprocess.run(
-        [str(tune), "run", "generate", "--config", "generate", "max_new_tokens=4",
-         f"checkpointer.output_dir={tmp_path}", "instruction_template=null", "prompt=7 plus 5 is"],
-        cwd=REPO, capture_output=True, text=True, timeout=300)
+        [
+            str(tune),
+            "run",
+            "generate",
+            "--config",
+            "generate",
+            "max_new_tokens=4",
+            f"checkpointer.output_dir={tmp_path}",
+            "instruction_template=null",
+            "prompt=7 plus 5 is",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("7 plus 5 is")
     assert "tokens in" in result.stderr
-
 
 
 def test_generate_recipe_rejects_bad_values(capsys, monkeypatch):
     from recipes.generate import recipe_main
 
     monkeypatch.chdir(REPO)
-    for override, key in (("top_k=0", "top_k"), ("temperature=-1", "temperature"),
-                          ("max_new_tokens=0", "max_new_tokens")):
+    for override, key in (
+        ("top_k=0", "top_k"),
+        ("temperature=-1", "temperature"),
+        ("max_new_tokens=0", "max_new_tokens"),
+    ):
         with pytest.raises(SystemExit) as exit_info:
             recipe_main(["--config", "generate", override])
         assert exit_info.value.code == 2
@@ -146,8 +182,9 @@ def test_matches_transformers_llama(tmp_path):
     from torchtune.models.llama2 import llama2
     from torchtune.utils import FullModelHFCheckpointer
 
-    state = FullModelHFCheckpointer(checkpoint_dir=BASE, checkpoint_files=["model.safetensors"],
-                                    output_dir=tmp_path).load_checkpoint()["model"]
+    state = FullModelHFCheckpointer(
+        checkpoint_dir=BASE, checkpoint_files=["model.safetensors"], output_dir=tmp_path
+    ).load_checkpoint()["model"]
     ours = llama2(**ARCH)
     ours.load_state_dict({k: v.float() for k, v in state.items()})
     theirs = transformers.LlamaForCausalLM.from_pretrained(str(BASE), torch_dtype=torch.float32)

@@ -93,8 +93,13 @@ def started_blocks(tmp_path_factory) -> Iterator[dict]:
     for block in offline_blocks():
         cwd = REPO if "repo" in block.info.split() else tmp_path_factory.mktemp(block.page.replace(".md", ""))
         procs[_block_id(block)] = subprocess.Popen(
-            ["bash", "-e", "-o", "pipefail", "-c", block.text], cwd=cwd, env=env,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            ["bash", "-e", "-o", "pipefail", "-c", block.text],
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
     yield procs
     for proc in procs.values():  # only ours, and only if a test stopped waiting for it
         if proc.poll() is None:
@@ -116,7 +121,8 @@ def test_offline_command_block_runs(block: Block, started_blocks: dict):
     stdout, stderr = proc.communicate(timeout=600)
     assert proc.returncode == 0, (
         f"{block.page} line {block.line}: the block exited with status {proc.returncode}\n"
-        f"--- block ---\n{block.text}\n--- stdout ---\n{stdout[-3000:]}\n--- stderr ---\n{stderr[-3000:]}")
+        f"--- block ---\n{block.text}\n--- stdout ---\n{stdout[-3000:]}\n--- stderr ---\n{stderr[-3000:]}"
+    )
 
 
 def _lines_outside_fences(path: Path) -> Iterator[str]:

@@ -48,11 +48,20 @@ def format_message(message: str, width: int = 100) -> str:
     for paragraph in message.strip().split("\n\n"):
         lines = paragraph.splitlines()
         if all(line.startswith(" ") for line in lines):
-            blocks.append("\n".join(
-                textwrap.fill(line, width=width, subsequent_indent=" " * (len(line) - len(line.lstrip()) + 2),
-                              break_long_words=False, break_on_hyphens=False)
-                for line in lines))
+            blocks.append(
+                "\n".join(
+                    textwrap.fill(
+                        line,
+                        width=width,
+                        subsequent_indent=" " * (len(line) - len(line.lstrip()) + 2),
+                        break_long_words=False,
+                        break_on_hyphens=False,
+                    )
+                    for line in lines
+                )
+            )
         else:
-            blocks.append(textwrap.fill(" ".join(paragraph.split()), width=width, break_long_words=False,
-                                        break_on_hyphens=False))
+            blocks.append(
+                textwrap.fill(" ".join(paragraph.split()), width=width, break_long_words=False, break_on_hyphens=False)
+            )
     return "\n\n".join(blocks)

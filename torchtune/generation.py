@@ -28,8 +28,13 @@ _IGNORE_INDEX = -100
 Prompt = Union[Sequence[int], torch.Tensor]
 
 
-def sample_next_token(logits: torch.Tensor, *, temperature: float = 0.0, top_k: Optional[int] = None,
-                      generator: Optional[torch.Generator] = None) -> torch.Tensor:
+def sample_next_token(
+    logits: torch.Tensor,
+    *,
+    temperature: float = 0.0,
+    top_k: Optional[int] = None,
+    generator: Optional[torch.Generator] = None,
+) -> torch.Tensor:
     """The next token of each row of ``logits`` (``[b, vocab]``) -> ``Long[b]``.
 
     ``temperature == 0`` is greedy (argmax). Otherwise the logits are divided by ``temperature``,
@@ -134,15 +139,17 @@ def generate_batch(
     max_seq_len = int(model.max_seq_len)
     longest = max(len(t) for t in token_lists)
     if longest >= max_seq_len:
-        raise TuneError(f"The prompt has {longest} tokens, but the model reads at most {max_seq_len} "
-                        f"(its max_seq_len), leaving no room for an answer. Shorten the prompt.")
+        raise TuneError(
+            f"The prompt has {longest} tokens, but the model reads at most {max_seq_len} "
+            f"(its max_seq_len), leaving no room for an answer. Shorten the prompt."
+        )
     steps = min(max_new_tokens, max_seq_len - longest)
     dtype, device = _model_dtype_device(model)
     bsz = len(token_lists)
     pad_lens = torch.tensor([longest - len(t) for t in token_lists], device=device)
     tokens = torch.full((bsz, longest), pad_id, dtype=torch.long, device=device)
     for i, ids in enumerate(token_lists):
-        tokens[i, longest - len(ids):] = torch.tensor(ids, dtype=torch.long, device=device)
+        tokens[i, longest - len(ids) :] = torch.tensor(ids, dtype=torch.long, device=device)
     stops = torch.tensor(sorted(set(stop_tokens or ())), dtype=torch.long, device=device)
     slots = torch.arange(max_seq_len, device=device)
 
@@ -164,14 +171,17 @@ def generate_batch(
             seq = tokens
             prompt_slots = slots[:longest]
             if use_cache:
-                logits = model(tokens, mask=may_attend(prompt_slots, max_seq_len),
-                               input_pos=prompt_slots.expand(bsz, longest))
+                logits = model(
+                    tokens, mask=may_attend(prompt_slots, max_seq_len), input_pos=prompt_slots.expand(bsz, longest)
+                )
             else:
-                logits = model(tokens, mask=may_attend(prompt_slots, longest),
-                               input_pos=prompt_slots.expand(bsz, longest))
+                logits = model(
+                    tokens, mask=may_attend(prompt_slots, longest), input_pos=prompt_slots.expand(bsz, longest)
+                )
             for step in range(steps):
-                next_tokens = sample_next_token(logits[:, -1], temperature=temperature, top_k=top_k,
-                                                generator=generator)
+                next_tokens = sample_next_token(
+                    logits[:, -1], temperature=temperature, top_k=top_k, generator=generator
+                )
                 done = done | torch.isin(next_tokens, stops)
                 for i in range(bsz):
                     if not done[i]:
@@ -181,12 +191,18 @@ def generate_batch(
                 next_tokens = next_tokens.masked_fill(done, pad_id).view(bsz, 1)
                 slot = longest + step
                 if use_cache:
-                    logits = model(next_tokens, mask=may_attend(slots[slot:slot + 1], max_seq_len),
-                                   input_pos=slots[slot:slot + 1].expand(bsz, 1))
+                    logits = model(
+                        next_tokens,
+                        mask=may_attend(slots[slot : slot + 1], max_seq_len),
+                        input_pos=slots[slot : slot + 1].expand(bsz, 1),
+                    )
                 else:
                     seq = torch.cat([seq, next_tokens], dim=1)
-                    logits = model(seq, mask=may_attend(slots[:slot + 1], slot + 1),
-                                   input_pos=slots[:slot + 1].expand(bsz, slot + 1))
+                    logits = model(
+                        seq,
+                        mask=may_attend(slots[: slot + 1], slot + 1),
+                        input_pos=slots[: slot + 1].expand(bsz, slot + 1),
+                    )
     finally:
         model.train(was_training)
     return out
@@ -208,9 +224,17 @@ def generate(
 
     Arguments as for :func:`generate_batch`, with one prompt (``list[int]`` or a 1-d tensor).
     """
-    return generate_batch(model, [prompt_tokens], max_new_tokens, temperature=temperature, top_k=top_k,
-                          stop_tokens=stop_tokens, pad_id=pad_id, generator=generator,
-                          use_cache=use_cache)[0]
+    return generate_batch(
+        model,
+        [prompt_tokens],
+        max_new_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        stop_tokens=stop_tokens,
+        pad_id=pad_id,
+        generator=generator,
+        use_cache=use_cache,
+    )[0]
 
 
 def evaluate_exact_match(
@@ -243,11 +267,10 @@ def evaluate_exact_match(
     expected = [str(row[response_column]) for row in examples]
     results: list[tuple[str, str, str]] = []
     for start in range(0, len(prompts), batch_size):
-        chunk = prompts[start:start + batch_size]
+        chunk = prompts[start : start + batch_size]
         ids = [tokenizer.encode(p, add_bos=True, add_eos=False) for p in chunk]
-        outputs = generate_batch(model, ids, max_new_tokens, stop_tokens=(tokenizer.eos_id,),
-                                 pad_id=tokenizer.pad_id)
-        for prompt, want, got in zip(chunk, expected[start:start + batch_size], outputs):
+        outputs = generate_batch(model, ids, max_new_tokens, stop_tokens=(tokenizer.eos_id,), pad_id=tokenizer.pad_id)
+        for prompt, want, got in zip(chunk, expected[start : start + batch_size], outputs):
             results.append((prompt, want, tokenizer.decode(got)))
     correct = sum(want.strip() == got.strip() for _, want, got in results)
     return (correct / len(results) if results else 0.0), results
@@ -281,8 +304,14 @@ def heldout_loss(
             kwargs = {k: batch[k].to(device) for k in ("mask", "input_pos") if k in batch}
             logits = model(tokens, **kwargs)[:, :-1]
             targets = labels[:, 1:]
-            total += float(F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1),
-                                           ignore_index=_IGNORE_INDEX, reduction="sum"))
+            total += float(
+                F.cross_entropy(
+                    logits.reshape(-1, logits.size(-1)).float(),
+                    targets.reshape(-1),
+                    ignore_index=_IGNORE_INDEX,
+                    reduction="sum",
+                )
+            )
             count += int((targets != _IGNORE_INDEX).sum())
     finally:
         model.train(was_training)

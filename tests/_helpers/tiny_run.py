@@ -48,24 +48,37 @@ def make_hf_checkpoint(folder: Path, vocab_size: int, seed: int = 0, **dims: Any
     torch.manual_seed(seed)
     model = llama2(vocab_size=vocab_size, **d)
     head_dim = d["embed_dim"] // d["num_heads"]
-    hf = tune_to_hf(model.state_dict(), num_heads=d["num_heads"], num_kv_heads=d["num_kv_heads"],
-                    dim=d["embed_dim"], head_dim=head_dim)
+    hf = tune_to_hf(
+        model.state_dict(),
+        num_heads=d["num_heads"],
+        num_kv_heads=d["num_kv_heads"],
+        dim=d["embed_dim"],
+        head_dim=head_dim,
+    )
     folder.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in hf.items()}, str(folder / "model.safetensors"))
     config = {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-        "hidden_size": d["embed_dim"], "intermediate_size": model.layers[0].mlp.w1.out_features,
-        "num_attention_heads": d["num_heads"], "num_key_value_heads": d["num_kv_heads"],
-        "num_hidden_layers": d["num_layers"], "max_position_embeddings": d["max_seq_len"],
-        "vocab_size": vocab_size, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-        "tie_word_embeddings": False, "torch_dtype": "float32",
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": d["embed_dim"],
+        "intermediate_size": model.layers[0].mlp.w1.out_features,
+        "num_attention_heads": d["num_heads"],
+        "num_key_value_heads": d["num_kv_heads"],
+        "num_hidden_layers": d["num_layers"],
+        "max_position_embeddings": d["max_seq_len"],
+        "vocab_size": vocab_size,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float32",
     }
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     return folder
 
 
-def make_tiny_run(tmp_path: Path, num_examples: int = 24, model_dims: Optional[Dict[str, int]] = None,
-                  **overrides: Any) -> Path:
+def make_tiny_run(
+    tmp_path: Path, num_examples: int = 24, model_dims: Optional[Dict[str, int]] = None, **overrides: Any
+) -> Path:
     """Create checkpoint, tokenizer and data under ``tmp_path`` and return a config path.
 
     ``model_dims`` change the tiny model's size (checkpoint and config alike); ``overrides`` are
@@ -77,8 +90,9 @@ def make_tiny_run(tmp_path: Path, num_examples: int = 24, model_dims: Optional[D
     rows = alpaca_examples(num_examples)
     data.write_text(json.dumps(rows))
     corpus = [f"{r['instruction']} {r['input']} {r['output']}" for r in rows]
-    tokenizer = make_spm_tokenizer(tmp_path / "tok", None if num_examples == 0 else
-                                   list(corpus) + _template_lines(), vocab_size=400)
+    tokenizer = make_spm_tokenizer(
+        tmp_path / "tok", None if num_examples == 0 else list(corpus) + _template_lines(), vocab_size=400
+    )
     import sentencepiece as spm
 
     vocab = spm.SentencePieceProcessor(model_file=str(tokenizer)).vocab_size()
@@ -102,16 +116,30 @@ def _template_lines() -> List[str]:
 def base_config(tmp_path: Path, ckpt: Path, tokenizer: Path, data: Path, vocab: int) -> Dict[str, Any]:
     return {
         "output_dir": str(tmp_path / "out"),
-        "tokenizer": {"_component_": "torchtune.models.llama2.llama2_tokenizer", "path": str(tokenizer),
-                      "max_seq_len": None},
-        "dataset": {"_component_": "torchtune.datasets.alpaca_dataset", "source": "json",
-                    "data_files": str(data), "train_on_input": True, "max_seq_len": 96, "packed": False},
+        "tokenizer": {
+            "_component_": "torchtune.models.llama2.llama2_tokenizer",
+            "path": str(tokenizer),
+            "max_seq_len": None,
+        },
+        "dataset": {
+            "_component_": "torchtune.datasets.alpaca_dataset",
+            "source": "json",
+            "data_files": str(data),
+            "train_on_input": True,
+            "max_seq_len": 96,
+            "packed": False,
+        },
         "seed": 1234,
         "shuffle": True,
         "model": {"_component_": "torchtune.models.llama2.llama2", "vocab_size": vocab, **TINY_DIMS},
-        "checkpointer": {"_component_": "torchtune.utils.FullModelHFCheckpointer",
-                         "checkpoint_dir": str(ckpt), "checkpoint_files": ["model.safetensors"],
-                         "recipe_checkpoint": None, "output_dir": "${output_dir}", "model_type": "LLAMA2"},
+        "checkpointer": {
+            "_component_": "torchtune.utils.FullModelHFCheckpointer",
+            "checkpoint_dir": str(ckpt),
+            "checkpoint_files": ["model.safetensors"],
+            "recipe_checkpoint": None,
+            "output_dir": "${output_dir}",
+            "model_type": "LLAMA2",
+        },
         "resume_from_checkpoint": False,
         "batch_size": 4,
         "epochs": 2,
@@ -119,8 +147,10 @@ def base_config(tmp_path: Path, ckpt: Path, tokenizer: Path, data: Path, vocab: 
         "gradient_accumulation_steps": 1,
         "optimizer": {"_component_": "torch.optim.AdamW", "lr": 1e-3, "weight_decay": 0.01},
         "optimizer_in_bwd": True,
-        "lr_scheduler": {"_component_": "torchtune.utils.lr_schedulers.get_cosine_schedule_with_warmup",
-                         "num_warmup_steps": 2},
+        "lr_scheduler": {
+            "_component_": "torchtune.utils.lr_schedulers.get_cosine_schedule_with_warmup",
+            "num_warmup_steps": 2,
+        },
         "loss": {"_component_": "torchtune.modules.loss.CrossEntropyLoss"},
         "clip_grad_norm": None,
         "compile": False,
@@ -130,20 +160,20 @@ def base_config(tmp_path: Path, ckpt: Path, tokenizer: Path, data: Path, vocab: 
         "enable_activation_offloading": False,
         "save_every_n_steps": None,
         "keep_last_n_checkpoints": None,
-        "metric_logger": {"_component_": "torchtune.utils.metric_logging.DiskLogger",
-                          "log_dir": "${output_dir}/logs"},
+        "metric_logger": {"_component_": "torchtune.utils.metric_logging.DiskLogger", "log_dir": "${output_dir}/logs"},
         "log_every_n_steps": 1,
         "log_peak_memory_stats": False,
     }
 
 
-def run_tune(args: Sequence[str], *, env: Optional[Dict[str, str]] = None, timeout: float = 300,
-             cwd: Optional[Path] = None) -> subprocess.CompletedProcess:
+def run_tune(
+    args: Sequence[str], *, env: Optional[Dict[str, str]] = None, timeout: float = 300, cwd: Optional[Path] = None
+) -> subprocess.CompletedProcess:
     """Run the real ``tune`` console script."""
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
-                **(env or {})}
-    return subprocess.run([TUNE, *args], capture_output=True, text=True, env=full_env,
-                          timeout=timeout, cwd=str(cwd or REPO_ROOT))
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", **(env or {})}
+    return subprocess.run(
+        [TUNE, *args], capture_output=True, text=True, env=full_env, timeout=timeout, cwd=str(cwd or REPO_ROOT)
+    )
 
 
 def read_losses(output_dir: Path) -> List[float]:

@@ -7,16 +7,45 @@ import pytest
 
 from benchmarks import bench_step
 
-TINY = ["--vocab-size", "256", "--num-layers", "2", "--num-heads", "4", "--embed-dim", "64",
-        "--max-seq-len", "64", "--seq-len", "32", "--batch-size", "2", "--threads", "1"]
+TINY = [
+    "--vocab-size",
+    "256",
+    "--num-layers",
+    "2",
+    "--num-heads",
+    "4",
+    "--embed-dim",
+    "64",
+    "--max-seq-len",
+    "64",
+    "--seq-len",
+    "32",
+    "--batch-size",
+    "2",
+    "--threads",
+    "1",
+]
 
 
 def test_tiny_benchmark_table_and_ratios(tmp_path, capsys):
     # torchao's AdamW8bit compiles its step on first use (tens of seconds on CPU), so it is left
     # out here; bitsandbytes covers the 8-bit in-backward path.
     out = tmp_path / "bench.json"
-    result = bench_step.main([*TINY, "--steps", "3", "--warmup", "1", "--dtype", "fp32",
-                              "--variants", "adamw,adamw_bwd,bnb_adamw8bit_bwd", "--json", str(out)])
+    result = bench_step.main(
+        [
+            *TINY,
+            "--steps",
+            "3",
+            "--warmup",
+            "1",
+            "--dtype",
+            "fp32",
+            "--variants",
+            "adamw,adamw_bwd,bnb_adamw8bit_bwd",
+            "--json",
+            str(out),
+        ]
+    )
     table = capsys.readouterr().out
     assert json.loads(out.read_text())["rows"] == json.loads(json.dumps(result["rows"]))
     rows = {r["variant"]: r for r in result["rows"]}
@@ -35,8 +64,19 @@ def test_tiny_benchmark_table_and_ratios(tmp_path, capsys):
 
 
 def test_count_is_the_recipes_own():
-    cfg = bench_step.bench_config("adamw", {**bench_step.DEFAULT_MODEL, "vocab_size": 64, "num_layers": 1,
-                                            "num_heads": 2, "num_kv_heads": 2, "embed_dim": 16}, "fp32", "cpu")
+    cfg = bench_step.bench_config(
+        "adamw",
+        {
+            **bench_step.DEFAULT_MODEL,
+            "vocab_size": 64,
+            "num_layers": 1,
+            "num_heads": 2,
+            "num_kv_heads": 2,
+            "embed_dim": 16,
+        },
+        "fp32",
+        "cpu",
+    )
     recipe = bench_step.build_recipe(cfg)
     batch = bench_step.synthetic_batches(1, 4, 16, 64)[0]
     expected = int((batch["tokens"] != bench_step.PAD_ID).sum())

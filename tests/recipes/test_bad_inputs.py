@@ -46,7 +46,7 @@ json.dump(results, open(sys.argv[2], "w"))
 '''
 
 # Makes the optional optimizer packages look uninstalled, as `import` would report it.
-SITECUSTOMIZE = '''
+SITECUSTOMIZE = """
 import sys
 
 class _NotInstalled:
@@ -56,50 +56,89 @@ class _NotInstalled:
         return None
 
 sys.meta_path.insert(0, _NotInstalled())
-'''
+"""
 
 # name: (overrides, exit status, substrings the message must contain).  {T} is the fixture folder.
 CASES = {
-    "checkpoint_dir_missing": (["checkpointer.checkpoint_dir={T}/no_such_dir"], 1,
-                               ["{T}/no_such_dir", "checkpointer.checkpoint_dir"]),
-    "checkpoint_file_missing": (["checkpointer.checkpoint_files=[nope.safetensors]"], 1,
-                                ["{T}/base/nope.safetensors", "checkpointer.checkpoint_files"]),
-    "checkpoint_shapes_vs_builder": (["model.embed_dim=64"], 1,
-                                     ["does not fit the model", "checkpoint (32,) vs model (64,)",
-                                      "model._component_"]),
-    "config_json_vs_weights": (["checkpointer.checkpoint_dir={T}/bad_config_json"], 1,
-                               ["{T}/bad_config_json/config.json", "hidden_size=64",
-                                "checkpointer.checkpoint_files"]),
-    "tokenizer_bigger_than_vocab": (["checkpointer.checkpoint_dir={T}/vocab_100", "model.vocab_size=100"], 1,
-                                    ["{T}/tok/tokenizer.model", "400 tokens", "vocabulary has 100",
-                                     "tokenizer.path"]),
+    "checkpoint_dir_missing": (
+        ["checkpointer.checkpoint_dir={T}/no_such_dir"],
+        1,
+        ["{T}/no_such_dir", "checkpointer.checkpoint_dir"],
+    ),
+    "checkpoint_file_missing": (
+        ["checkpointer.checkpoint_files=[nope.safetensors]"],
+        1,
+        ["{T}/base/nope.safetensors", "checkpointer.checkpoint_files"],
+    ),
+    "checkpoint_shapes_vs_builder": (
+        ["model.embed_dim=64"],
+        1,
+        ["does not fit the model", "checkpoint (32,) vs model (64,)", "model._component_"],
+    ),
+    "config_json_vs_weights": (
+        ["checkpointer.checkpoint_dir={T}/bad_config_json"],
+        1,
+        ["{T}/bad_config_json/config.json", "hidden_size=64", "checkpointer.checkpoint_files"],
+    ),
+    "tokenizer_bigger_than_vocab": (
+        ["checkpointer.checkpoint_dir={T}/vocab_100", "model.vocab_size=100"],
+        1,
+        ["{T}/tok/tokenizer.model", "400 tokens", "vocabulary has 100", "tokenizer.path"],
+    ),
     "dataset_missing": (["dataset.data_files={T}/missing.json"], 1, ["{T}/missing.json", "dataset.data_files"]),
-    "dataset_malformed": (["dataset.data_files={T}/malformed.json"], 1,
-                          ["{T}/malformed.json", "dataset.data_files", "malformed"]),
-    "dataset_without_columns": (["dataset.data_files={T}/wrong_columns.json"], 1,
-                                ["{T}/wrong_columns.json", "'instruction', 'output'", "dataset.column_map"]),
-    "dataset_empty_list": (["dataset.data_files={T}/empty.json"], 1,
-                           ["{T}/empty.json", "dataset.data_files", "0 rows"]),
-    "dataset_empty_file": (["dataset.data_files={T}/zero_bytes.json"], 1,
-                           ["{T}/zero_bytes.json", "dataset.data_files", "is empty"]),
+    "dataset_malformed": (
+        ["dataset.data_files={T}/malformed.json"],
+        1,
+        ["{T}/malformed.json", "dataset.data_files", "malformed"],
+    ),
+    "dataset_without_columns": (
+        ["dataset.data_files={T}/wrong_columns.json"],
+        1,
+        ["{T}/wrong_columns.json", "'instruction', 'output'", "dataset.column_map"],
+    ),
+    "dataset_empty_list": (
+        ["dataset.data_files={T}/empty.json"],
+        1,
+        ["{T}/empty.json", "dataset.data_files", "0 rows"],
+    ),
+    "dataset_empty_file": (
+        ["dataset.data_files={T}/zero_bytes.json"],
+        1,
+        ["{T}/zero_bytes.json", "dataset.data_files", "is empty"],
+    ),
     "resume_without_recipe_checkpoint": (["resume_from_checkpoint=True"], 2, ["checkpointer.recipe_checkpoint"]),
-    "resume_recipe_checkpoint_missing": (["resume_from_checkpoint=True",
-                                          "checkpointer.recipe_checkpoint={T}/prev/step_9/recipe_state.pt"], 1,
-                                         ["{T}/prev/step_9/recipe_state.pt", "checkpointer.recipe_checkpoint"]),
-    "resume_other_model": (["resume_from_checkpoint=True", "checkpointer.recipe_checkpoint={R}",
-                            "model.num_layers=3"], 1,
-                           ["does not fit the model", "layers.2.attn.q_proj.weight", "model._component_"]),
-    "resume_other_optimizer_in_bwd": (["resume_from_checkpoint=True", "checkpointer.recipe_checkpoint={R}",
-                                       "optimizer_in_bwd=False"], 1,
-                                      ["optimizer_in_bwd=True", "optimizer_in_bwd=False"]),
-    "output_dir_inside_checkpoint_dir": (["output_dir={T}/base/out"], 1,
-                                         ["checkpointer.output_dir ({T}/base/out)", "checkpointer.checkpoint_dir"]),
+    "resume_recipe_checkpoint_missing": (
+        ["resume_from_checkpoint=True", "checkpointer.recipe_checkpoint={T}/prev/step_9/recipe_state.pt"],
+        1,
+        ["{T}/prev/step_9/recipe_state.pt", "checkpointer.recipe_checkpoint"],
+    ),
+    "resume_other_model": (
+        ["resume_from_checkpoint=True", "checkpointer.recipe_checkpoint={R}", "model.num_layers=3"],
+        1,
+        ["does not fit the model", "layers.2.attn.q_proj.weight", "model._component_"],
+    ),
+    "resume_other_optimizer_in_bwd": (
+        ["resume_from_checkpoint=True", "checkpointer.recipe_checkpoint={R}", "optimizer_in_bwd=False"],
+        1,
+        ["optimizer_in_bwd=True", "optimizer_in_bwd=False"],
+    ),
+    "output_dir_inside_checkpoint_dir": (
+        ["output_dir={T}/base/out"],
+        1,
+        ["checkpointer.output_dir ({T}/base/out)", "checkpointer.checkpoint_dir"],
+    ),
     "device_cuda_on_cpu_machine": (["device=cuda"], 1, ["device=cuda", "device=cpu"]),
     "device_cuda_7": (["device=cuda:7"], 1, ["device=cuda:7"]),
-    "bitsandbytes_not_installed": (["optimizer._component_=bitsandbytes.optim.PagedAdamW"], 2,
-                                   ["optimizer._component_", "bitsandbytes", "pip install bitsandbytes"]),
-    "torchao_not_installed": (["optimizer._component_=torchao.optim.AdamW8bit"], 2,
-                              ["optimizer._component_", "torchao", "pip install torchao"]),
+    "bitsandbytes_not_installed": (
+        ["optimizer._component_=bitsandbytes.optim.PagedAdamW"],
+        2,
+        ["optimizer._component_", "bitsandbytes", "pip install bitsandbytes"],
+    ),
+    "torchao_not_installed": (
+        ["optimizer._component_=torchao.optim.AdamW8bit"],
+        2,
+        ["optimizer._component_", "torchao", "pip install torchao"],
+    ),
     "batch_size_zero": (["batch_size=0"], 2, ["batch_size", "got 0"]),
     "negative_lr": (["optimizer.lr=-1e-3"], 2, ["optimizer.lr", "-0.001"]),
     "max_steps_per_epoch_zero": (["max_steps_per_epoch=0"], 2, ["max_steps_per_epoch", "got 0"]),
@@ -129,13 +168,23 @@ def folder(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def results(folder) -> dict:
     """Run every case in one driver process; returns {name: {"rc", "stderr"}}."""
-    base = ["run", "full_finetune_single_device", "--config", str(folder / "config.yaml"),
-            f"output_dir={folder / 'out'}"]
+    base = [
+        "run",
+        "full_finetune_single_device",
+        "--config",
+        str(folder / "config.yaml"),
+        f"output_dir={folder / 'out'}",
+    ]
     cases = [  # first a good 2-step run: its step_1 is the checkpoint the resume cases use
-        {"name": "good_run", "argv": base + [f"output_dir={folder / 'prev'}", "epochs=1",
-                                             "max_steps_per_epoch=2", "save_every_n_steps=1"]},
-        *({"name": name, "argv": base + [_fill(o, folder) for o in overrides]}
-          for name, (overrides, _, _) in CASES.items()),
+        {
+            "name": "good_run",
+            "argv": base
+            + [f"output_dir={folder / 'prev'}", "epochs=1", "max_steps_per_epoch=2", "save_every_n_steps=1"],
+        },
+        *(
+            {"name": name, "argv": base + [_fill(o, folder) for o in overrides]}
+            for name, (overrides, _, _) in CASES.items()
+        ),
         {"name": "debug_shows_traceback", "argv": base + ["device=cuda"], "env": {"TUNE_DEBUG": "1"}},
     ]
     (folder / "cases.json").write_text(json.dumps(cases))
@@ -146,12 +195,18 @@ def results(folder) -> dict:
     env = {**os.environ, "PYTHONPATH": str(site), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
     env.pop("TUNE_DEBUG", None)
     # The installed `tune` script itself, on one case, alongside the driver (both mostly import time).
-    script = subprocess.Popen([TUNE, *base, "device=cuda"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env=env, cwd=REPO_ROOT)
+    script = subprocess.Popen(
+        [TUNE, *base, "device=cuda"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO_ROOT
+    )
     try:
-        proc = subprocess.run([sys.executable, str(folder / "driver.py"), str(folder / "cases.json"),
-                               str(folder / "results.json")], capture_output=True, text=True, env=env,
-                              timeout=600, cwd=REPO_ROOT)
+        proc = subprocess.run(
+            [sys.executable, str(folder / "driver.py"), str(folder / "cases.json"), str(folder / "results.json")],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=600,
+            cwd=REPO_ROOT,
+        )
         script_stderr = script.communicate(timeout=300)[1]
     finally:
         if script.poll() is None:
@@ -170,7 +225,7 @@ def test_bad_input_gets_one_clear_error(results, folder, name):
     stderr = result["stderr"]
     assert "Traceback" not in stderr, stderr[-3000:]
     assert result["rc"] == rc, stderr[-3000:]
-    message = stderr[stderr.index("Error:"):]  # what precedes it is progress output of the dataset loader
+    message = stderr[stderr.index("Error:") :]  # what precedes it is progress output of the dataset loader
     flat = " ".join(message.split())
     for needle in needles:
         assert _fill(needle, folder) in flat, flat
@@ -185,5 +240,5 @@ def test_installed_tune_script_prints_one_paragraph(results):
     rc, stderr = results["installed_tune_script"]["rc"], results["installed_tune_script"]["stderr"]
     assert rc == 1, stderr
     assert "Traceback" not in stderr
-    message = stderr[stderr.index("Error:"):].strip()
+    message = stderr[stderr.index("Error:") :].strip()
     assert message.startswith("Error: device=cuda was asked for") and "\n\n" not in message, stderr

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from tests._helpers.tiny_run import build_recipe as _recipe, make_tiny_run, read_losses
+from tests._helpers.tiny_run import build_recipe as _recipe
+from tests._helpers.tiny_run import make_tiny_run, read_losses
 
 OPTIMIZERS = [
     "bitsandbytes.optim.PagedAdamW",
@@ -18,8 +19,9 @@ OPTIMIZERS = [
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     # embed_dim 64 so every weight matrix is large enough for the 8/4-bit block layouts.
-    return make_tiny_run(tmp_path_factory.mktemp("opt"), num_examples=8,
-                         model_dims={"embed_dim": 64}, epochs=1, batch_size=4)
+    return make_tiny_run(
+        tmp_path_factory.mktemp("opt"), num_examples=8, model_dims={"embed_dim": 64}, epochs=1, batch_size=4
+    )
 
 
 @pytest.mark.parametrize("component", OPTIMIZERS)
@@ -36,7 +38,7 @@ def test_two_in_backward_steps_change_the_weights(tiny, tmp_path, component):
     inner = next(iter(recipe._optim_wrapper.optim_map.values()))
     assert type(inner).__module__.split(".")[0] == component.split(".")[0]
     losses = read_losses(tmp_path / "o")
-    assert len(losses) == 2 and all(l == l for l in losses)
+    assert len(losses) == 2 and all(x == x for x in losses)
 
 
 @pytest.mark.parametrize("component", ["bitsandbytes.optim.PagedAdamW8bit", "torchao.optim.AdamW8bit"])
@@ -46,9 +48,15 @@ def test_low_bit_state_survives_a_resume(tiny, tmp_path, component):
     recipe = _recipe(tiny, output_dir=str(out), **_run)
     recipe.train()
     recipe.cleanup()
-    resumed = _recipe(tiny, output_dir=str(tmp_path / "res"), resume_from_checkpoint=True,
-                      **{"optimizer._component_": component,
-                         "checkpointer.recipe_checkpoint": str(out / "step_1" / "recipe_state.pt")})
+    resumed = _recipe(
+        tiny,
+        output_dir=str(tmp_path / "res"),
+        resume_from_checkpoint=True,
+        **{
+            "optimizer._component_": component,
+            "checkpointer.recipe_checkpoint": str(out / "step_1" / "recipe_state.pt"),
+        },
+    )
     resumed.train()
     resumed.cleanup()
     assert read_losses(tmp_path / "res") == read_losses(out)[1:]

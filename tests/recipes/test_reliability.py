@@ -83,7 +83,8 @@ def components(tmp_path, monkeypatch) -> str:
     """A module of config components for these tests, importable by its `_component_` path."""
     folder = tmp_path / "components"
     folder.mkdir()
-    (folder / "reliability_components.py").write_text(textwrap.dedent('''
+    (folder / "reliability_components.py").write_text(
+        textwrap.dedent('''
         import os
         import psutil
         from torchtune.utils.metric_logging import DiskLogger
@@ -106,7 +107,8 @@ def components(tmp_path, monkeypatch) -> str:
             def log_dict(self, payload, step):
                 super().log_dict(payload, step)
                 self.rss[step] = psutil.Process().memory_info().rss
-    '''))
+    ''')
+    )
     monkeypatch.syspath_prepend(str(folder))
     return "reliability_components"
 
@@ -144,10 +146,22 @@ def crashing_run(tiny, tmp_path_factory):
     folder = tmp_path_factory.mktemp("crash")
     (folder / "crash_in_save.py").write_text(CRASHING_DRIVER)
     out, stderr = folder / "out", open(folder / "stderr.txt", "w")
-    proc = subprocess.Popen([sys.executable, str(folder / "crash_in_save.py"), "run",
-                             "full_finetune_single_device", "--config", str(tiny), f"output_dir={out}", *RUN],
-                            stdout=subprocess.DEVNULL, stderr=stderr, cwd=REPO_ROOT,
-                            env={**os.environ, **ENV, "PYTHONPATH": str(REPO_ROOT)})
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(folder / "crash_in_save.py"),
+            "run",
+            "full_finetune_single_device",
+            "--config",
+            str(tiny),
+            f"output_dir={out}",
+            *RUN,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=stderr,
+        cwd=REPO_ROOT,
+        env={**os.environ, **ENV, "PYTHONPATH": str(REPO_ROOT)},
+    )
     yield proc, out, folder / "stderr.txt"
     if proc.poll() is None:
         proc.kill()
@@ -231,8 +245,16 @@ def test_damaged_checkpoint_names_file_and_fallback(tiny, reference, tmp_path, c
     assert not resumed.exists() or not any(resumed.glob("step_*"))
 
     if file == "model.safetensors" and damage == "corrupt":  # the suggested fallback really resumes
-        assert _main(tiny, f"output_dir={resumed}", *RUN, f"checkpointer.recipe_checkpoint={fallback}",
-                     "resume_from_checkpoint=True") == 0
+        assert (
+            _main(
+                tiny,
+                f"output_dir={resumed}",
+                *RUN,
+                f"checkpointer.recipe_checkpoint={fallback}",
+                "resume_from_checkpoint=True",
+            )
+            == 0
+        )
         assert read_losses(resumed) == read_losses(reference)[6:]
 
 
@@ -246,8 +268,7 @@ class _RunsCodeWhenUnpickled:
         return (os.mkdir, (str(self.marker),))
 
 
-def test_recipe_state_loads_weights_only_unmapped_and_refuses_code(tiny, reference, tmp_path, capsys,
-                                                                    monkeypatch):
+def test_recipe_state_loads_weights_only_unmapped_and_refuses_code(tiny, reference, tmp_path, capsys, monkeypatch):
     state_path = reference / "step_4" / "recipe_state.pt"
     # What we save is loadable with weights_only=True and no allow-list: tensors and primitives only.
     state = torch.load(state_path, weights_only=True)
@@ -285,9 +306,13 @@ def test_sigint_saves_and_printed_command_resumes_exactly(tiny, reference, tmp_p
     metrics = out / "logs" / "metrics.jsonl"
     stderr_path = tmp_path / "stderr.txt"
     with open(stderr_path, "w") as stderr:
-        proc = subprocess.Popen([TUNE, "run", "full_finetune_single_device", "--config", str(tiny),
-                                 f"output_dir={out}", *RUN], stdout=subprocess.DEVNULL, stderr=stderr,
-                                env={**os.environ, **ENV}, cwd=REPO_ROOT)
+        proc = subprocess.Popen(
+            [TUNE, "run", "full_finetune_single_device", "--config", str(tiny), f"output_dir={out}", *RUN],
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            env={**os.environ, **ENV},
+            cwd=REPO_ROOT,
+        )
         try:
             deadline = time.monotonic() + 240
             while not (metrics.exists() and metrics.read_text().strip()):
@@ -320,29 +345,55 @@ def test_resume_command_names_the_recipe_that_ran(tmp_path, monkeypatch, copied)
     from torchtune._recipe_registry import get_recipe
 
     script = str(tmp_path / "my recipe.py") if copied else str(get_recipe("full_finetune_single_device").path)
-    monkeypatch.setattr(sys, "argv", [script, "--config", "/cfg/run.yaml", "output_dir=/out", "seed=3",
-                                      "resume_from_checkpoint=True", "checkpointer.recipe_checkpoint=/old.pt"])
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            script,
+            "--config",
+            "/cfg/run.yaml",
+            "output_dir=/out",
+            "seed=3",
+            "resume_from_checkpoint=True",
+            "checkpointer.recipe_checkpoint=/old.pt",
+        ],
+    )
     # resume_command reads only sys.argv: no recipe needs to be built for it.
     command = FullFinetuneRecipeSingleDevice.resume_command(None, Path("/out/step_7/recipe_state.pt"))
     assert shlex.split(command) == [
-        "tune", "run", script if copied else "full_finetune_single_device", "--config", "/cfg/run.yaml",
-        "output_dir=/out", "seed=3", "resume_from_checkpoint=True",
-        "checkpointer.recipe_checkpoint=/out/step_7/recipe_state.pt"]
+        "tune",
+        "run",
+        script if copied else "full_finetune_single_device",
+        "--config",
+        "/cfg/run.yaml",
+        "output_dir=/out",
+        "seed=3",
+        "resume_from_checkpoint=True",
+        "checkpointer.recipe_checkpoint=/out/step_7/recipe_state.pt",
+    ]
 
 
 @pytest.mark.parametrize("at_step", [3, 4])  # 4: the signal comes with a scheduled save (save_every_n_steps=4)
-def test_sigterm_finishes_the_step_and_saves_once(tiny, reference, tmp_path, components, capsys, monkeypatch,
-                                                  at_step):
+def test_sigterm_finishes_the_step_and_saves_once(tiny, reference, tmp_path, components, capsys, monkeypatch, at_step):
     from torchtune.utils._checkpointing import _checkpointer
 
     saves = []
     real_save = _checkpointer.write_folder_atomically
-    monkeypatch.setattr(_checkpointer, "write_folder_atomically",
-                        lambda destination, *a, **kw: saves.append(destination.name) or real_save(destination, *a, **kw))
+    monkeypatch.setattr(
+        _checkpointer,
+        "write_folder_atomically",
+        lambda destination, *a, **kw: saves.append(destination.name) or real_save(destination, *a, **kw),
+    )
     out = tmp_path / "out"
     handler_before = signal.getsignal(signal.SIGTERM)
-    rc = _main(tiny, f"output_dir={out}", *RUN, f"metric_logger={components}.SignalAtStep",
-               f"+metric_logger.at_step={at_step}", f"+metric_logger.signum={int(signal.SIGTERM)}")
+    rc = _main(
+        tiny,
+        f"output_dir={out}",
+        *RUN,
+        f"metric_logger={components}.SignalAtStep",
+        f"+metric_logger.at_step={at_step}",
+        f"+metric_logger.signum={int(signal.SIGTERM)}",
+    )
     assert rc == 128 + signal.SIGTERM
     assert signal.getsignal(signal.SIGTERM) is handler_before
     err = capsys.readouterr().err
@@ -400,8 +451,7 @@ def test_pruning_and_host_memory_stay_bounded(tiny, tmp_path, components):
     cfg.epochs, cfg.keep_last_n_checkpoints = 5, 1
     cfg.resume_from_checkpoint = True
     cfg.checkpointer.recipe_checkpoint = str(out / "step_20" / "recipe_state.pt")
-    cfg.metric_logger = {"_component_": "torchtune.utils.metric_logging.DiskLogger",
-                         "log_dir": "${output_dir}/logs"}
+    cfg.metric_logger = {"_component_": "torchtune.utils.metric_logging.DiskLogger", "log_dir": "${output_dir}/logs"}
     recipe = run_recipe(cfg)
     assert sorted(p.name for p in out.glob("step_*")) == ["step_20", "step_28"]
     assert (out / "epoch_4").is_dir()

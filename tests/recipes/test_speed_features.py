@@ -83,8 +83,12 @@ class _ScalarReads(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func in (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default):
             stack = traceback.extract_stack()
-            self.calls.append(([f.name for f in stack if f.filename == RECIPE_FILE],
-                               any("torch/utils/data" in f.filename for f in stack)))
+            self.calls.append(
+                (
+                    [f.name for f in stack if f.filename == RECIPE_FILE],
+                    any("torch/utils/data" in f.filename for f in stack),
+                )
+            )
         return func(*args, **(kwargs or {}))
 
 
@@ -107,8 +111,14 @@ def _classify(calls):
 def test_no_host_sync_in_steps_that_are_not_logged(tiny, tmp_path, optimizer_in_bwd, log_every_n_steps):
     # Fused AdamW, as the shipped configs use. (The unfused single-tensor AdamW reads its step count
     # with item() from a host tensor: not a device sync, but on CPU it looks like one.)
-    recipe = _recipe(tiny, output_dir=str(tmp_path / "o"), epochs=1, optimizer_in_bwd=optimizer_in_bwd,
-                     log_every_n_steps=log_every_n_steps, **{"optimizer.fused": True})
+    recipe = _recipe(
+        tiny,
+        output_dir=str(tmp_path / "o"),
+        epochs=1,
+        optimizer_in_bwd=optimizer_in_bwd,
+        log_every_n_steps=log_every_n_steps,
+        **{"optimizer.fused": True},
+    )
     recorder = _ScalarReads()
     with recorder:
         _train(recipe)
@@ -130,15 +140,22 @@ def test_compile_gives_the_same_losses_with_in_backward_hooks(tiny, tmp_path):
     # parameters and must still step them. fp32, so eager and compiled agree to rounding.
     # Packed data: every batch has the same shape, so each layer compiles once (padded batches of
     # varying length would recompile with dynamic shapes and double the compile time).
-    same = {"epochs": 1, "optimizer_in_bwd": True, "dataset.packed": True, "dataset.max_seq_len": 128,
-            "max_steps_per_epoch": 4}
+    same = {
+        "epochs": 1,
+        "optimizer_in_bwd": True,
+        "dataset.packed": True,
+        "dataset.max_seq_len": 128,
+        "max_steps_per_epoch": 4,
+    }
     eager_dir, compiled_dir = tmp_path / "eager", tmp_path / "compiled"
     _train(_recipe(tiny, output_dir=str(eager_dir), **same))
     t0 = time.perf_counter()
     recipe = _train(_recipe(tiny, output_dir=str(compiled_dir), compile=True, **same))
     compiled_s = time.perf_counter() - t0
-    assert all(hasattr(layer, "_compiled_call_impl") and layer._compiled_call_impl is not None
-               for layer in recipe._model.layers)
+    assert all(
+        hasattr(layer, "_compiled_call_impl") and layer._compiled_call_impl is not None
+        for layer in recipe._model.layers
+    )
     eager, compiled = read_losses(eager_dir), read_losses(compiled_dir)
     assert len(eager) == len(compiled) == 4
     assert compiled == pytest.approx(eager, abs=1e-5)

@@ -10,8 +10,7 @@ import torch.nn.functional as F
 
 from torchtune import TuneError
 from torchtune.datasets import AlpacaInstructTemplate, padded_collate
-from torchtune.generation import (evaluate_exact_match, generate, generate_batch, heldout_loss,
-                                  sample_next_token)
+from torchtune.generation import evaluate_exact_match, generate, generate_batch, heldout_loss, sample_next_token
 from torchtune.models.llama2 import llama2
 
 DEMO_TOKENIZER = Path(__file__).resolve().parents[2] / "torchtune" / "assets" / "demo" / "tokenizer.model"
@@ -47,7 +46,7 @@ def _reference_greedy(model, prompt: list[int], steps: int) -> list[int]:
         with torch.no_grad():
             logits = model(torch.tensor([seq]))
         seq.append(int(logits[0, -1].argmax()))
-    return seq[len(prompt):]
+    return seq[len(prompt) :]
 
 
 def test_cached_greedy_equals_full_recompute(model):
@@ -93,7 +92,7 @@ def test_stops_at_the_first_stop_token(model):
     rows = generate_batch(model, PROMPTS, 10, stop_tokens=(stop,))
     for prompt, row in zip(PROMPTS, rows):
         unstopped = generate(model, prompt, 10, stop_tokens=())
-        assert row == (unstopped[:unstopped.index(stop)] if stop in unstopped else unstopped)
+        assert row == (unstopped[: unstopped.index(stop)] if stop in unstopped else unstopped)
 
 
 def test_max_new_tokens_and_max_seq_len(model):
@@ -137,15 +136,18 @@ def tokenizer():
 
 def test_evaluate_exact_match_matches_generate(tokenizer):
     torch.manual_seed(0)
-    m = llama2(vocab_size=tokenizer.vocab_size, num_layers=1, num_heads=2, num_kv_heads=1, embed_dim=16,
-               max_seq_len=128).eval()
+    m = llama2(
+        vocab_size=tokenizer.vocab_size, num_layers=1, num_heads=2, num_kv_heads=1, embed_dim=16, max_seq_len=128
+    ).eval()
     template = AlpacaInstructTemplate()
-    examples = [{"instruction": "What is 2 plus 3?", "input": "", "output": "5"},
-                {"instruction": "Reverse the letters of the word.", "input": "cat", "output": "tac"},
-                {"instruction": "Write the word in capital letters.", "input": "dog", "output": "DOG"}]
+    examples = [
+        {"instruction": "What is 2 plus 3?", "input": "", "output": "5"},
+        {"instruction": "Reverse the letters of the word.", "input": "cat", "output": "tac"},
+        {"instruction": "Write the word in capital letters.", "input": "dog", "output": "DOG"},
+    ]
     acc, results = evaluate_exact_match(m, tokenizer, examples, template, max_new_tokens=4, batch_size=2)
     assert [(p, e) for p, e, _ in results] == [(template.format(x), x["output"]) for x in examples]
-    for (prompt, _, got) in results:
+    for prompt, _, got in results:
         ids = tokenizer.encode(prompt, add_bos=True, add_eos=False)
         assert got == tokenizer.decode(generate(m, ids, 4, stop_tokens=(tokenizer.eos_id,)))
     assert acc == sum(e.strip() == g.strip() for _, e, g in results) / 3
@@ -159,9 +161,11 @@ def test_evaluate_exact_match_matches_generate(tokenizer):
 def test_heldout_loss_is_token_weighted_mean(tokenizer):
     torch.manual_seed(0)
     m = llama2(vocab_size=50, num_layers=1, num_heads=2, num_kv_heads=1, embed_dim=16, max_seq_len=32)
-    data = [{"tokens": [1, 4, 5, 6, 2], "labels": [-100, -100, 5, 6, 2]},
-            {"tokens": [1, 7, 2], "labels": [1, 7, 2]},
-            {"tokens": [1, 9, 9, 9, 9, 9, 2], "labels": [-100, 9, 9, 9, 9, 9, 2]}]
+    data = [
+        {"tokens": [1, 4, 5, 6, 2], "labels": [-100, -100, 5, 6, 2]},
+        {"tokens": [1, 7, 2], "labels": [1, 7, 2]},
+        {"tokens": [1, 9, 9, 9, 9, 9, 2], "labels": [-100, 9, 9, 9, 9, 9, 2]},
+    ]
     total, count = 0.0, 0
     with torch.no_grad():
         for ex in data:

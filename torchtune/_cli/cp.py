@@ -14,7 +14,8 @@ from torchtune._errors import TuneError, UsageError
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``tune cp``."""
     parser = subparsers.add_parser(
-        "cp", help="copy a built-in recipe or config",
+        "cp",
+        help="copy a built-in recipe or config",
         description="Copy a built-in recipe (.py) or config (.yaml) so you can edit it, then run the copy "
         "with `tune run ./my_recipe.py --config ./my_config.yaml`.",
         epilog="examples:\n  tune cp llama2/tiny_full ./my_config.yaml\n  tune cp full_finetune_single_device .\n"
@@ -40,8 +41,9 @@ def find_source(name: str) -> Path:
         )
     found = recipe or config
     if found is None:
-        names = [r.name for r in registry.get_all_recipes()] + [c.name for r in registry.get_all_recipes()
-                                                                 for c in r.configs]
+        names = [r.name for r in registry.get_all_recipes()] + [
+            c.name for r in registry.get_all_recipes() for c in r.configs
+        ]
         close = difflib.get_close_matches(stem, names, n=3)
         hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
         raise UsageError(
@@ -49,8 +51,10 @@ def find_source(name: str) -> Path:
             f"choices: {', '.join(names)}."
         )
     if not found.path.is_file():
-        raise TuneError(f"The built-in '{found.name}' is registered but its file {found.path} is missing "
-                        "from this installation; reinstall torchtune.")
+        raise TuneError(
+            f"The built-in '{found.name}' is registered but its file {found.path} is missing "
+            "from this installation; reinstall torchtune."
+        )
     return found.path
 
 

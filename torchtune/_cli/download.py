@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-
 from typing import Any
 
 from torchtune._errors import TuneError
@@ -30,7 +29,8 @@ def snapshot_download(**kwargs: Any) -> str:
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``tune download``."""
     parser = subparsers.add_parser(
-        "download", help="download a model from the Hugging Face Hub",
+        "download",
+        help="download a model from the Hugging Face Hub",
         description="Download a model repository from the Hugging Face Hub into a folder.",
         epilog="examples:\n  tune download meta-llama/Llama-2-7b-hf --output-dir /tmp/Llama-2-7b-hf "
         "--ignore-patterns '*.safetensors'\n\nGated models (Llama 2) need their license accepted on the "
@@ -39,10 +39,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     )
     parser.add_argument("repo_id", metavar="REPO_ID", help="Hub repository, e.g. meta-llama/Llama-2-7b-hf")
     parser.add_argument("--output-dir", required=True, type=Path, help="folder to download into")
-    parser.add_argument("--hf-token", default=None,
-                        help="Hugging Face access token (default: $HF_TOKEN or the token of `hf auth login`)")
-    parser.add_argument("--ignore-patterns", nargs="+", action="extend", default=None, metavar="GLOB",
-                        help="file globs not to download (default: none, every file is downloaded)")
+    parser.add_argument(
+        "--hf-token",
+        default=None,
+        help="Hugging Face access token (default: $HF_TOKEN or the token of `hf auth login`)",
+    )
+    parser.add_argument(
+        "--ignore-patterns",
+        nargs="+",
+        action="extend",
+        default=None,
+        metavar="GLOB",
+        help="file globs not to download (default: none, every file is downloaded)",
+    )
     parser.set_defaults(func=download_command)
     return parser
 
@@ -70,8 +79,9 @@ def download_command(args: argparse.Namespace) -> int:
     token = args.hf_token or os.environ.get("HF_TOKEN") or None
     page = f"https://huggingface.co/{repo}"
     try:
-        path = snapshot_download(repo_id=repo, local_dir=str(args.output_dir), token=token,
-                                 ignore_patterns=args.ignore_patterns)
+        path = snapshot_download(
+            repo_id=repo, local_dir=str(args.output_dir), token=token, ignore_patterns=args.ignore_patterns
+        )
     except GatedRepoError as exc:  # before RepositoryNotFoundError: it is a subclass
         raise TuneError(
             f"'{repo}' is a gated repository: accept its license at {page} with your Hugging Face account, "

@@ -14,19 +14,39 @@ import argparse
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``tune estimate-memory``."""
     parser = subparsers.add_parser(
-        "estimate-memory", help="estimate a config's peak GPU memory without weights or a GPU",
+        "estimate-memory",
+        help="estimate a config's peak GPU memory without weights or a GPU",
         description="Estimate the peak device memory of `tune run full_finetune_single_device` for a "
         "config: the recipe's own model, optimizer and loss run two training steps on fake tensors "
         "(nothing is downloaded or allocated for real). See docs/memory.md.",
     )
-    parser.add_argument("--config", required=True, metavar="CONFIG",
-                        help="built-in config name (e.g. llama2/7B_full_low_memory) or path to a YAML file")
-    parser.add_argument("--seq-len", type=int, default=None, metavar="N",
-                        help="tokens per sequence (default: the config's dataset.max_seq_len)")
-    parser.add_argument("--batch-size", type=int, default=None, metavar="B",
-                        help="sequences per batch (default: the config's batch_size)")
-    parser.add_argument("--steps", type=int, default=2, metavar="S",
-                        help="training steps to run (default 2: the second has all optimizer state)")
+    parser.add_argument(
+        "--config",
+        required=True,
+        metavar="CONFIG",
+        help="built-in config name (e.g. llama2/7B_full_low_memory) or path to a YAML file",
+    )
+    parser.add_argument(
+        "--seq-len",
+        type=int,
+        default=None,
+        metavar="N",
+        help="tokens per sequence (default: the config's dataset.max_seq_len)",
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        metavar="B",
+        help="sequences per batch (default: the config's batch_size)",
+    )
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=2,
+        metavar="S",
+        help="training steps to run (default 2: the second has all optimizer state)",
+    )
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
     parser.set_defaults(func=estimate_memory_command, accepts_overrides=True)
     return parser
@@ -50,9 +70,11 @@ def estimate_memory_command(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     estimate = estimate_recipe_memory(cfg, seq_len=seq_len, batch_size=batch_size, steps=args.steps)
     optimizer = cfg.optimizer._component_
-    title = (f"Estimated peak device memory for {args.config}: batch {batch_size} x {seq_len} tokens, "
-             f"{optimizer}, optimizer_in_bwd={cfg.optimizer_in_bwd}, activation checkpointing="
-             f"{cfg.enable_activation_checkpointing}, offloading={cfg.enable_activation_offloading}")
+    title = (
+        f"Estimated peak device memory for {args.config}: batch {batch_size} x {seq_len} tokens, "
+        f"{optimizer}, optimizer_in_bwd={cfg.optimizer_in_bwd}, activation checkpointing="
+        f"{cfg.enable_activation_checkpointing}, offloading={cfg.enable_activation_offloading}"
+    )
     print(estimate.format(title))
     print(f"({args.steps} steps on fake tensors in {time.perf_counter() - start:.0f} s)")
     return 0

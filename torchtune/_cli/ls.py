@@ -10,7 +10,8 @@ from torchtune import _recipe_registry as registry
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``tune ls``."""
     parser = subparsers.add_parser(
-        "ls", help="list built-in recipes and configs",
+        "ls",
+        help="list built-in recipes and configs",
         description="List the built-in recipes and their configs (names for `tune run` and `tune cp`).",
     )
     parser.set_defaults(func=ls_command)

@@ -11,15 +11,21 @@ from torchtune._errors import TuneError
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``tune plot``."""
     parser = subparsers.add_parser(
-        "plot", help="plot a run's loss and learning rate into a PNG",
+        "plot",
+        help="plot a run's loss and learning rate into a PNG",
         description="Draw loss and learning rate against step from OUTPUT_DIR/logs/metrics.jsonl (what "
-                    "a recipe's DiskLogger writes) into a PNG. Needs matplotlib: "
-                    "pip install 'torchtune[plot]'.",
+        "a recipe's DiskLogger writes) into a PNG. Needs matplotlib: "
+        "pip install 'torchtune[plot]'.",
     )
-    parser.add_argument("output_dir", metavar="OUTPUT_DIR", type=Path,
-                        help="the run's output_dir (or its logs/ folder, or a metrics.jsonl file)")
-    parser.add_argument("--out", metavar="PNG", type=Path, default=None,
-                        help="where to write the PNG (default: OUTPUT_DIR/metrics.png)")
+    parser.add_argument(
+        "output_dir",
+        metavar="OUTPUT_DIR",
+        type=Path,
+        help="the run's output_dir (or its logs/ folder, or a metrics.jsonl file)",
+    )
+    parser.add_argument(
+        "--out", metavar="PNG", type=Path, default=None, help="where to write the PNG (default: OUTPUT_DIR/metrics.png)"
+    )
     parser.set_defaults(func=plot_command)
     return parser
 
@@ -33,11 +39,15 @@ def find_metrics_file(path: Path) -> Path:
         if candidate.is_file():
             return candidate
     if not path.exists():
-        raise TuneError(f"{path} does not exist. Pass the output_dir of a training run (the config's "
-                        f"output_dir key), e.g. `tune plot /tmp/torchtune/demo`.")
-    raise TuneError(f"{path} holds no logs/metrics.jsonl. A run writes it when its metric_logger is "
-                    f"torchtune.utils.metric_logging.DiskLogger with log_dir=${{output_dir}}/logs; pass "
-                    f"that run's output_dir.")
+        raise TuneError(
+            f"{path} does not exist. Pass the output_dir of a training run (the config's "
+            f"output_dir key), e.g. `tune plot /tmp/torchtune/demo`."
+        )
+    raise TuneError(
+        f"{path} holds no logs/metrics.jsonl. A run writes it when its metric_logger is "
+        f"torchtune.utils.metric_logging.DiskLogger with log_dir=${{output_dir}}/logs; pass "
+        f"that run's output_dir."
+    )
 
 
 def plot_command(args: argparse.Namespace) -> int:

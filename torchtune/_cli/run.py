@@ -29,9 +29,11 @@ examples:
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``tune run``."""
     parser = subparsers.add_parser(
-        "run", help="run a recipe with a config",
+        "run",
+        help="run a recipe with a config",
         description="Run a recipe (built-in or a local .py file) with a config and key=value overrides.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("recipe", metavar="RECIPE", help="built-in recipe name or path to a recipe .py file")
     parser.add_argument("--config", metavar="CONFIG", help="built-in config name or path to a YAML file")
@@ -56,8 +58,11 @@ def resolve_recipe_path(name_or_path: str) -> Path:
     names = [r.name for r in registry.get_all_recipes()]
     close = difflib.get_close_matches(name_or_path, names, n=3)
     hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-    what = (f"Recipe file '{name_or_path}' does not exist." if name_or_path.endswith(".py")
-            else f"'{name_or_path}' is neither a built-in recipe nor a recipe file.")
+    what = (
+        f"Recipe file '{name_or_path}' does not exist."
+        if name_or_path.endswith(".py")
+        else f"'{name_or_path}' is neither a built-in recipe nor a recipe file."
+    )
     raise UsageError(
         f"{what}{hint} Built-in recipes (see `tune ls`): {', '.join(names)}. To run your own recipe, pass "
         "the path to its .py file (start from a copy: `tune cp full_finetune_single_device ./my_recipe.py`)."

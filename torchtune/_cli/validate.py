@@ -8,7 +8,8 @@ import argparse
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``tune validate``."""
     parser = subparsers.add_parser(
-        "validate", help="check a config",
+        "validate",
+        help="check a config",
         description="Check a config: YAML syntax, overrides, every _component_ imports and its keys match "
         "the callable's arguments, every ${...} resolves. Nothing is built or downloaded.",
     )

@@ -70,14 +70,17 @@ def import_component(path: str, key: Optional[str] = None) -> Any:
     return obj
 
 
-def signature_problem(signature: inspect.Signature, fields: dict, args: tuple = (), partial: bool = False) -> Optional[str]:
+def signature_problem(
+    signature: inspect.Signature, fields: dict, args: tuple = (), partial: bool = False
+) -> Optional[str]:
     """Why ``fields`` (and ``args``) cannot be passed to a callable with ``signature``, or None.
 
     Unknown keys are named first, with the closest accepted names: that is the usual typo.
     """
     params = signature.parameters
-    accepted = [n for n, p in params.items()
-                if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and not n.startswith("_")]
+    accepted = [
+        n for n, p in params.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and not n.startswith("_")
+    ]
     takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
     keyword_ok = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
     unknown = [] if takes_any else [k for k in fields if k not in keyword_ok]
@@ -144,7 +147,9 @@ def _call(fields: dict, key: str, args: tuple, kwargs: dict) -> Any:
     if signature is not None:
         problem = signature_problem(signature, built, args)
         if problem:
-            raise ConfigError(f"Cannot build '{key or '<root>'}' ({path}): {problem}. Fix the keys of that config node.")
+            raise ConfigError(
+                f"Cannot build '{key or '<root>'}' ({path}): {problem}. Fix the keys of that config node."
+            )
     return target(*args, **built)
 
 

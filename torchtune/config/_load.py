@@ -32,8 +32,10 @@ class _TuneYamlLoader(yaml.SafeLoader):
                 continue
             if duplicate:
                 raise yaml.constructor.ConstructorError(
-                    "while constructing a mapping", node.start_mark,
-                    f"found duplicate key {key!r}", key_node.start_mark,
+                    "while constructing a mapping",
+                    node.start_mark,
+                    f"found duplicate key {key!r}",
+                    key_node.start_mark,
                 )
             seen[key] = key_node
         return super().construct_mapping(node, deep=deep)

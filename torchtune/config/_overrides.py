@@ -62,8 +62,7 @@ def _unknown_key(cfg: DictConfig, key: str, override: str, source: Optional[str]
     where = f" ({source})" if source else ""
     add = f" To add a new key, write '+{override.lstrip('~+')}'." if not override.startswith("~") else ""
     return ConfigError(
-        f"Override '{override}': {why}{where}.{hint} Keys are dotted paths into the YAML "
-        f"(e.g. optimizer.lr).{add}"
+        f"Override '{override}': {why}{where}.{hint} Keys are dotted paths into the YAML (e.g. optimizer.lr).{add}"
     )
 
 
@@ -79,8 +78,9 @@ def _locate(cfg: DictConfig, key: str, override: str, source: Optional[str], cre
         child = _child(node, part)
         if child is _ABSENT:
             if not create:
-                raise _unknown_key(cfg, key, override, source,
-                                   f"key '{key}' is not in the config (it has no '{'.'.join(walked)}')")
+                raise _unknown_key(
+                    cfg, key, override, source, f"key '{key}' is not in the config (it has no '{'.'.join(walked)}')"
+                )
             node[part] = {}
             child = node[part]
         if not isinstance(child, (DictConfig, ListConfig)):
@@ -116,7 +116,9 @@ def apply_override(cfg: DictConfig, override: str, source: Optional[str] = None)
     if override.startswith("~"):
         key = override[1:]
         if "=" in key:
-            raise ConfigError(f"Override '{override}': '~key' deletes a key and takes no value; write '~{key.split('=')[0]}'.")
+            raise ConfigError(
+                f"Override '{override}': '~key' deletes a key and takes no value; write '~{key.split('=')[0]}'."
+            )
         container, last = _locate(cfg, key, override, source)
         if _child(container, last) is _ABSENT:
             raise _unknown_key(cfg, key, override, source, f"key '{key}' is not in the config")

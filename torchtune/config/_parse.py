@@ -36,8 +36,9 @@ def _argument_parser(prog: str, description: Optional[str]) -> argparse.Argument
         epilog=OVERRIDE_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--config", metavar="NAME_OR_PATH",
-                        help="built-in config name (see `tune ls`) or path to a YAML file")
+    parser.add_argument(
+        "--config", metavar="NAME_OR_PATH", help="built-in config name (see `tune ls`) or path to a YAML file"
+    )
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
     return parser
 

@@ -104,7 +104,8 @@ def check_recipe_keys(cfg: Any, recipe_keys: Sequence[str], recipe_name: str, sh
         problems.append("missing key(s) " + ", ".join(missing))
     if problems:
         raise ConfigError(
-            f"The config does not fit the {recipe_name} recipe: " + "; ".join(problems)
+            f"The config does not fit the {recipe_name} recipe: "
+            + "; ".join(problems)
             + f". Every key this recipe reads is in its shipped config (tune cp {shipped_config} .); "
             "remove or fix the keys above."
         )

@@ -26,5 +26,13 @@ def alpaca_dataset(
     ``PackedDataset`` of ``max_seq_len``-token sequences. Other keyword arguments (``column_map``,
     ``cache_dir``, ...) go to ``instruct_dataset`` / ``datasets.load_dataset``.
     """
-    return instruct_dataset(tokenizer, source, AlpacaInstructTemplate, train_on_input=train_on_input,
-                            max_seq_len=max_seq_len, packed=packed, split=split, **load_dataset_kwargs)
+    return instruct_dataset(
+        tokenizer,
+        source,
+        AlpacaInstructTemplate,
+        train_on_input=train_on_input,
+        max_seq_len=max_seq_len,
+        packed=packed,
+        split=split,
+        **load_dataset_kwargs,
+    )

@@ -12,15 +12,15 @@ from torchtune.datasets._loading import describe_source, load_hf_dataset
 from torchtune.datasets._templates import InstructTemplate, TemplateLike, resolve_template
 
 
-
 class Tokenizer(Protocol):
     """What the datasets need from a tokenizer (``SentencePieceTokenizer`` has it)."""
 
     eos_id: int
     pad_id: int
 
-    def encode(self, text: str, add_bos: bool = True, add_eos: bool = True,
-               trim_leading_whitespace: bool = False) -> List[int]: ...
+    def encode(
+        self, text: str, add_bos: bool = True, add_eos: bool = True, trim_leading_whitespace: bool = False
+    ) -> List[int]: ...
 
 
 class InstructDataset(Dataset):
@@ -83,15 +83,15 @@ class InstructDataset(Dataset):
     def _check_columns(self, available: List[str]) -> None:
         needed = [*self.template.columns, self.template.response_column]
         missing = [field for field in needed if self._column(field) not in available]
-        unknown_keys = [k for k in self.column_map
-                        if k not in needed and k not in self.template.optional_columns]
+        unknown_keys = [k for k in self.column_map if k not in needed and k not in self.template.optional_columns]
         if not missing and not unknown_keys:
             return
         if unknown_keys:
             raise TuneError(
                 f"dataset.column_map has key(s) {_names(unknown_keys)} that template {self.template!r} "
                 f"does not use; its fields are {_names(needed + list(self.template.optional_columns))}. "
-                "column_map maps a template field to a dataset column: {field: column}.")
+                "column_map maps a template field to a dataset column: {field: column}."
+            )
         # Suggest pairing each missing field with a column no field uses yet, in order.
         used = {self._column(f) for f in needed if f not in missing}
         spare = [c for c in available if c not in used]
@@ -105,7 +105,8 @@ class InstructDataset(Dataset):
             f"{self.template!r} needs (its fields: {_names(needed)}). The dataset's columns are "
             f"{_names(available)}. Map each template field to one of your columns with dataset.column_map, "
             f"e.g. in YAML `dataset: {{column_map: {example}}}` or on the command line "
-            f"+dataset.column_map='{example}' (the + adds the key when the config has none).")
+            f"+dataset.column_map='{example}' (the + adds the key when the config has none)."
+        )
 
     def __len__(self) -> int:
         return len(self._data)
@@ -121,8 +122,7 @@ class InstructDataset(Dataset):
         response = row[self._column(self.template.response_column)]
         response = "" if response is None else str(response)
         prompt_ids = self._tokenizer.encode(prompt, add_bos=True, add_eos=False)
-        response_ids = self._tokenizer.encode(response, add_bos=False, add_eos=True,
-                                              trim_leading_whitespace=True)
+        response_ids = self._tokenizer.encode(response, add_bos=False, add_eos=True, trim_leading_whitespace=True)
         tokens = prompt_ids + response_ids
         if self.train_on_input:
             labels = list(tokens)
@@ -145,11 +145,14 @@ def _as_column_map(column_map: Any) -> Dict[str, str]:
         try:
             column_map = yaml.safe_load(column_map)
         except yaml.YAMLError as err:
-            raise TuneError(f"dataset.column_map {column_map!r} is not a mapping such as "
-                            "'{instruction: prompt, output: answer}'.") from err
+            raise TuneError(
+                f"dataset.column_map {column_map!r} is not a mapping such as '{{instruction: prompt, output: answer}}'."
+            ) from err
     if not hasattr(column_map, "items"):
-        raise TuneError(f"dataset.column_map must map template fields to dataset columns, such as "
-                        f"{{instruction: prompt, output: answer}}; got {column_map!r}.")
+        raise TuneError(
+            f"dataset.column_map must map template fields to dataset columns, such as "
+            f"{{instruction: prompt, output: answer}}; got {column_map!r}."
+        )
     return {str(k): str(v) for k, v in column_map.items()}
 
 
@@ -172,8 +175,16 @@ def instruct_dataset(
     (then ``max_seq_len`` is required: it is the length of every pack)."""
     if packed and max_seq_len is None and getattr(tokenizer, "max_seq_len", None) is None:
         raise TuneError("dataset.packed=True needs dataset.max_seq_len (the length of each packed sequence).")
-    ds = InstructDataset(tokenizer, source, template, column_map=column_map, train_on_input=train_on_input,
-                         max_seq_len=max_seq_len, split=split, **load_dataset_kwargs)
+    ds = InstructDataset(
+        tokenizer,
+        source,
+        template,
+        column_map=column_map,
+        train_on_input=train_on_input,
+        max_seq_len=max_seq_len,
+        split=split,
+        **load_dataset_kwargs,
+    )
     if packed:
         from torchtune.datasets._packed import PackedDataset
 

@@ -16,10 +16,15 @@ from torchtune._errors import TuneError
 
 # Builders that read local files given as data_files.
 _FILE_BUILDERS = {"json", "csv", "parquet", "text", "arrow"}
-_SUFFIX_TO_BUILDER = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet",
-                      ".txt": "text", ".arrow": "arrow"}
-_LOCAL_HINT = ("To use local files, set dataset.source=json (or csv, parquet) and "
-               "dataset.data_files=/path/to/data.json.")
+_SUFFIX_TO_BUILDER = {
+    ".json": "json",
+    ".jsonl": "json",
+    ".csv": "csv",
+    ".parquet": "parquet",
+    ".txt": "text",
+    ".arrow": "arrow",
+}
+_LOCAL_HINT = "To use local files, set dataset.source=json (or csv, parquet) and dataset.data_files=/path/to/data.json."
 
 
 def load_hf_dataset(source: str, split: str = "train", **load_dataset_kwargs: Any):
@@ -30,20 +35,27 @@ def load_hf_dataset(source: str, split: str = "train", **load_dataset_kwargs: An
     suffix = Path(source).suffix.lower()
     if suffix in _SUFFIX_TO_BUILDER and "data_files" not in load_dataset_kwargs:
         if not Path(source).expanduser().is_file():
-            raise TuneError(f"The dataset file '{source}' (config key dataset.source) does not exist. "
-                            f"Fix the path, or name a Hugging Face Hub dataset. {_LOCAL_HINT}")
+            raise TuneError(
+                f"The dataset file '{source}' (config key dataset.source) does not exist. "
+                f"Fix the path, or name a Hugging Face Hub dataset. {_LOCAL_HINT}"
+            )
         load_dataset_kwargs["data_files"] = str(Path(source).expanduser())
         source = _SUFFIX_TO_BUILDER[suffix]
 
     files = _check_data_files(load_dataset_kwargs.get("data_files"))
     if source in _FILE_BUILDERS and not files and not load_dataset_kwargs.get("data_dir"):
-        raise TuneError(f"dataset.source={source} reads local files, but dataset.data_files is not set. "
-                        f"Set dataset.data_files=/path/to/data.{source}.")
+        raise TuneError(
+            f"dataset.source={source} reads local files, but dataset.data_files is not set. "
+            f"Set dataset.data_files=/path/to/data.{source}."
+        )
 
     import datasets  # deferred: importing `datasets` takes seconds and isn't needed to import torchtune
 
-    where = (f"the data file(s) {', '.join(repr(f) for f in files)} (config key dataset.data_files)"
-             if files else f"dataset.source='{source}'")
+    where = (
+        f"the data file(s) {', '.join(repr(f) for f in files)} (config key dataset.data_files)"
+        if files
+        else f"dataset.source='{source}'"
+    )
     try:
         dataset = datasets.load_dataset(source, split=split, **load_dataset_kwargs)
     except TuneError:
@@ -53,49 +65,65 @@ def load_hf_dataset(source: str, split: str = "train", **load_dataset_kwargs: An
             f"Could not load dataset '{source}' (config key dataset.source) from the Hugging Face Hub: "
             f"{_describe(err)}. This machine seems to have no network or Hub access (or offline mode is "
             f"on: HF_HUB_OFFLINE / HF_DATASETS_OFFLINE). Download the dataset where there is network, "
-            f"or use local files. {_LOCAL_HINT}") from err
+            f"or use local files. {_LOCAL_HINT}"
+        ) from err
     except FileNotFoundError as err:
         if files:
             raise TuneError(f"Could not read {where}: {_describe(err)}.") from err
         raise TuneError(
             f"Dataset '{source}' (config key dataset.source) was not found locally or on the Hugging "
-            f"Face Hub: {_describe(err)}. Check the name (e.g. tatsu-lab/alpaca). {_LOCAL_HINT}") from err
+            f"Face Hub: {_describe(err)}. Check the name (e.g. tatsu-lab/alpaca). {_LOCAL_HINT}"
+        ) from err
     except ValueError as err:
         if "corresponds to no data" in str(err):
-            raise TuneError(f"{where[0].upper() + where[1:]} gave 0 rows for split '{split}'. Point it at "
-                            "a file with data (JSON: a list of objects, or one object per line).") from err
+            raise TuneError(
+                f"{where[0].upper() + where[1:]} gave 0 rows for split '{split}'. Point it at "
+                "a file with data (JSON: a list of objects, or one object per line)."
+            ) from err
         if "split" in str(err).lower() or "Unknown split" in str(err):
-            raise TuneError(f"Dataset '{source}' has no split '{split}' (config key dataset.split): "
-                            f"{_describe(err)}.") from err
+            raise TuneError(
+                f"Dataset '{source}' has no split '{split}' (config key dataset.split): {_describe(err)}."
+            ) from err
         raise TuneError(f"Could not load {where}: {_describe(err)}.") from err
     except Exception as err:  # datasets wraps parse errors in DatasetGenerationError, StopIteration, ...
         if isinstance(err, datasets.exceptions.DatasetNotFoundError):
             raise TuneError(
                 f"Dataset '{source}' (config key dataset.source) was not found on the Hugging Face Hub or "
                 f"could not be reached: {_describe(err)}. Check the name, and network access. "
-                f"{_LOCAL_HINT}") from err
+                f"{_LOCAL_HINT}"
+            ) from err
         raise TuneError(
             f"Could not load {where}: it is malformed or not in the format of dataset.source='{source}' "
             f"({_describe(err)}). Fix the file, or set dataset.source to its format (json, csv, parquet)."
         ) from err
     if isinstance(dataset, (datasets.DatasetDict, datasets.IterableDatasetDict)):
-        raise TuneError(f"Loading {where} returned several splits ({', '.join(dataset)}); set "
-                        "dataset.split to one of them.")
+        raise TuneError(
+            f"Loading {where} returned several splits ({', '.join(dataset)}); set dataset.split to one of them."
+        )
     if isinstance(dataset, datasets.IterableDataset):
-        raise TuneError(f"{where} was loaded as a streaming dataset; remove dataset.streaming, "
-                        "an InstructDataset needs its length.")
+        raise TuneError(
+            f"{where} was loaded as a streaming dataset; remove dataset.streaming, an InstructDataset needs its length."
+        )
     if len(dataset) == 0:
-        raise TuneError(f"{where[0].upper() + where[1:]} gave 0 rows for split '{split}'. "
-                        "Point it at a file with data (JSON: a list of objects, or one object per line).")
+        raise TuneError(
+            f"{where[0].upper() + where[1:]} gave 0 rows for split '{split}'. "
+            "Point it at a file with data (JSON: a list of objects, or one object per line)."
+        )
     return dataset
 
 
 def describe_source(source: str, data_files: Any = None) -> str:
     """How errors name a dataset: its local files if any, else its source."""
     if data_files is not None:
-        files = [data_files] if isinstance(data_files, (str, os.PathLike)) else (
-            [f for v in data_files.values() for f in ([v] if isinstance(v, (str, os.PathLike)) else v)]
-            if hasattr(data_files, "items") else list(data_files))
+        files = (
+            [data_files]
+            if isinstance(data_files, (str, os.PathLike))
+            else (
+                [f for v in data_files.values() for f in ([v] if isinstance(v, (str, os.PathLike)) else v)]
+                if hasattr(data_files, "items")
+                else list(data_files)
+            )
+        )
         return f"The data in {', '.join(repr(os.fspath(f)) for f in files)}"
     if Path(os.fspath(source)).suffix.lower() in _SUFFIX_TO_BUILDER:
         return f"The data in '{os.fspath(source)}'"
@@ -123,13 +151,17 @@ def _check_data_files(data_files: Any) -> List[str]:
         matches = glob.glob(pattern) if glob.has_magic(pattern) else [pattern]
         existing = [m for m in matches if os.path.isfile(m)]
         if not existing:
-            raise TuneError(f"The data file '{entry}' (config key dataset.data_files) does not exist. "
-                            "Fix the path (relative paths are resolved from the current directory: "
-                            f"{os.getcwd()}).")
+            raise TuneError(
+                f"The data file '{entry}' (config key dataset.data_files) does not exist. "
+                "Fix the path (relative paths are resolved from the current directory: "
+                f"{os.getcwd()})."
+            )
         for m in existing:
             if _is_blank(m):
-                raise TuneError(f"The data file '{m}' (config key dataset.data_files) is empty. "
-                                "Point dataset.data_files at a file with data.")
+                raise TuneError(
+                    f"The data file '{m}' (config key dataset.data_files) is empty. "
+                    "Point dataset.data_files at a file with data."
+                )
         local += existing
     return local
 

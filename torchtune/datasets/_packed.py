@@ -13,7 +13,6 @@ from torchtune._errors import TuneError
 from torchtune.datasets._collate import CROSS_ENTROPY_IGNORE_IDX
 
 
-
 class PackedDataset(Dataset):
     """Greedily packs the examples of ``ds`` (items ``{"tokens", "labels"}``) into sequences of
     exactly ``max_seq_len`` tokens, once, at construction (each example is tokenized once; a tqdm bar
@@ -52,8 +51,7 @@ class PackedDataset(Dataset):
         tokens: List[int] = []
         labels: List[int] = []
         seq_lens: List[int] = []
-        progress = tqdm(range(len(ds)), desc="Packing dataset", unit="example",
-                        disable=not sys.stderr.isatty())
+        progress = tqdm(range(len(ds)), desc="Packing dataset", unit="example", disable=not sys.stderr.isatty())
         for index in progress:
             item = ds[index]
             ex_tokens, ex_labels = list(item["tokens"]), list(item["labels"])
@@ -87,12 +85,14 @@ class PackedDataset(Dataset):
         if pad:
             seq_lens = seq_lens + [pad]
         input_pos = torch.cat([torch.arange(n) for n in seq_lens])
-        self.packs.append({
-            "tokens": torch.tensor(tokens + [self.padding_idx] * pad, dtype=torch.long),
-            "labels": torch.tensor(labels + [CROSS_ENTROPY_IGNORE_IDX] * pad, dtype=torch.long),
-            "input_pos": input_pos.to(torch.long),
-            "seq_lens": torch.tensor(seq_lens, dtype=torch.long),
-        })
+        self.packs.append(
+            {
+                "tokens": torch.tensor(tokens + [self.padding_idx] * pad, dtype=torch.long),
+                "labels": torch.tensor(labels + [CROSS_ENTROPY_IGNORE_IDX] * pad, dtype=torch.long),
+                "input_pos": input_pos.to(torch.long),
+                "seq_lens": torch.tensor(seq_lens, dtype=torch.long),
+            }
+        )
 
     def __len__(self) -> int:
         return len(self.packs)

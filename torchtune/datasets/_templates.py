@@ -63,12 +63,16 @@ class FormatInstructTemplate(InstructTemplate):
         try:
             fields = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
         except ValueError as err:
-            raise TuneError(f"The prompt template {template!r} (config key dataset.template) is not a "
-                            f"valid format string: {err}. Write fields as {{column}} and a literal brace "
-                            "as {{ or }}.") from err
+            raise TuneError(
+                f"The prompt template {template!r} (config key dataset.template) is not a "
+                f"valid format string: {err}. Write fields as {{column}} and a literal brace "
+                "as {{ or }}."
+            ) from err
         if any(name == "" or not name.isidentifier() for name in fields):
-            raise TuneError(f"The prompt template {template!r} (config key dataset.template) has a field "
-                            "that is not a column name; write each field as {column_name}.")
+            raise TuneError(
+                f"The prompt template {template!r} (config key dataset.template) has a field "
+                "that is not a column name; write each field as {column_name}."
+            )
         self.template = template
         self.columns = tuple(dict.fromkeys(fields))
         self.response_column = response_column
@@ -106,13 +110,17 @@ def resolve_template(template: TemplateLike) -> InstructTemplate:
 def _import_dotted(path: str) -> Any:
     module_name, _, attr = path.rpartition(".")
     if not module_name:
-        raise TuneError(f"dataset.template '{path}' is not a dotted path such as "
-                        "torchtune.datasets.AlpacaInstructTemplate (or a format string with {fields}).")
+        raise TuneError(
+            f"dataset.template '{path}' is not a dotted path such as "
+            "torchtune.datasets.AlpacaInstructTemplate (or a format string with {fields})."
+        )
     try:
         module = importlib.import_module(module_name)
     except ImportError as err:
-        raise TuneError(f"dataset.template '{path}': cannot import module '{module_name}' ({err}). "
-                        "Check the spelling, or that the module is on PYTHONPATH.") from err
+        raise TuneError(
+            f"dataset.template '{path}': cannot import module '{module_name}' ({err}). "
+            "Check the spelling, or that the module is on PYTHONPATH."
+        ) from err
     try:
         return getattr(module, attr)
     except AttributeError as err:

@@ -19,8 +19,9 @@ from torch import nn
 __all__ = ["ChunkedCrossEntropyLoss"]
 
 
-def _chunk_nll_sum(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                   labels: torch.Tensor, ignore_index: int) -> torch.Tensor:
+def _chunk_nll_sum(
+    hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], labels: torch.Tensor, ignore_index: int
+) -> torch.Tensor:
     logits = F.linear(hidden, weight, bias)
     # log_softmax straight into fp32: no separate fp32 copy of the logits
     logp = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
@@ -33,8 +34,15 @@ def _chunk_nll_sum(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[to
 
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                labels: torch.Tensor, num_chunks: int, ignore_index: int) -> torch.Tensor:
+    def forward(
+        ctx,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        bias: Optional[torch.Tensor],
+        labels: torch.Tensor,
+        num_chunks: int,
+        ignore_index: int,
+    ) -> torch.Tensor:
         dim = hidden.size(-1)
         flat_h = hidden.reshape(-1, dim)
         flat_y = labels.reshape(-1)
@@ -104,5 +112,6 @@ class ChunkedCrossEntropyLoss(nn.Module):
 
     def forward(self, output_proj: nn.Linear, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Loss of ``output_proj(hidden)`` against ``labels``, never materialising all logits."""
-        return _ChunkedLinearCrossEntropy.apply(hidden, output_proj.weight, output_proj.bias, labels,
-                                                self.num_output_chunks, self.ignore_index)
+        return _ChunkedLinearCrossEntropy.apply(
+            hidden, output_proj.weight, output_proj.bias, labels, self.num_output_chunks, self.ignore_index
+        )

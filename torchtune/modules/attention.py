@@ -30,9 +30,21 @@ class MultiHeadAttention(nn.Module):
         attn_dropout: dropout on attention weights, training only.
     """
 
-    def __init__(self, *, embed_dim: int, num_heads: int, num_kv_heads: int, head_dim: int,
-                 q_proj: nn.Module, k_proj: nn.Module, v_proj: nn.Module, output_proj: nn.Module,
-                 pos_embeddings: nn.Module, max_seq_len: int = 4096, attn_dropout: float = 0.0) -> None:
+    def __init__(
+        self,
+        *,
+        embed_dim: int,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        q_proj: nn.Module,
+        k_proj: nn.Module,
+        v_proj: nn.Module,
+        output_proj: nn.Module,
+        pos_embeddings: nn.Module,
+        max_seq_len: int = 4096,
+        attn_dropout: float = 0.0,
+    ) -> None:
         super().__init__()
         if num_heads % num_kv_heads:
             raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
@@ -61,8 +73,9 @@ class MultiHeadAttention(nn.Module):
         if self.kv_cache is not None:
             self.kv_cache.reset()
 
-    def forward(self, x: torch.Tensor, *, mask: Optional[torch.Tensor] = None,
-                input_pos: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, *, mask: Optional[torch.Tensor] = None, input_pos: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
         """Attend over ``x`` (``[b, s, embed_dim]``); returns ``[b, s, embed_dim]``.
 
         Args:
@@ -79,8 +92,10 @@ class MultiHeadAttention(nn.Module):
 
         if self.kv_cache is not None:
             if input_pos is None or mask is None:
-                raise ValueError("with a KV cache, attention needs input_pos and a mask over the cache "
-                                 "(TransformerDecoder.forward builds the mask from input_pos)")
+                raise ValueError(
+                    "with a KV cache, attention needs input_pos and a mask over the cache "
+                    "(TransformerDecoder.forward builds the mask from input_pos)"
+                )
             k, v = self.kv_cache.update(input_pos, k, v)
 
         # [b, s, h, d] -> [b, h, s, d], the layout SDPA expects
@@ -92,7 +107,9 @@ class MultiHeadAttention(nn.Module):
             v = v.repeat_interleave(rep, dim=1)
 
         out = F.scaled_dot_product_attention(
-            q, k, v,
+            q,
+            k,
+            v,
             attn_mask=None if mask is None else mask[:, None, :, :],
             dropout_p=self.attn_dropout if self.training else 0.0,
             is_causal=mask is None,

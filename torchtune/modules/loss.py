@@ -33,9 +33,9 @@ class CrossEntropyLoss(nn.Module):
     def forward(self, output_proj: nn.Linear, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Loss of ``output_proj(hidden)`` (``[b, s, dim]``) against ``labels`` (``[b, s]``)."""
         logits = output_proj(hidden).float()
-        loss_sum = F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1),
-                                   ignore_index=self.ignore_index, reduction="sum")
+        loss_sum = F.cross_entropy(
+            logits.reshape(-1, logits.size(-1)), labels.reshape(-1), ignore_index=self.ignore_index, reduction="sum"
+        )
         # clamp instead of branching on the count: no host sync, and 0/1 = 0 when all are ignored
         num_tokens = (labels != self.ignore_index).sum().clamp(min=1)
         return loss_sum / num_tokens
-

@@ -30,8 +30,7 @@ class RotaryPositionalEmbeddings(nn.Module):
         self.dim = dim
         self.max_seq_len = max_seq_len
         self.base = base
-        self.register_buffer("cache", torch.empty(max_seq_len, dim // 2, 2, dtype=torch.float32),
-                             persistent=False)
+        self.register_buffer("cache", torch.empty(max_seq_len, dim // 2, 2, dtype=torch.float32), persistent=False)
         self.rope_init()
 
     def rope_init(self, device: Optional[torch.device] = None) -> None:
@@ -41,8 +40,9 @@ class RotaryPositionalEmbeddings(nn.Module):
             self.cache = torch.empty(self.max_seq_len, self.dim // 2, 2, dtype=torch.float32, device=device)
             return
         # Computed in fp32 whatever the default dtype is: bf16 angles are wrong beyond a few hundred positions.
-        theta = 1.0 / (self.base ** (torch.arange(0, self.dim, 2, device=device, dtype=torch.float32)
-                                     [: self.dim // 2] / self.dim))
+        theta = 1.0 / (
+            self.base ** (torch.arange(0, self.dim, 2, device=device, dtype=torch.float32)[: self.dim // 2] / self.dim)
+        )
         positions = torch.arange(self.max_seq_len, device=device, dtype=torch.float32)
         angles = torch.outer(positions, theta)
         self.cache = torch.stack([torch.cos(angles), torch.sin(angles)], dim=-1)

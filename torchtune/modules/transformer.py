@@ -28,8 +28,9 @@ class TransformerDecoderLayer(nn.Module):
         self.mlp_norm = mlp_norm
         self.mlp = mlp
 
-    def forward(self, x: torch.Tensor, *, mask: Optional[torch.Tensor] = None,
-                input_pos: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, *, mask: Optional[torch.Tensor] = None, input_pos: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
         h = x + self.attn(self.sa_norm(x), mask=mask, input_pos=input_pos)
         return h + self.mlp(self.mlp_norm(h))
 
@@ -47,8 +48,16 @@ class TransformerDecoder(nn.Module):
         head_dim: channels per head.
     """
 
-    def __init__(self, tok_embeddings: nn.Embedding, layers: nn.ModuleList, norm: nn.Module, output: nn.Linear,
-                 max_seq_len: int, num_heads: int, head_dim: int) -> None:
+    def __init__(
+        self,
+        tok_embeddings: nn.Embedding,
+        layers: nn.ModuleList,
+        norm: nn.Module,
+        output: nn.Linear,
+        max_seq_len: int,
+        num_heads: int,
+        head_dim: int,
+    ) -> None:
         super().__init__()
         self.tok_embeddings = tok_embeddings
         self.layers = layers
@@ -96,8 +105,14 @@ class TransformerDecoder(nn.Module):
                 module.rope_init(device)
 
     # --- forward ---------------------------------------------------------------------------------
-    def forward(self, tokens: torch.Tensor, *, mask: Optional[torch.Tensor] = None,
-                input_pos: Optional[torch.Tensor] = None, output_hidden_states: bool = False) -> torch.Tensor:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        *,
+        mask: Optional[torch.Tensor] = None,
+        input_pos: Optional[torch.Tensor] = None,
+        output_hidden_states: bool = False,
+    ) -> torch.Tensor:
         """Run the model.
 
         Args:
@@ -118,7 +133,8 @@ class TransformerDecoder(nn.Module):
                 f"A batch has sequences of {seq_len} tokens, longer than the model's max_seq_len "
                 f"({self.max_seq_len}). Lower the dataset's max_seq_len (tokenizer.max_seq_len / "
                 f"dataset.max_seq_len in the config) to at most {self.max_seq_len}, or build the model "
-                f"with a larger max_seq_len.")
+                f"with a larger max_seq_len."
+            )
         if self._caches_enabled:
             if input_pos is None:
                 input_pos = torch.arange(seq_len, device=tokens.device).expand(bsz, seq_len)

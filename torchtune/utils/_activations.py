@@ -21,8 +21,13 @@ from torch import nn
 from torch.autograd.graph import saved_tensors_hooks
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["NoOpManager", "OffloadActivations", "get_act_offloading_ctx_manager",
-           "set_activation_checkpointing", "simulate_offloading"]
+__all__ = [
+    "NoOpManager",
+    "OffloadActivations",
+    "get_act_offloading_ctx_manager",
+    "set_activation_checkpointing",
+    "simulate_offloading",
+]
 
 _ORIGINAL_FORWARD = "_tt_forward_before_checkpointing"
 
@@ -34,8 +39,7 @@ def _checkpointed_forward(original: Callable[..., Any], *args: Any, **kwargs: An
     return checkpoint(original, *args, use_reentrant=False, **kwargs)
 
 
-def set_activation_checkpointing(model: nn.Module,
-                                 layer_types: Union[type, Iterable[type]]) -> int:
+def set_activation_checkpointing(model: nn.Module, layer_types: Union[type, Iterable[type]]) -> int:
     """Checkpoint every submodule of ``model`` whose type is in ``layer_types``; returns how many.
 
     Uses ``torch.utils.checkpoint`` with ``use_reentrant=False`` (works with keyword arguments,
@@ -69,8 +73,9 @@ _ON_SAVED: Optional[Callable[[torch.Tensor], None]] = None
 
 
 @contextlib.contextmanager
-def simulate_offloading(host_ctx: Callable[[], ContextManager],
-                        on_saved: Optional[Callable[[torch.Tensor], None]] = None) -> Iterator[None]:
+def simulate_offloading(
+    host_ctx: Callable[[], ContextManager], on_saved: Optional[Callable[[torch.Tensor], None]] = None
+) -> Iterator[None]:
     """Treat CPU tensors as device tensors in ``OffloadActivations`` (used by the memory estimator).
 
     Args:
@@ -131,8 +136,13 @@ class OffloadActivations(saved_tensors_hooks):
         prefetch: how many tensors to bring back ahead of time in backward (CUDA only).
     """
 
-    def __init__(self, min_offload_bytes: int = 1024, model: Optional[nn.Module] = None,
-                 use_streams: bool = True, prefetch: int = 1) -> None:
+    def __init__(
+        self,
+        min_offload_bytes: int = 1024,
+        model: Optional[nn.Module] = None,
+        use_streams: bool = True,
+        prefetch: int = 1,
+    ) -> None:
         self.min_offload_bytes = min_offload_bytes
         self.use_streams = use_streams
         self.prefetch = prefetch
@@ -257,8 +267,9 @@ class NoOpManager(contextlib.nullcontext):
     """The context manager used when activation offloading is off."""
 
 
-def get_act_offloading_ctx_manager(model: nn.Module, enable_activation_offloading: bool,
-                                   **kwargs: Any) -> ContextManager:
+def get_act_offloading_ctx_manager(
+    model: nn.Module, enable_activation_offloading: bool, **kwargs: Any
+) -> ContextManager:
     """``OffloadActivations(model=model, **kwargs)`` when enabled, else a context manager that does nothing.
 
     The recipe wraps the model's forward in the returned context manager.

@@ -67,9 +67,7 @@ def get_dtype(dtype: str, device: torch.device) -> torch.dtype:
         raise ConfigError(f"dtype={dtype!r} is not one of bf16, fp32. Set dtype=bf16 or dtype=fp32.")
     result = _DTYPES[key]
     if result == torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise TuneError(
-            "dtype=bf16 was asked for, but this GPU does not support bfloat16. Use dtype=fp32."
-        )
+        raise TuneError("dtype=bf16 was asked for, but this GPU does not support bfloat16. Use dtype=fp32.")
     return result
 
 

@@ -42,8 +42,14 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_leaves
 
-__all__ = ["CATEGORIES", "LayoutOptimizer", "MemoryEstimate", "StorageCounter", "measure_state_layout",
-           "profile_memory"]
+__all__ = [
+    "CATEGORIES",
+    "LayoutOptimizer",
+    "MemoryEstimate",
+    "StorageCounter",
+    "measure_state_layout",
+    "profile_memory",
+]
 
 GB = 1e9
 CATEGORIES = ("weights", "gradients", "optimizer_state", "activations", "temporaries")
@@ -83,8 +89,9 @@ class StorageCounter(TorchDispatchMode):
     returns ``{storage key: category}`` for the storages it recognises; the rest are temporaries.
     """
 
-    def __init__(self, classify: Optional[Callable[[], dict[int, str]]] = None,
-                 on_free: Optional[Callable[[int], None]] = None) -> None:
+    def __init__(
+        self, classify: Optional[Callable[[], dict[int, str]]] = None, on_free: Optional[Callable[[int], None]] = None
+    ) -> None:
         super().__init__()
         self.classify = classify
         self.on_free = on_free
@@ -189,8 +196,7 @@ def _import(path: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
-def _measured_bytes(optimizer_cls: type, kwargs: dict[str, Any], numel: int,
-                    dtype: torch.dtype) -> tuple[int, int]:
+def _measured_bytes(optimizer_cls: type, kwargs: dict[str, Any], numel: int, dtype: torch.dtype) -> tuple[int, int]:
     """(device bytes, paged bytes) of the state the real class creates for one param of ``numel``."""
     import warnings
 
@@ -222,8 +228,9 @@ def _measured_bytes(optimizer_cls: type, kwargs: dict[str, Any], numel: int,
     return device_bytes, paged_bytes
 
 
-def measure_state_layout(optimizer_cls: type, kwargs: dict[str, Any], numel: int,
-                         dtype: torch.dtype) -> tuple[int, int]:
+def measure_state_layout(
+    optimizer_cls: type, kwargs: dict[str, Any], numel: int, dtype: torch.dtype
+) -> tuple[int, int]:
     """(device bytes, paged/managed bytes) of ``optimizer_cls``'s state for a parameter of ``numel``.
 
     Measured by one real step of the real class on CPU; parameters above 131072 elements are measured
@@ -274,7 +281,8 @@ class LayoutOptimizer(torch.optim.Optimizer):
                 state = self.state[p]
                 if not state:
                     device_bytes, paged_bytes = measure_state_layout(
-                        self.optimizer_cls, self.real_kwargs, p.numel(), p.dtype)
+                        self.optimizer_cls, self.real_kwargs, p.numel(), p.dtype
+                    )
                     state["state"] = torch.zeros(device_bytes, dtype=torch.uint8, device=p.device)
                     self.paged_bytes += paged_bytes
                     LayoutOptimizer.paged_bytes_total += paged_bytes
@@ -290,6 +298,7 @@ def layout_optimizer_config(component: str, kwargs: dict[str, Any]) -> Optional[
 
 
 # --- profiling a training step ----------------------------------------------------------------------
+
 
 @dataclasses.dataclass
 class MemoryEstimate:
@@ -320,13 +329,18 @@ class MemoryEstimate:
         rows = [(f"  {name.replace('_', ' ')}", nbytes) for name, nbytes in self.breakdown.items()]
         lines = [f"{title} (1 GB = 1e9 bytes):"]
         lines += [f"{label:<34}{nbytes / GB:>9.2f} GB" for label, nbytes in rows]
-        lines.append(f"{'  total (device peak)':<34}{self.peak_bytes / GB:>9.2f} GB"
-                     + (f"  (reached at {self.peak_op})" if self.peak_op else ""))
+        lines.append(
+            f"{'  total (device peak)':<34}{self.peak_bytes / GB:>9.2f} GB"
+            + (f"  (reached at {self.peak_op})" if self.peak_op else "")
+        )
         lines.append("Outside the device peak:")
-        lines.append(f"{'  optimizer state, paged/managed':<34}{self.paged_optimizer_bytes / GB:>9.2f} GB"
-                     "  (CUDA managed memory; needs that much host RAM when paged out)")
-        lines.append(f"{'  offloaded activations (host)':<34}{self.host_offload_peak_bytes / GB:>9.2f} GB"
-                     "  (pinned host memory)")
+        lines.append(
+            f"{'  optimizer state, paged/managed':<34}{self.paged_optimizer_bytes / GB:>9.2f} GB"
+            "  (CUDA managed memory; needs that much host RAM when paged out)"
+        )
+        lines.append(
+            f"{'  offloaded activations (host)':<34}{self.host_offload_peak_bytes / GB:>9.2f} GB  (pinned host memory)"
+        )
         lines.append(f"{'  host RAM needed for these':<34}{self.host_bytes_needed / GB:>9.2f} GB")
         lines += [f"Note: {note}" for note in self.notes]
         return "\n".join(lines)
@@ -370,8 +384,9 @@ class _Tracker:
         return tags
 
 
-def profile_memory(setup: Callable[[], tuple[nn.Module, Callable[[], Any]]], steps: int = 2,
-                   fake: bool = True) -> MemoryEstimate:
+def profile_memory(
+    setup: Callable[[], tuple[nn.Module, Callable[[], Any]]], steps: int = 2, fake: bool = True
+) -> MemoryEstimate:
     """Peak memory of ``steps`` calls of a training step, counted by ``StorageCounter``.
 
     ``setup()`` runs inside the counting (and, with ``fake=True``, inside ``FakeTensorMode``) and
@@ -388,8 +403,7 @@ def profile_memory(setup: Callable[[], tuple[nn.Module, Callable[[], Any]]], ste
     tracker.counter = counter
     counter.on_free = lambda key: tracker.saved.pop(key, None)
     LayoutOptimizer.paged_bytes_total = 0
-    handle = register_optimizer_step_pre_hook(
-        lambda opt, args, kwargs: tracker.optimizers.add(opt))
+    handle = register_optimizer_step_pre_hook(lambda opt, args, kwargs: tracker.optimizers.add(opt))
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         tracker.on_saved(t)
@@ -398,8 +412,12 @@ def profile_memory(setup: Callable[[], tuple[nn.Module, Callable[[], Any]]], ste
     step_peaks: list[int] = []
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
     try:
-        with fake_mode, counter, simulate_offloading(counter.host, tracker.on_saved), \
-                torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with (
+            fake_mode,
+            counter,
+            simulate_offloading(counter.host, tracker.on_saved),
+            torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
+        ):
             model, step = setup()
             tracker.model = model
             for t in [*model.parameters(), *model.buffers()]:
@@ -409,10 +427,14 @@ def profile_memory(setup: Callable[[], tuple[nn.Module, Callable[[], Any]]], ste
                 step()
                 step_peaks.append(counter.window_peak)
             estimate = MemoryEstimate(
-                peak_bytes=counter.peak, breakdown=dict(counter.peak_breakdown),
+                peak_bytes=counter.peak,
+                breakdown=dict(counter.peak_breakdown),
                 paged_optimizer_bytes=LayoutOptimizer.paged_bytes_total,
-                host_offload_peak_bytes=counter.host_peak, step_peaks=step_peaks, fake=fake,
-                peak_op=counter.peak_op)
+                host_offload_peak_bytes=counter.host_peak,
+                step_peaks=step_peaks,
+                fake=fake,
+                peak_op=counter.peak_op,
+            )
             del model, step
     finally:
         handle.remove()
@@ -421,14 +443,17 @@ def profile_memory(setup: Callable[[], tuple[nn.Module, Callable[[], Any]]], ste
 
 # --- the recipe, on fake tensors ----------------------------------------------------------------------
 
+
 def _recipe_class() -> type:
     try:
         from recipes.full_finetune_single_device import FullFinetuneRecipeSingleDevice
     except ImportError as exc:  # pragma: no cover - a broken install
         from torchtune._errors import TuneError
 
-        raise TuneError(f"The recipe full_finetune_single_device could not be imported ({exc}); "
-                        "reinstall torchtune (pip install -e .).") from exc
+        raise TuneError(
+            f"The recipe full_finetune_single_device could not be imported ({exc}); "
+            "reinstall torchtune (pip install -e .)."
+        ) from exc
     return FullFinetuneRecipeSingleDevice
 
 
@@ -441,12 +466,15 @@ def default_seq_len(cfg: Any) -> int:
             return int(value)
     from torchtune._errors import ConfigError
 
-    raise ConfigError("The config sets no dataset.max_seq_len (nor tokenizer.max_seq_len): pass --seq-len N "
-                      "to say how long the training sequences are.")
+    raise ConfigError(
+        "The config sets no dataset.max_seq_len (nor tokenizer.max_seq_len): pass --seq-len N "
+        "to say how long the training sequences are."
+    )
 
 
-def estimate_recipe_memory(cfg: Any, seq_len: Optional[int] = None, batch_size: Optional[int] = None,
-                           steps: int = 2, fake: bool = True) -> MemoryEstimate:
+def estimate_recipe_memory(
+    cfg: Any, seq_len: Optional[int] = None, batch_size: Optional[int] = None, steps: int = 2, fake: bool = True
+) -> MemoryEstimate:
     """Peak memory of the ``full_finetune_single_device`` recipe for ``cfg``, without weights or GPU.
 
     Builds ``FullFinetuneRecipeSingleDevice(cfg)`` (the recipe's own code), and inside the fake mode
@@ -464,9 +492,11 @@ def estimate_recipe_memory(cfg: Any, seq_len: Optional[int] = None, batch_size: 
         cfg.batch_size = int(batch_size)
     cfg.device = "cpu"  # fake CPU tensors stand for the device (see the module docstring)
     cfg.compile = False  # compiling does not run on fake tensors; it changes temporaries only
-    notes = [f"simulated on fake CPU tensors standing for device={target_device}; sizes rounded to "
-             "512 bytes like the CUDA caching allocator; fragmentation (reserved - allocated) and the "
-             "CUDA context (~0.3-0.5 GB) are not included"]
+    notes = [
+        f"simulated on fake CPU tensors standing for device={target_device}; sizes rounded to "
+        "512 bytes like the CUDA caching allocator; fragmentation (reserved - allocated) and the "
+        "CUDA context (~0.3-0.5 GB) are not included"
+    ]
     optimizer_node = OmegaConf.to_container(cfg.optimizer, resolve=True)
     component = optimizer_node.pop("_component_")
     layout = layout_optimizer_config(component, optimizer_node)
@@ -476,8 +506,10 @@ def estimate_recipe_memory(cfg: Any, seq_len: Optional[int] = None, batch_size: 
         else:
             _require(component, "torchao")
         cfg.optimizer = layout
-        notes.append(f"{component} state measured per parameter from the real class on small CPU "
-                     "tensors and scaled to each parameter's size")
+        notes.append(
+            f"{component} state measured per parameter from the real class on small CPU "
+            "tensors and scaled to each parameter's size"
+        )
     if not cfg.optimizer_in_bwd:
         notes.append("optimizer_in_bwd=False: a full set of gradients exists after backward")
 
@@ -485,10 +517,13 @@ def estimate_recipe_memory(cfg: Any, seq_len: Optional[int] = None, batch_size: 
     batch = int(cfg.batch_size)
 
     def setup() -> tuple[nn.Module, Callable[[], Any]]:
-        model = recipe._setup_model(cfg.model,
-                                    enable_activation_checkpointing=bool(cfg.enable_activation_checkpointing),
-                                    enable_activation_offloading=bool(cfg.enable_activation_offloading),
-                                    compile_model=False, model_state_dict=None)
+        model = recipe._setup_model(
+            cfg.model,
+            enable_activation_checkpointing=bool(cfg.enable_activation_checkpointing),
+            enable_activation_offloading=bool(cfg.enable_activation_offloading),
+            compile_model=False,
+            model_state_dict=None,
+        )
         recipe._model = model
         recipe._optimizer = recipe._setup_optimizer(cfg.optimizer, optimizer_in_bwd=bool(cfg.optimizer_in_bwd))
         recipe._loss_fn = recipe._setup_loss(cfg.loss)
@@ -511,6 +546,8 @@ def _require(component: str, package: str) -> None:
     except ImportError as exc:
         from torchtune._errors import TuneError
 
-        raise TuneError(f"optimizer._component_={component} needs {package} installed to measure its state "
-                        f"layout ({exc}). pip install {package}, or estimate with "
-                        "optimizer._component_=torch.optim.AdamW.") from exc
+        raise TuneError(
+            f"optimizer._component_={component} needs {package} installed to measure its state "
+            f"layout ({exc}). pip install {package}, or estimate with "
+            "optimizer._component_=torch.optim.AdamW."
+        ) from exc

@@ -118,7 +118,8 @@ def format_memory_stats(stats: dict[str, float], title: str = "Memory stats") ->
     return "\n".join(lines)
 
 
-def log_memory_stats(stats: dict[str, float], logger: Optional[logging.Logger] = None,
-                     title: str = "Memory stats") -> None:
+def log_memory_stats(
+    stats: dict[str, float], logger: Optional[logging.Logger] = None, title: str = "Memory stats"
+) -> None:
     """Log ``stats`` (from ``get_memory_stats``) at INFO level, one line per statistic."""
     (logger or logging.getLogger(__name__)).info(format_memory_stats(stats, title))

@@ -69,9 +69,7 @@ class StdoutLogger:
         pass
 
     def log_dict(self, payload: Mapping[str, Any], step: int) -> None:
-        parts = " ".join(
-            f"{k}:{v:.6g}" if isinstance(v, float) else f"{k}:{v}" for k, v in _clean(payload).items()
-        )
+        parts = " ".join(f"{k}:{v:.6g}" if isinstance(v, float) else f"{k}:{v}" for k, v in _clean(payload).items())
         print(f"Step {step} | {parts}", file=sys.stdout, flush=True)
 
     def log(self, name: str, value: Scalar, step: int) -> None:

@@ -29,16 +29,17 @@ def _import_pyplot():
     try:
         import matplotlib
     except ImportError as exc:
-        raise TuneError("Plotting needs matplotlib, which is not installed. Install the plot extra: "
-                        "pip install 'torchtune[plot]'  (or: pip install matplotlib).") from exc
+        raise TuneError(
+            "Plotting needs matplotlib, which is not installed. Install the plot extra: "
+            "pip install 'torchtune[plot]'  (or: pip install matplotlib)."
+        ) from exc
     matplotlib.use("Agg")  # files only: works without a display and never opens a window
     import matplotlib.pyplot as plt
 
     return plt
 
 
-def plot_metrics(metrics_jsonl_path: Union[str, Path], png_path: Union[str, Path],
-                 title: Optional[str] = None) -> Path:
+def plot_metrics(metrics_jsonl_path: Union[str, Path], png_path: Union[str, Path], title: Optional[str] = None) -> Path:
     """Draw loss (top) and learning rate (bottom) against step from ``metrics_jsonl_path`` into ``png_path``.
 
     The file holds one JSON object per line with at least ``step``, ``loss`` and ``lr`` (what
@@ -55,19 +56,22 @@ def plot_metrics(metrics_jsonl_path: Union[str, Path], png_path: Union[str, Path
 
     metrics_path = Path(metrics_jsonl_path).expanduser()
     if not metrics_path.is_file():
-        raise TuneError(f"The metrics file {metrics_path} does not exist. A run writes it to "
-                        f"<output_dir>/logs/metrics.jsonl when metric_logger is "
-                        f"torchtune.utils.metric_logging.DiskLogger; pass that run's output_dir.")
+        raise TuneError(
+            f"The metrics file {metrics_path} does not exist. A run writes it to "
+            f"<output_dir>/logs/metrics.jsonl when metric_logger is "
+            f"torchtune.utils.metric_logging.DiskLogger; pass that run's output_dir."
+        )
     rows = read_metrics(metrics_path)
     loss_steps, losses = _series(rows, "loss")
     if not losses:
-        raise TuneError(f"{metrics_path} has no 'loss' values to plot ({len(rows)} rows read). Is it a "
-                        f"metrics.jsonl written by a training run?")
+        raise TuneError(
+            f"{metrics_path} has no 'loss' values to plot ({len(rows)} rows read). Is it a "
+            f"metrics.jsonl written by a training run?"
+        )
     lr_steps, lrs = _series(rows, "lr")
 
     plt = _import_pyplot()
-    fig, (ax_loss, ax_lr) = plt.subplots(2, 1, figsize=(8, 6), sharex=True,
-                                         gridspec_kw={"height_ratios": [2, 1]})
+    fig, (ax_loss, ax_lr) = plt.subplots(2, 1, figsize=(8, 6), sharex=True, gridspec_kw={"height_ratios": [2, 1]})
     try:
         ax_loss.plot(loss_steps, losses, label="train loss", linewidth=1.2)
         for key in _EVAL_LOSS_KEYS:
@@ -77,13 +81,15 @@ def plot_metrics(metrics_jsonl_path: Union[str, Path], png_path: Union[str, Path
         ax_loss.set_ylabel("loss")
         ax_loss.grid(True, alpha=0.3)
         ax_loss.legend(loc="upper right")
-        ax_loss.set_title(title or f"{metrics_path.parent.parent.name or metrics_path.name}: "
-                                   f"{len(losses)} steps, last loss {losses[-1]:.4f}")
+        ax_loss.set_title(
+            title
+            or f"{metrics_path.parent.parent.name or metrics_path.name}: "
+            f"{len(losses)} steps, last loss {losses[-1]:.4f}"
+        )
         if lrs:
             ax_lr.plot(lr_steps, lrs, color="tab:orange", linewidth=1.2)
         else:
-            ax_lr.text(0.5, 0.5, "no 'lr' values logged", ha="center", va="center",
-                       transform=ax_lr.transAxes)
+            ax_lr.text(0.5, 0.5, "no 'lr' values logged", ha="center", va="center", transform=ax_lr.transAxes)
         ax_lr.set_ylabel("learning rate")
         ax_lr.set_xlabel("step")
         ax_lr.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))

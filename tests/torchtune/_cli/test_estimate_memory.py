@@ -8,17 +8,29 @@ import pytest
 
 from torchtune._cli.tune import main
 
-TINY = ["model._component_=torchtune.models.llama2.llama2_tiny", "optimizer._component_=torch.optim.AdamW",
-        "dtype=fp32"]
+TINY = [
+    "model._component_=torchtune.models.llama2.llama2_tiny",
+    "optimizer._component_=torch.optim.AdamW",
+    "dtype=fp32",
+]
 
 
 def test_estimate_memory_prints_the_split(capsys):
-    code = main(["estimate-memory", "--config", "llama2/7B_full_low_memory", "--seq-len", "32",
-                 "--batch-size", "1", *TINY])
+    code = main(
+        ["estimate-memory", "--config", "llama2/7B_full_low_memory", "--seq-len", "32", "--batch-size", "1", *TINY]
+    )
     out = capsys.readouterr().out
     assert code == 0
-    for label in ("weights", "gradients", "optimizer state", "activations", "temporaries",
-                  "total (device peak)", "paged/managed", "host RAM needed"):
+    for label in (
+        "weights",
+        "gradients",
+        "optimizer state",
+        "activations",
+        "temporaries",
+        "total (device peak)",
+        "paged/managed",
+        "host RAM needed",
+    ):
         assert label in out
     assert "batch 1 x 32 tokens" in out
 
@@ -41,9 +53,19 @@ def test_gpu_memory_check_cpu_path(capsys):
         import gpu_memory_check
     finally:
         sys.path.pop(0)
-    results = gpu_memory_check.run(gpu_memory_check.main.__globals__["argparse"].Namespace(
-        model="tiny", device="cpu", dtype="fp32", optimizer="torch.optim.AdamW", batch_size=2,
-        seq_lens=[16, 32], steps=2, cap_gb=None, estimate=True))
+    results = gpu_memory_check.run(
+        gpu_memory_check.main.__globals__["argparse"].Namespace(
+            model="tiny",
+            device="cpu",
+            dtype="fp32",
+            optimizer="torch.optim.AdamW",
+            batch_size=2,
+            seq_lens=[16, 32],
+            steps=2,
+            cap_gb=None,
+            estimate=True,
+        )
+    )
     out = capsys.readouterr().out
     assert [r["seq_len"] for r in results] == [16, 32]
     for r in results:

@@ -37,8 +37,13 @@ def test_plot_metrics_writes_png(tmp_path):
 
 def test_series_keeps_the_last_value_of_a_relogged_step():
     # A resumed run appends to metrics.jsonl and logs the steps after its checkpoint again.
-    rows = [{"step": 1, "loss": 4.0}, {"step": 2, "loss": 3.0}, {"step": 2, "loss": 2.5},
-            {"step": 3, "lr": 0.1}, {"step": 3, "loss": True}]
+    rows = [
+        {"step": 1, "loss": 4.0},
+        {"step": 2, "loss": 3.0},
+        {"step": 2, "loss": 2.5},
+        {"step": 3, "lr": 0.1},
+        {"step": 3, "loss": True},
+    ]
     assert plotting._series(rows, "loss") == ([1, 2], [4.0, 2.5])
     assert plotting._series(rows, "lr") == ([3], [0.1])
 
@@ -69,14 +74,14 @@ def test_tune_plot_command(tmp_path):
     run_dir = tmp_path / "run"
     _write_metrics(run_dir / "logs" / "metrics.jsonl", _run_rows())
     out = tmp_path / "elsewhere.png"
-    result = subprocess.run([_tune(), "plot", str(run_dir), "--out", str(out)], capture_output=True,
-                            text=True, timeout=120)
+    result = subprocess.run(
+        [_tune(), "plot", str(run_dir), "--out", str(out)], capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr
     assert out.read_bytes()[:8] == PNG_MAGIC
     assert f"Wrote {out}" in result.stdout
 
-    result = subprocess.run([_tune(), "plot", str(tmp_path / "missing")], capture_output=True, text=True,
-                            timeout=120)
+    result = subprocess.run([_tune(), "plot", str(tmp_path / "missing")], capture_output=True, text=True, timeout=120)
     assert result.returncode == 1
     assert "does not exist" in result.stderr and "Traceback" not in result.stderr
 

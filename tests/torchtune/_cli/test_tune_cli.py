@@ -58,8 +58,7 @@ def tune(*args, cwd, debug=False):
     env = {k: v for k, v in os.environ.items() if k != "TUNE_DEBUG"}
     if debug:
         env["TUNE_DEBUG"] = "1"
-    return subprocess.run([str(TUNE), *map(str, args)], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run([str(TUNE), *map(str, args)], cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
 
 
 @pytest.fixture
@@ -72,7 +71,7 @@ def files(tmp_path):
 def _line(stdout, tag):
     import json
 
-    return json.loads(next(line for line in stdout.splitlines() if line.startswith(tag))[len(tag) + 1:])
+    return json.loads(next(line for line in stdout.splitlines() if line.startswith(tag))[len(tag) + 1 :])
 
 
 def assert_user_error(result, code, *fragments):
@@ -84,20 +83,33 @@ def assert_user_error(result, code, *fragments):
 
 
 def test_run_passes_resolved_config_and_overrides(files):
-    result = tune("run", "my_recipe.py", "--config", "my_config.yaml", "batch_size=8", "lr=2e-5", "~fail",
-                  cwd=files)
+    result = tune("run", "my_recipe.py", "--config", "my_config.yaml", "batch_size=8", "lr=2e-5", "~fail", cwd=files)
     assert result.returncode == 0, result.stderr
     argv = _line(result.stdout, "ARGV")
-    assert argv == [str(files / "my_recipe.py"), "--config", str(files / "my_config.yaml"),
-                    "batch_size=8", "lr=2e-5", "~fail"]
+    assert argv == [
+        str(files / "my_recipe.py"),
+        "--config",
+        str(files / "my_config.yaml"),
+        "batch_size=8",
+        "lr=2e-5",
+        "~fail",
+    ]
     cfg = _line(result.stdout, "CFG")
     assert cfg["batch_size"] == 8 and cfg["lr"] == 2e-5 and "fail" not in cfg
     assert "THING Fraction(1, 4)" in result.stdout
 
 
 def test_short_form_and_component_swap(files):
-    result = tune("./my_recipe.py", "--config", "my_config.yaml", "thing=decimal.Decimal", "~thing.numerator",
-                  "~thing.denominator", "+thing.value=0.5", cwd=files)
+    result = tune(
+        "./my_recipe.py",
+        "--config",
+        "my_config.yaml",
+        "thing=decimal.Decimal",
+        "~thing.numerator",
+        "~thing.denominator",
+        "+thing.value=0.5",
+        cwd=files,
+    )
     assert result.returncode == 0, result.stderr
     assert "THING Decimal('0.5')" in result.stdout
 
@@ -134,14 +146,21 @@ def test_run_missing_config_lists_builtins(files):
 
 
 def test_run_bad_recipe_and_bad_config(files):
-    assert_user_error(tune("run", "full_finetune_single_devic", "--config", "x", cwd=files), 2,
-                      "Did you mean 'full_finetune_single_device'", "tune ls")
+    assert_user_error(
+        tune("run", "full_finetune_single_devic", "--config", "x", cwd=files),
+        2,
+        "Did you mean 'full_finetune_single_device'",
+        "tune ls",
+    )
     assert_user_error(tune("run", "nope.py", "--config", "my_config.yaml", cwd=files), 2, "does not exist")
-    assert_user_error(tune("run", "my_recipe.py", "--config", "llama2/7B_ful", cwd=files), 2,
-                      "Did you mean 'llama2/7B_full'", "--config ./my_config.yaml")
+    assert_user_error(
+        tune("run", "my_recipe.py", "--config", "llama2/7B_ful", cwd=files),
+        2,
+        "Did you mean 'llama2/7B_full'",
+        "--config ./my_config.yaml",
+    )
     (files / "broken.yaml").write_text("a: 1\nb: [1\n")
-    assert_user_error(tune("run", "my_recipe.py", "--config", "broken.yaml", cwd=files), 2,
-                      "broken.yaml", "line 3")
+    assert_user_error(tune("run", "my_recipe.py", "--config", "broken.yaml", cwd=files), 2, "broken.yaml", "line 3")
 
 
 def test_run_validates_components(files):
@@ -205,17 +224,27 @@ def test_cp_bad_names(files):
 def test_validate(files):
     result = tune("validate", "my_config.yaml", cwd=files)
     assert result.returncode == 0 and "Config is well-formed!" in result.stdout
-    (files / "bad.yaml").write_text(textwrap.dedent("""\
+    (files / "bad.yaml").write_text(
+        textwrap.dedent("""\
         thing:
           _component_: fractions.Fraction
           numeratr: 1
         other:
           _component_: no_such_pkg_xyz.Model
         ref: ${missing}
-    """))
+    """)
+    )
     result = tune("validate", "bad.yaml", cwd=files)
-    assert_user_error(result, 2, "3 problems", "  - thing: ", "'numeratr' (did you mean 'numerator'?)",
-                      "  - other._component_: ", "no_such_pkg_xyz", "  - ref: ")
+    assert_user_error(
+        result,
+        2,
+        "3 problems",
+        "  - thing: ",
+        "'numeratr' (did you mean 'numerator'?)",
+        "  - other._component_: ",
+        "no_such_pkg_xyz",
+        "  - ref: ",
+    )
     result = tune("validate", "my_config.yaml", "thing.denominatorr=2", cwd=files)
     assert_user_error(result, 2, "Did you mean 'thing.denominator'")
     assert_user_error(tune("validate", "nope.yaml", cwd=files), 2, "does not exist")

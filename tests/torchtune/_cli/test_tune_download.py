@@ -7,6 +7,7 @@ from torchtune._cli import download, tune
 
 def _http_error(cls, status):
     import httpx2 as httpx  # the HTTP client of the installed huggingface_hub
+
     response = httpx.Response(status, request=httpx.Request("GET", "https://huggingface.co/api/models/x"))
     return cls(f"{status} error", response=response)
 
@@ -25,11 +26,28 @@ def calls(monkeypatch):
 
 
 def test_download_passes_arguments(calls, tmp_path, capsys):
-    code = tune.main(["download", "meta-llama/Llama-2-7b-hf", "--output-dir", str(tmp_path), "--hf-token", "tok",
-                      "--ignore-patterns", "*.pth", "*.bin"])
+    code = tune.main(
+        [
+            "download",
+            "meta-llama/Llama-2-7b-hf",
+            "--output-dir",
+            str(tmp_path),
+            "--hf-token",
+            "tok",
+            "--ignore-patterns",
+            "*.pth",
+            "*.bin",
+        ]
+    )
     assert code == 0
-    assert calls == [{"repo_id": "meta-llama/Llama-2-7b-hf", "local_dir": str(tmp_path), "token": "tok",
-                      "ignore_patterns": ["*.pth", "*.bin"]}]
+    assert calls == [
+        {
+            "repo_id": "meta-llama/Llama-2-7b-hf",
+            "local_dir": str(tmp_path),
+            "token": "tok",
+            "ignore_patterns": ["*.pth", "*.bin"],
+        }
+    ]
     assert f"Downloaded meta-llama/Llama-2-7b-hf to {tmp_path}" in capsys.readouterr().out
 
 
@@ -53,12 +71,14 @@ def _failing(monkeypatch, exc):
 
 
 def _errors():
-    from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError,
-                                        RepositoryNotFoundError)
+    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
 
     return [
-        ("gated", lambda: _http_error(GatedRepoError, 403), ["gated", "accept its license",
-                                                             "https://huggingface.co/org/model", "--hf-token", "HF_TOKEN"]),
+        (
+            "gated",
+            lambda: _http_error(GatedRepoError, 403),
+            ["gated", "accept its license", "https://huggingface.co/org/model", "--hf-token", "HF_TOKEN"],
+        ),
         ("not-found", lambda: _http_error(RepositoryNotFoundError, 401), ["does not exist", "--hf-token", "HF_TOKEN"]),
         ("401", lambda: _http_error(HfHubHTTPError, 401), ["token is missing or invalid", "--hf-token"]),
         ("offline", lambda: LocalEntryNotFoundError("cannot find the requested files"), ["network"]),

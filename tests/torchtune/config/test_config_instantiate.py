@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 
 from torchtune import ConfigError, config
 
-HELPERS = '''
+HELPERS = """
 class Model:
     def __init__(self, dim, layers=1, act=None, extra=None):
         self.dim, self.layers, self.act, self.extra = dim, layers, act, extra
@@ -21,7 +21,7 @@ def optimizer(params, lr=1e-3, betas=(0.9, 0.99), **kwargs):
     return {"params": params, "lr": lr, "betas": betas, **kwargs}
 
 NOT_CALLABLE = 3
-'''
+"""
 
 
 @pytest.fixture(autouse=True)
@@ -35,11 +35,16 @@ def helpers(tmp_path, monkeypatch):
 
 
 def test_instantiate_builds_nested_components_first():
-    cfg = OmegaConf.create({
-        "model": {"_component_": "tt_helpers.Model", "dim": 8,
-                  "act": {"_component_": "tt_helpers.Act", "slope": 0.2},
-                  "extra": {"plain": [1, {"_component_": "tt_helpers.Act"}], "n": {"k": 1}}},
-    })
+    cfg = OmegaConf.create(
+        {
+            "model": {
+                "_component_": "tt_helpers.Model",
+                "dim": 8,
+                "act": {"_component_": "tt_helpers.Act", "slope": 0.2},
+                "extra": {"plain": [1, {"_component_": "tt_helpers.Act"}], "n": {"k": 1}},
+            },
+        }
+    )
     model = config.instantiate(cfg.model)
     assert model.dim == 8 and model.layers == 1
     assert model.act.slope == 0.2
@@ -49,8 +54,12 @@ def test_instantiate_builds_nested_components_first():
 
 
 def test_instantiate_resolves_interpolations():
-    cfg = OmegaConf.create({"dim": 16, "model": {"_component_": "tt_helpers.Model", "dim": "${dim}",
-                                                 "layers": "${oc.select:missing_key,3}"}})
+    cfg = OmegaConf.create(
+        {
+            "dim": 16,
+            "model": {"_component_": "tt_helpers.Model", "dim": "${dim}", "layers": "${oc.select:missing_key,3}"},
+        }
+    )
     model = config.instantiate(cfg.model)
     assert model.dim == 16 and model.layers == 3
 
@@ -91,11 +100,13 @@ def test_missing_required_argument_is_reported_at_build_time():
 
 @pytest.mark.parametrize(
     "path, fragment",
-    [("tt_helpers.Modell", "'tt_helpers' has no attribute 'Modell'. Did you mean tt_helpers.Model"),
-     ("no_such_pkg_xyz.Thing", "no module named 'no_such_pkg_xyz'"),
-     ("tt_broken.Thing", "needs 'not_a_real_dependency_xyz', which is not installed"),
-     ("not a path", "not a dotted Python path"),
-     ("tt_helpers.NOT_CALLABLE", "is not callable")],
+    [
+        ("tt_helpers.Modell", "'tt_helpers' has no attribute 'Modell'. Did you mean tt_helpers.Model"),
+        ("no_such_pkg_xyz.Thing", "no module named 'no_such_pkg_xyz'"),
+        ("tt_broken.Thing", "needs 'not_a_real_dependency_xyz', which is not installed"),
+        ("not a path", "not a dotted Python path"),
+        ("tt_helpers.NOT_CALLABLE", "is not callable"),
+    ],
 )
 def test_unimportable_component_names_key_and_path(path, fragment):
     cfg = OmegaConf.create({"model": {"_component_": path}})

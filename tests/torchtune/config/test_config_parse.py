@@ -44,9 +44,22 @@ def test_load_config_reads_yaml_with_floats(cfg_path):
 
 @pytest.mark.parametrize(
     "text, expected",
-    [("4", 4), ("2e-5", 2e-5), ("-1E3", -1000.0), ("1.5", 1.5), ("true", True), ("False", False),
-     ("null", None), ("[1, 2]", [1, 2]), ("{a: 1}", {"a": 1}), ("hello", "hello"), ("'4'", "4"),
-     ("", ""), (".inf", float("inf")), ("a: b: c", "a: b: c")],
+    [
+        ("4", 4),
+        ("2e-5", 2e-5),
+        ("-1E3", -1000.0),
+        ("1.5", 1.5),
+        ("true", True),
+        ("False", False),
+        ("null", None),
+        ("[1, 2]", [1, 2]),
+        ("{a: 1}", {"a": 1}),
+        ("hello", "hello"),
+        ("'4'", "4"),
+        ("", ""),
+        (".inf", float("inf")),
+        ("a: b: c", "a: b: c"),
+    ],
 )
 def test_override_values_are_typed_as_yaml(text, expected):
     value = parse_yaml_value(text)
@@ -64,8 +77,15 @@ def test_yaml_file_2e_minus_5_is_a_float(tmp_path):
 def test_overrides_set_typed_values(cfg_path):
     cfg = config.load_config(
         str(cfg_path),
-        ["batch_size=8", "lr=2e-5", "dtype=null", "dataset.columns=[a, b, c]", "layers.1.dim=16",
-         "optimizer.weight_decay=0", "dataset.source=my/data"],
+        [
+            "batch_size=8",
+            "lr=2e-5",
+            "dtype=null",
+            "dataset.columns=[a, b, c]",
+            "layers.1.dim=16",
+            "optimizer.weight_decay=0",
+            "dataset.source=my/data",
+        ],
     )
     assert cfg.batch_size == 8
     assert cfg.lr == 2e-5 and isinstance(cfg.lr, float)
@@ -104,9 +124,13 @@ def test_overrides_apply_in_order(cfg_path):
 
 @pytest.mark.parametrize(
     "override, suggestion",
-    [("batch_sizee=4", "'batch_size'"), ("optimizer.lrr=1", "'optimizer.lr'"),
-     ("~optimizer.weight_decy", "'optimizer.weight_decay'"), ("source=x", "'dataset.source'"),
-     ("optimiser.lr=1", "'optimizer.lr'")],
+    [
+        ("batch_sizee=4", "'batch_size'"),
+        ("optimizer.lrr=1", "'optimizer.lr'"),
+        ("~optimizer.weight_decy", "'optimizer.weight_decay'"),
+        ("source=x", "'dataset.source'"),
+        ("optimiser.lr=1", "'optimizer.lr'"),
+    ],
 )
 def test_unknown_key_names_it_and_suggests(cfg_path, override, suggestion):
     with pytest.raises(ConfigError) as info:
@@ -120,9 +144,14 @@ def test_unknown_key_names_it_and_suggests(cfg_path, override, suggestion):
 
 @pytest.mark.parametrize(
     "override, fragment",
-    [("seed", "not of the form key=value"), ("seed.x=1", "is a value (7), not a section"),
-     ("dataset=3", "is a section"), ("a..b=1", "not a valid dotted key"), ("~seed=1", "takes no value"),
-     ("layers.5.dim=1", "not in the config")],
+    [
+        ("seed", "not of the form key=value"),
+        ("seed.x=1", "is a value (7), not a section"),
+        ("dataset=3", "is a section"),
+        ("a..b=1", "not a valid dotted key"),
+        ("~seed=1", "takes no value"),
+        ("layers.5.dim=1", "not in the config"),
+    ],
 )
 def test_malformed_overrides(cfg_path, override, fragment):
     with pytest.raises(ConfigError, match=re.escape(fragment)):

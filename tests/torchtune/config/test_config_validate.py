@@ -5,45 +5,55 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from torchtune import ConfigError, _recipe_registry as registry, config
+from torchtune import ConfigError, config
+from torchtune import _recipe_registry as registry
 
 RECIPES_DIR = registry.builtin_recipes_dir()
 SHIPPED = sorted(RECIPES_DIR.glob("configs/**/*.yaml"))
 
 
 def test_valid_config_passes():
-    cfg = OmegaConf.create({
-        "lr": 2e-5,
-        "optimizer": {"_component_": "collections.OrderedDict", "anything": 1, "lr": "${lr}"},
-        "frac": {"_component_": "fractions.Fraction", "numerator": 1, "denominator": 3},
-        "items": [{"_component_": "datetime.timedelta", "days": 1}],
-        "plain": {"a": [1, 2]},
-    })
+    cfg = OmegaConf.create(
+        {
+            "lr": 2e-5,
+            "optimizer": {"_component_": "collections.OrderedDict", "anything": 1, "lr": "${lr}"},
+            "frac": {"_component_": "fractions.Fraction", "numerator": 1, "denominator": 3},
+            "items": [{"_component_": "datetime.timedelta", "days": 1}],
+            "plain": {"a": [1, 2]},
+        }
+    )
     config.validate(cfg)
     config.validate(OmegaConf.to_container(cfg))  # plain dicts too
 
 
 def test_all_problems_in_one_error():
-    cfg = OmegaConf.create({
-        "frac": {"_component_": "fractions.Fraction", "numeratorr": 1, "denominator": 3},
-        "model": {"_component_": "fractions.NoSuchThing"},
-        "nested": {"inner": [{"_component_": "textwrap.TextWrapper", "widht": 1}]},
-        "missing_pkg": {"_component_": "no_such_pkg_xyz.Cls"},
-        "ref": "${nope}",
-        "todo": "???",
-    })
+    cfg = OmegaConf.create(
+        {
+            "frac": {"_component_": "fractions.Fraction", "numeratorr": 1, "denominator": 3},
+            "model": {"_component_": "fractions.NoSuchThing"},
+            "nested": {"inner": [{"_component_": "textwrap.TextWrapper", "widht": 1}]},
+            "missing_pkg": {"_component_": "no_such_pkg_xyz.Cls"},
+            "ref": "${nope}",
+            "todo": "???",
+        }
+    )
     with pytest.raises(ConfigError) as info:
         config.validate(cfg)
     message = str(info.value)
     assert "6 problems" in message
     for key in ("frac:", "model._component_:", "nested.inner.0:", "missing_pkg._component_:", "ref:", "todo:"):
         assert f"  - {key}" in message, key
-    assert "'numeratorr' (did you mean 'numerator'?)" in message and "'widht' (did you mean 'width'?)" in message and "NoSuchThing" in message
+    assert (
+        "'numeratorr' (did you mean 'numerator'?)" in message
+        and "'widht' (did you mean 'width'?)" in message
+        and "NoSuchThing" in message
+    )
 
 
 def test_validate_does_not_build_anything(tmp_path, monkeypatch):
-    (tmp_path / "tt_boom.py").write_text("calls = []\nclass Boom:\n    def __init__(self, x):\n"
-                                         "        calls.append(x)\n")
+    (tmp_path / "tt_boom.py").write_text(
+        "calls = []\nclass Boom:\n    def __init__(self, x):\n        calls.append(x)\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     import tt_boom
 
@@ -56,9 +66,7 @@ def test_shipped_config_is_valid(path: Path):
     config.validate(config.load_config(str(path)))
 
 
-@pytest.mark.parametrize(
-    "cfg", [c for r in registry.get_all_recipes() for c in r.configs], ids=lambda c: c.name
-)
+@pytest.mark.parametrize("cfg", [c for r in registry.get_all_recipes() for c in r.configs], ids=lambda c: c.name)
 def test_registered_config_file_exists(cfg):
     assert cfg.path.is_file(), f"registered config {cfg.name} has no file at {cfg.path}"
     assert config.resolve_config_path(cfg.name) == cfg.path

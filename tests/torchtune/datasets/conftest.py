@@ -8,10 +8,16 @@ from tests._helpers.tokenizer import make_spm_tokenizer
 from torchtune.modules.tokenizers import SentencePieceTokenizer
 
 ALPACA_ROWS = [
-    {"instruction": "Give three tips for staying healthy.", "input": "",
-     "output": "Eat a balanced diet, exercise regularly and get enough sleep."},
-    {"instruction": "Translate the following sentence into French.", "input": "Hello, how are you?",
-     "output": "Bonjour, comment allez-vous?"},
+    {
+        "instruction": "Give three tips for staying healthy.",
+        "input": "",
+        "output": "Eat a balanced diet, exercise regularly and get enough sleep.",
+    },
+    {
+        "instruction": "Translate the following sentence into French.",
+        "input": "Hello, how are you?",
+        "output": "Bonjour, comment allez-vous?",
+    },
     {"instruction": "What is the capital of France?", "input": "", "output": "Paris."},
 ]
 

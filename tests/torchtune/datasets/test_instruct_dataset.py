@@ -44,8 +44,9 @@ def test_tokens_are_prompt_then_response_with_eos(tokenizer, alpaca_json, cache_
 
 
 def test_train_on_input_false_masks_prompt(tokenizer, alpaca_json, cache_dir):
-    ds = alpaca_dataset(tokenizer, source="json", data_files=str(alpaca_json), cache_dir=cache_dir,
-                        train_on_input=False)
+    ds = alpaca_dataset(
+        tokenizer, source="json", data_files=str(alpaca_json), cache_dir=cache_dir, train_on_input=False
+    )
     item = ds[1]
     n_prompt = len(tokenizer.encode(PROMPT_INPUT, add_eos=False))
     assert item["labels"][:n_prompt] == [-100] * n_prompt
@@ -55,10 +56,22 @@ def test_train_on_input_false_masks_prompt(tokenizer, alpaca_json, cache_dir):
 
 @pytest.mark.parametrize("train_on_input", [True, False])
 def test_truncation_keeps_final_eos(tokenizer, alpaca_json, cache_dir, train_on_input):
-    full = alpaca_dataset(tokenizer, source="json", data_files=str(alpaca_json), cache_dir=cache_dir,
-                          max_seq_len=None, train_on_input=train_on_input)[0]
-    cut = alpaca_dataset(tokenizer, source="json", data_files=str(alpaca_json), cache_dir=cache_dir,
-                         max_seq_len=20, train_on_input=train_on_input)[0]
+    full = alpaca_dataset(
+        tokenizer,
+        source="json",
+        data_files=str(alpaca_json),
+        cache_dir=cache_dir,
+        max_seq_len=None,
+        train_on_input=train_on_input,
+    )[0]
+    cut = alpaca_dataset(
+        tokenizer,
+        source="json",
+        data_files=str(alpaca_json),
+        cache_dir=cache_dir,
+        max_seq_len=20,
+        train_on_input=train_on_input,
+    )[0]
     assert len(full["tokens"]) > 20
     assert len(cut["tokens"]) == len(cut["labels"]) == 20
     assert cut["tokens"][:19] == full["tokens"][:19] and cut["tokens"][-1] == tokenizer.eos_id
@@ -99,20 +112,35 @@ def test_missing_columns_error_shows_column_map(tokenizer, tmp_path, cache_dir):
 
 def test_column_map_renames_columns(tokenizer, tmp_path, cache_dir):
     data = _write(tmp_path / "qa.json", [{"prompt": "Say hi", "answer": "hi"}])
-    ds = alpaca_dataset(tokenizer, source="json", data_files=data, cache_dir=cache_dir,
-                        column_map={"instruction": "prompt", "output": "answer"})
+    ds = alpaca_dataset(
+        tokenizer,
+        source="json",
+        data_files=data,
+        cache_dir=cache_dir,
+        column_map={"instruction": "prompt", "output": "answer"},
+    )
     expected = AlpacaInstructTemplate().format({"instruction": "Say hi"}) + "hi"
     assert ds[0]["tokens"] == tokenizer.encode(expected)
     # The command-line spelling arrives as text.
-    ds = alpaca_dataset(tokenizer, source="json", data_files=data, cache_dir=cache_dir,
-                        column_map="{instruction: prompt, output: answer}")
+    ds = alpaca_dataset(
+        tokenizer,
+        source="json",
+        data_files=data,
+        cache_dir=cache_dir,
+        column_map="{instruction: prompt, output: answer}",
+    )
     assert ds[0]["tokens"] == tokenizer.encode(expected)
 
 
 def test_column_map_with_unknown_field(tokenizer, alpaca_json, cache_dir):
     with pytest.raises(TuneError, match="'question'"):
-        alpaca_dataset(tokenizer, source="json", data_files=str(alpaca_json), cache_dir=cache_dir,
-                       column_map={"question": "instruction"})
+        alpaca_dataset(
+            tokenizer,
+            source="json",
+            data_files=str(alpaca_json),
+            cache_dir=cache_dir,
+            column_map={"question": "instruction"},
+        )
 
 
 def test_missing_data_file(tokenizer, tmp_path, cache_dir):
@@ -156,7 +184,8 @@ def test_csv_source(tokenizer, tmp_path, cache_dir):
     # csv reads the empty input as None: the prompt without input is used.
     assert ds[0]["tokens"] == tokenizer.encode(template.format({"instruction": "What is 2+2?"}) + "4")
     assert ds[1]["tokens"] == tokenizer.encode(
-        template.format({"instruction": "Add the numbers.", "input": "1 and 2"}) + "3")
+        template.format({"instruction": "Add the numbers.", "input": "1 and 2"}) + "3"
+    )
 
 
 def test_source_may_be_a_file_path(tokenizer, alpaca_json, cache_dir):
@@ -180,8 +209,14 @@ def test_format_string_template_and_response_column(tokenizer, tmp_path, cache_d
     ds = InstructDataset(tokenizer, "json", template, data_files=data, cache_dir=cache_dir)
     assert ds[0]["tokens"] == tokenizer.encode("Question: Why is the sky blue?\nAnswer:Scattering.")
     # A bare format string uses the `output` column, renamed here by column_map.
-    ds = instruct_dataset(tokenizer, "json", "Question: {question}\n", column_map={"output": "answer"},
-                          data_files=data, cache_dir=cache_dir)
+    ds = instruct_dataset(
+        tokenizer,
+        "json",
+        "Question: {question}\n",
+        column_map={"output": "answer"},
+        data_files=data,
+        cache_dir=cache_dir,
+    )
     assert ds[0]["tokens"] == tokenizer.encode("Question: Why is the sky blue?\nScattering.")
 
 
@@ -202,8 +237,9 @@ def test_custom_template_by_class_instance_or_dotted_path(tokenizer, tmp_path, c
 
 def test_bad_dotted_template(tokenizer, alpaca_json, cache_dir):
     with pytest.raises(TuneError, match="dataset.template"):
-        instruct_dataset(tokenizer, "json", "torchtune.datasets.NoSuchTemplate",
-                         data_files=str(alpaca_json), cache_dir=cache_dir)
+        instruct_dataset(
+            tokenizer, "json", "torchtune.datasets.NoSuchTemplate", data_files=str(alpaca_json), cache_dir=cache_dir
+        )
 
 
 def test_rows_are_tokenized_on_access(tokenizer, alpaca_json, cache_dir, alpaca_rows):

@@ -77,13 +77,16 @@ def test_split_across_pack_fills_every_pack():
 
 def test_block_causal_mask():
     mask = block_causal_mask([2, 3])
-    expected = torch.tensor([
-        [1, 0, 0, 0, 0],
-        [1, 1, 0, 0, 0],
-        [0, 0, 1, 0, 0],
-        [0, 0, 1, 1, 0],
-        [0, 0, 1, 1, 1],
-    ], dtype=torch.bool)
+    expected = torch.tensor(
+        [
+            [1, 0, 0, 0, 0],
+            [1, 1, 0, 0, 0],
+            [0, 0, 1, 0, 0],
+            [0, 0, 1, 1, 0],
+            [0, 0, 1, 1, 1],
+        ],
+        dtype=torch.bool,
+    )
     assert torch.equal(mask, expected)
 
 
@@ -135,10 +138,10 @@ def test_bad_max_seq_len():
 
 
 def test_alpaca_packed(tokenizer, alpaca_json, cache_dir):
-    plain = alpaca_dataset(tokenizer, source="json", data_files=str(alpaca_json), cache_dir=cache_dir,
-                           max_seq_len=320)
-    packed = alpaca_dataset(tokenizer, source="json", data_files=str(alpaca_json), cache_dir=cache_dir,
-                            max_seq_len=320, packed=True)
+    plain = alpaca_dataset(tokenizer, source="json", data_files=str(alpaca_json), cache_dir=cache_dir, max_seq_len=320)
+    packed = alpaca_dataset(
+        tokenizer, source="json", data_files=str(alpaca_json), cache_dir=cache_dir, max_seq_len=320, packed=True
+    )
     assert isinstance(packed, PackedDataset)
     assert all(p["tokens"].shape == (320,) for p in packed)
     assert len(packed) < len(plain)  # several examples share a pack
@@ -150,5 +153,6 @@ def test_alpaca_packed(tokenizer, alpaca_json, cache_dir):
 
 def test_packed_needs_max_seq_len(tokenizer, alpaca_json, cache_dir):
     with pytest.raises(TuneError, match="dataset.max_seq_len"):
-        alpaca_dataset(tokenizer, source="json", data_files=str(alpaca_json), cache_dir=cache_dir,
-                       max_seq_len=None, packed=True)
+        alpaca_dataset(
+            tokenizer, source="json", data_files=str(alpaca_json), cache_dir=cache_dir, max_seq_len=None, packed=True
+        )

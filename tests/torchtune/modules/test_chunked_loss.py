@@ -6,7 +6,6 @@ from torch import nn
 
 from torchtune.modules.loss import ChunkedCrossEntropyLoss, CrossEntropyLoss
 
-
 EXPECTED = {False: 3.8436, True: 4.1269}
 
 

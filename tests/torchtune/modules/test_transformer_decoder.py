@@ -44,7 +44,7 @@ def test_packed_sequence_equals_separate_examples(model):
     mask = torch.zeros(total, total, dtype=torch.bool)
     start = 0
     for n in lengths:
-        mask[start:start + n, start:start + n] = torch.tril(torch.ones(n, n, dtype=torch.bool))
+        mask[start : start + n, start : start + n] = torch.tril(torch.ones(n, n, dtype=torch.bool))
         start += n
     input_pos = torch.cat([torch.arange(n) for n in lengths]).unsqueeze(0)
     with torch.no_grad():
@@ -61,12 +61,13 @@ def test_kv_cache_decoding_equals_full_forward(model):
         assert model.caches_are_enabled()
         steps = [model(tokens[:, :6], input_pos=torch.arange(6).expand(2, 6))]
         for pos in range(6, 10):
-            steps.append(model(tokens[:, pos:pos + 1], input_pos=torch.full((2, 1), pos)))
+            steps.append(model(tokens[:, pos : pos + 1], input_pos=torch.full((2, 1), pos)))
         torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=0)
         # A reset cache starts a new generation with the same result.
         model.reset_caches()
-        torch.testing.assert_close(model(tokens[:, :6], input_pos=torch.arange(6).expand(2, 6)),
-                                   full[:, :6], atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            model(tokens[:, :6], input_pos=torch.arange(6).expand(2, 6)), full[:, :6], atol=1e-5, rtol=0
+        )
 
 
 def test_too_long_sequence_names_the_key(model):
@@ -110,8 +111,9 @@ def test_rope_matches_complex_rotation():
     torch.testing.assert_close(out, ref, atol=1e-6, rtol=0)
     # explicit positions pick rows of the cache
     pos = torch.tensor([[3, 4, 5, 0, 1, 2]] * 2)
-    torch.testing.assert_close(rope(x, input_pos=pos)[:, :3], rope(torch.cat([x[:, 3:], x[:, :3]], 1))[:, 3:],
-                               atol=0, rtol=0)
+    torch.testing.assert_close(
+        rope(x, input_pos=pos)[:, :3], rope(torch.cat([x[:, 3:], x[:, :3]], 1))[:, 3:], atol=0, rtol=0
+    )
 
 
 def test_rmsnorm_upcasts_bf16():

@@ -5,9 +5,14 @@ from torch import nn
 
 from torchtune.models.llama2 import llama2
 from torchtune.modules import TransformerDecoderLayer
-from torchtune.utils._activations import (NoOpManager, OffloadActivations, get_act_offloading_ctx_manager,
-                                          is_activation_checkpointed, set_activation_checkpointing,
-                                          simulate_offloading)
+from torchtune.utils._activations import (
+    NoOpManager,
+    OffloadActivations,
+    get_act_offloading_ctx_manager,
+    is_activation_checkpointed,
+    set_activation_checkpointing,
+    simulate_offloading,
+)
 
 
 def _model():

@@ -7,18 +7,28 @@ import pytest
 import torch
 
 from torchtune.config import load_config
-from torchtune.utils._memory_estimator import (CATEGORIES, StorageCounter, estimate_recipe_memory,
-                                               measure_state_layout)
+from torchtune.utils._memory_estimator import CATEGORIES, StorageCounter, estimate_recipe_memory, measure_state_layout
 
 LAYERS, DIM, BATCH, SEQ = 3, 128, 2, 128
 BSD4 = BATCH * SEQ * DIM * 4  # one fp32 layer input (a checkpoint boundary): 131072 bytes
 
 
 def _cfg(*extra, vocab=512):
-    return load_config("llama2/7B_full_low_memory", [
-        "model._component_=torchtune.models.llama2.llama2_tiny", f"+model.vocab_size={vocab}",
-        f"+model.num_layers={LAYERS}", f"+model.embed_dim={DIM}", "+model.num_heads=4", "+model.num_kv_heads=4",
-        "optimizer._component_=torch.optim.SGD", "~optimizer.weight_decay", "dtype=fp32", *extra])
+    return load_config(
+        "llama2/7B_full_low_memory",
+        [
+            "model._component_=torchtune.models.llama2.llama2_tiny",
+            f"+model.vocab_size={vocab}",
+            f"+model.num_layers={LAYERS}",
+            f"+model.embed_dim={DIM}",
+            "+model.num_heads=4",
+            "+model.num_kv_heads=4",
+            "optimizer._component_=torch.optim.SGD",
+            "~optimizer.weight_decay",
+            "dtype=fp32",
+            *extra,
+        ],
+    )
 
 
 def _estimate(*extra, vocab=512, fake=True):
@@ -74,8 +84,9 @@ def test_activation_offloading_moves_layer_inputs_to_host():
 def test_chunked_loss_never_holds_full_fp32_logits():
     vocab = 4096
     logits_fp32 = BATCH * SEQ * vocab * 4  # 4.2 MB
-    plain = _estimate("loss._component_=torchtune.modules.loss.CrossEntropyLoss", "~loss.num_output_chunks",
-                      vocab=vocab)
+    plain = _estimate(
+        "loss._component_=torchtune.modules.loss.CrossEntropyLoss", "~loss.num_output_chunks", vocab=vocab
+    )
     chunked = _estimate(vocab=vocab)
     assert plain.breakdown["activations"] >= logits_fp32  # the fp32 log-probs saved for backward
     assert chunked.breakdown["activations"] < logits_fp32 / 8

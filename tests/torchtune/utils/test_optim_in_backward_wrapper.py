@@ -25,7 +25,7 @@ def _wrapper(model: nn.Module, lr: float = 1e-2) -> OptimInBackwardWrapper:
 def _step(model: nn.Module, wrapper: OptimInBackwardWrapper, seed: int) -> None:
     torch.manual_seed(seed)
     model(torch.randn(3, 4)).square().mean().backward()
-    for name, param in model.named_parameters():
+    for name, _ in model.named_parameters():
         wrapper.optim_map[name].step()
         wrapper.optim_map[name].zero_grad(set_to_none=True)
 
@@ -90,8 +90,7 @@ def test_standard_optimizer_state_is_refused_with_the_setting_to_use():
 def test_lr_scheduler_sets_lr_on_every_inner_optimizer():
     model = _model()
     wrapper = _wrapper(model, lr=1.0)
-    scheduler = get_cosine_schedule_with_warmup(
-        wrapper.scheduler_optimizer, num_warmup_steps=2, num_training_steps=6)
+    scheduler = get_cosine_schedule_with_warmup(wrapper.scheduler_optimizer, num_warmup_steps=2, num_training_steps=6)
     wrapper.set_lr_scheduler(scheduler)
     expected = [0.0, 0.5, 1.0, 0.8535533905932737, 0.5, 0.14644660940672627, 0.0]
     seen = []

@@ -6,8 +6,14 @@ from typing import Optional
 
 from torch import nn
 
-from torchtune.modules import (FeedForward, MultiHeadAttention, RMSNorm, RotaryPositionalEmbeddings,
-                               TransformerDecoder, TransformerDecoderLayer)
+from torchtune.modules import (
+    FeedForward,
+    MultiHeadAttention,
+    RMSNorm,
+    RotaryPositionalEmbeddings,
+    TransformerDecoder,
+    TransformerDecoderLayer,
+)
 
 
 def scale_hidden_dim_for_mlp(dim: int, multiple_of: int = 256) -> int:
@@ -16,9 +22,18 @@ def scale_hidden_dim_for_mlp(dim: int, multiple_of: int = 256) -> int:
     return multiple_of * ((hidden_dim + multiple_of - 1) // multiple_of)
 
 
-def llama2(vocab_size: int, num_layers: int, num_heads: int, num_kv_heads: int, embed_dim: int,
-           max_seq_len: int, intermediate_dim: Optional[int] = None, attn_dropout: float = 0.0,
-           norm_eps: float = 1e-5, rope_base: int = 10_000) -> TransformerDecoder:
+def llama2(
+    vocab_size: int,
+    num_layers: int,
+    num_heads: int,
+    num_kv_heads: int,
+    embed_dim: int,
+    max_seq_len: int,
+    intermediate_dim: Optional[int] = None,
+    attn_dropout: float = 0.0,
+    norm_eps: float = 1e-5,
+    rope_base: int = 10_000,
+) -> TransformerDecoder:
     """Build a Llama2 decoder.
 
     Works under ``with torch.device("meta"):`` and with ``torch.set_default_dtype`` (everything but
@@ -45,20 +60,34 @@ def llama2(vocab_size: int, num_layers: int, num_heads: int, num_kv_heads: int, 
     layers = nn.ModuleList()
     for _ in range(num_layers):
         attn = MultiHeadAttention(
-            embed_dim=embed_dim, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+            embed_dim=embed_dim,
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
             q_proj=nn.Linear(embed_dim, num_heads * head_dim, bias=False),
             k_proj=nn.Linear(embed_dim, num_kv_heads * head_dim, bias=False),
             v_proj=nn.Linear(embed_dim, num_kv_heads * head_dim, bias=False),
             output_proj=nn.Linear(num_heads * head_dim, embed_dim, bias=False),
-            pos_embeddings=rope, max_seq_len=max_seq_len, attn_dropout=attn_dropout,
+            pos_embeddings=rope,
+            max_seq_len=max_seq_len,
+            attn_dropout=attn_dropout,
         )
-        mlp = FeedForward(w1=nn.Linear(embed_dim, hidden_dim, bias=False),
-                          w2=nn.Linear(hidden_dim, embed_dim, bias=False),
-                          w3=nn.Linear(embed_dim, hidden_dim, bias=False))
-        layers.append(TransformerDecoderLayer(attn=attn, mlp=mlp, sa_norm=RMSNorm(embed_dim, eps=norm_eps),
-                                              mlp_norm=RMSNorm(embed_dim, eps=norm_eps)))
+        mlp = FeedForward(
+            w1=nn.Linear(embed_dim, hidden_dim, bias=False),
+            w2=nn.Linear(hidden_dim, embed_dim, bias=False),
+            w3=nn.Linear(embed_dim, hidden_dim, bias=False),
+        )
+        layers.append(
+            TransformerDecoderLayer(
+                attn=attn, mlp=mlp, sa_norm=RMSNorm(embed_dim, eps=norm_eps), mlp_norm=RMSNorm(embed_dim, eps=norm_eps)
+            )
+        )
     return TransformerDecoder(
-        tok_embeddings=nn.Embedding(vocab_size, embed_dim), layers=layers,
-        norm=RMSNorm(embed_dim, eps=norm_eps), output=nn.Linear(embed_dim, vocab_size, bias=False),
-        max_seq_len=max_seq_len, num_heads=num_heads, head_dim=head_dim,
+        tok_embeddings=nn.Embedding(vocab_size, embed_dim),
+        layers=layers,
+        norm=RMSNorm(embed_dim, eps=norm_eps),
+        output=nn.Linear(embed_dim, vocab_size, bias=False),
+        max_seq_len=max_seq_len,
+        num_heads=num_heads,
+        head_dim=head_dim,
     )

@@ -48,8 +48,10 @@ _FROM_HF = {
 
 # Buffers that checkpoints sometimes carry but that the model recomputes (RoPE frequencies).
 _DERIVABLE_META = [re.compile(r"^rope\.freqs$")]
-_DERIVABLE_HF = [re.compile(r"^model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq$"),
-                 re.compile(r"^model\.rotary_emb\.inv_freq$")]
+_DERIVABLE_HF = [
+    re.compile(r"^model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq$"),
+    re.compile(r"^model\.rotary_emb\.inv_freq$"),
+]
 
 _LAYER = re.compile(r"\.(\d+)\.")
 
@@ -58,13 +60,14 @@ def _rename(key: str, mapping: dict[str, str]) -> Optional[str]:
     match = _LAYER.search(key)
     if match is None:
         return mapping.get(key)
-    template = key[: match.start()] + ".{}." + key[match.end():]
+    template = key[: match.start()] + ".{}." + key[match.end() :]
     target = mapping.get(template)
     return None if target is None else target.format(match.group(1))
 
 
-def _convert(state_dict: dict[str, torch.Tensor], mapping: dict[str, str], derivable: list[re.Pattern],
-             source: str) -> dict[str, torch.Tensor]:
+def _convert(
+    state_dict: dict[str, torch.Tensor], mapping: dict[str, str], derivable: list[re.Pattern], source: str
+) -> dict[str, torch.Tensor]:
     converted, unknown = {}, []
     for key, value in state_dict.items():
         new_key = _rename(key, mapping)
@@ -77,7 +80,8 @@ def _convert(state_dict: dict[str, torch.Tensor], mapping: dict[str, str], deriv
         raise TuneError(
             f"The checkpoint has parameters that a Llama2 {source} checkpoint does not have: {shown}. "
             f"Check that checkpointer.checkpoint_files name a Llama2 checkpoint in {source} format "
-            f"and that checkpointer.model_type (LLAMA2) matches it.")
+            f"and that checkpointer.model_type (LLAMA2) matches it."
+        )
     return converted
 
 
@@ -103,8 +107,13 @@ def tune_to_meta(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]
     return _convert(state_dict, {v: k for k, v in _FROM_META.items()}, [], "torchtune")
 
 
-def hf_to_tune(state_dict: dict[str, torch.Tensor], num_heads: int = 32, num_kv_heads: int = 32,
-               dim: int = 4096, head_dim: Optional[int] = None) -> dict[str, torch.Tensor]:
+def hf_to_tune(
+    state_dict: dict[str, torch.Tensor],
+    num_heads: int = 32,
+    num_kv_heads: int = 32,
+    dim: int = 4096,
+    head_dim: Optional[int] = None,
+) -> dict[str, torch.Tensor]:
     """Hugging Face Llama names -> torchtune names, undoing HF's q/k rotary permutation.
 
     Args:
@@ -124,8 +133,13 @@ def hf_to_tune(state_dict: dict[str, torch.Tensor], num_heads: int = 32, num_kv_
     return converted
 
 
-def tune_to_hf(state_dict: dict[str, torch.Tensor], num_heads: int = 32, num_kv_heads: int = 32,
-               dim: int = 4096, head_dim: Optional[int] = None) -> dict[str, torch.Tensor]:
+def tune_to_hf(
+    state_dict: dict[str, torch.Tensor],
+    num_heads: int = 32,
+    num_kv_heads: int = 32,
+    dim: int = 4096,
+    head_dim: Optional[int] = None,
+) -> dict[str, torch.Tensor]:
     """torchtune names -> Hugging Face Llama names, re-applying HF's q/k rotary permutation.
 
     Arguments as for :func:`hf_to_tune`.

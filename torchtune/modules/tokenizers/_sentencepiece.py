@@ -52,8 +52,10 @@ class SentencePieceTokenizer:
         if path.is_dir():
             inside = path / "tokenizer.model"
             more = f" It contains a tokenizer.model: use tokenizer.path={inside}." if inside.is_file() else ""
-            raise TuneError(f"The tokenizer path '{path}' (config key tokenizer.path) is a folder, "
-                            f"not a tokenizer.model file.{more} {hint}")
+            raise TuneError(
+                f"The tokenizer path '{path}' (config key tokenizer.path) is a folder, "
+                f"not a tokenizer.model file.{more} {hint}"
+            )
         if not path.is_file():
             raise TuneError(f"The tokenizer file '{path}' (config key tokenizer.path) does not exist. {hint}")
         processor = spm.SentencePieceProcessor()

@@ -53,8 +53,9 @@ def clean_leftovers(parent: Path) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def write_folder_atomically(destination: Path, write_contents: Callable[[Path], None], *, step: int,
-                            epoch: int, intermediate: bool) -> Path:
+def write_folder_atomically(
+    destination: Path, write_contents: Callable[[Path], None], *, step: int, epoch: int, intermediate: bool
+) -> Path:
     """Create ``destination`` with the files ``write_contents(tmp_folder)`` writes, atomically.
 
     Order: clean leftovers, write into ``.tmp-<name>-<pid>``, fsync each file, write and fsync
@@ -86,17 +87,27 @@ def write_folder_atomically(destination: Path, write_contents: Callable[[Path], 
         fsync_dir(tmp)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        reason = ("the disk is full" if exc.errno in (errno.ENOSPC, errno.EDQUOT)
-                  else f"{exc.strerror or exc} ({exc.filename or tmp})")
+        reason = (
+            "the disk is full"
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT)
+            else f"{exc.strerror or exc} ({exc.filename or tmp})"
+        )
         latest = find_latest_checkpoint(parent)
-        kept = (f"the previous checkpoint {latest} is kept" if latest is not None
-                else f"nothing else in {parent} was changed")
-        resume = (f" and resume from {latest / 'recipe_state.pt'} (checkpointer.recipe_checkpoint)"
-                  if latest is not None and (latest / "recipe_state.pt").is_file() else "")
+        kept = (
+            f"the previous checkpoint {latest} is kept"
+            if latest is not None
+            else f"nothing else in {parent} was changed"
+        )
+        resume = (
+            f" and resume from {latest / 'recipe_state.pt'} (checkpointer.recipe_checkpoint)"
+            if latest is not None and (latest / "recipe_state.pt").is_file()
+            else ""
+        )
         raise TuneError(
             f"Saving the checkpoint {destination} failed: {reason}. The partial files were removed and "
             f"{kept}. Free space (or fix the problem) in checkpointer.output_dir={parent}, or point "
-            f"checkpointer.output_dir at another disk{resume}.") from exc
+            f"checkpointer.output_dir at another disk{resume}."
+        ) from exc
 
     try:
         if destination.exists():
@@ -110,7 +121,9 @@ def write_folder_atomically(destination: Path, write_contents: Callable[[Path], 
         fsync_dir(parent)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise TuneError(f"Moving the new checkpoint into {destination} failed: {exc}. The previous checkpoint "
-                        f"is kept. Check permissions of checkpointer.output_dir={parent}.") from exc
+        raise TuneError(
+            f"Moving the new checkpoint into {destination} failed: {exc}. The previous checkpoint "
+            f"is kept. Check permissions of checkpointer.output_dir={parent}."
+        ) from exc
     shutil.rmtree(old, ignore_errors=True)
     return destination

@@ -21,15 +21,20 @@ from torchtune._errors import TuneError
 from torchtune.models.llama2._convert_weights import hf_to_tune, meta_to_tune, tune_to_hf, tune_to_meta
 from torchtune.utils._checkpointing._atomic import write_folder_atomically
 from torchtune.utils._checkpointing._manifest import verify_manifest
-from torchtune.utils._checkpointing._safe_load import (load_recipe_state, load_safetensors_weights,
-                                                       load_torch_weights)
+from torchtune.utils._checkpointing._safe_load import load_recipe_state, load_safetensors_weights, load_torch_weights
 
 SUPPORTED_MODEL_TYPES = ("LLAMA2",)
 RECIPE_STATE_NAME = "recipe_state.pt"
 MODEL_KEY = "model"
 # Files of a HF model folder that are not weights but belong with them.
-HF_SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.model", "tokenizer.json",
-                 "tokenizer_config.json", "special_tokens_map.json")
+HF_SIDE_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.model",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+)
 META_SIDE_FILES = ("params.json", "tokenizer.model")
 
 
@@ -61,8 +66,11 @@ def validate_state_dict(model: nn.Module, state_dict: dict[str, torch.Tensor]) -
     expected = model.state_dict()
     missing = [k for k in expected if k not in state_dict]
     unexpected = [k for k in state_dict if k not in expected]
-    mismatched = [f"{k}: checkpoint {tuple(state_dict[k].shape)} vs model {tuple(v.shape)}"
-                  for k, v in expected.items() if k in state_dict and state_dict[k].shape != v.shape]
+    mismatched = [
+        f"{k}: checkpoint {tuple(state_dict[k].shape)} vs model {tuple(v.shape)}"
+        for k, v in expected.items()
+        if k in state_dict and state_dict[k].shape != v.shape
+    ]
     if not (missing or unexpected or mismatched):
         return
     problems = []
@@ -76,7 +84,8 @@ def validate_state_dict(model: nn.Module, state_dict: dict[str, torch.Tensor]) -
         "The checkpoint does not fit the model: " + "; ".join(problems) + ". The model builder in the "
         "config (model._component_) probably does not match the checkpoint's config.json / params.json "
         "(size, vocab_size, heads): choose the builder for these weights, or point "
-        "checkpointer.checkpoint_dir at the weights of this model.")
+        "checkpointer.checkpoint_dir at the weights of this model."
+    )
 
 
 class _FullModelCheckpointer:
@@ -84,28 +93,39 @@ class _FullModelCheckpointer:
 
     _format = ""
 
-    def __init__(self, checkpoint_dir: Union[str, Path], checkpoint_files: Union[str, Sequence[str]],
-                 model_type: str = "LLAMA2", output_dir: Union[str, Path, None] = None,
-                 recipe_checkpoint: Optional[str] = None, resume_from_checkpoint: bool = False) -> None:
+    def __init__(
+        self,
+        checkpoint_dir: Union[str, Path],
+        checkpoint_files: Union[str, Sequence[str]],
+        model_type: str = "LLAMA2",
+        output_dir: Union[str, Path, None] = None,
+        recipe_checkpoint: Optional[str] = None,
+        resume_from_checkpoint: bool = False,
+    ) -> None:
         self._checkpoint_dir = Path(checkpoint_dir).expanduser()
         if not self._checkpoint_dir.is_dir():
-            raise TuneError(f"The checkpoint folder {self._checkpoint_dir} does not exist. Set "
-                            f"checkpointer.checkpoint_dir to the folder that holds the model weights "
-                            f"(download them with `tune download`).")
+            raise TuneError(
+                f"The checkpoint folder {self._checkpoint_dir} does not exist. Set "
+                f"checkpointer.checkpoint_dir to the folder that holds the model weights "
+                f"(download them with `tune download`)."
+            )
         if str(model_type).upper() not in SUPPORTED_MODEL_TYPES:
-            raise TuneError(f"checkpointer.model_type={model_type} is not supported; use one of "
-                            f"{', '.join(SUPPORTED_MODEL_TYPES)}.")
+            raise TuneError(
+                f"checkpointer.model_type={model_type} is not supported; use one of {', '.join(SUPPORTED_MODEL_TYPES)}."
+            )
         self._model_type = str(model_type).upper()
         if output_dir is None:
-            raise TuneError("checkpointer.output_dir is not set: set it to the folder where checkpoints "
-                            "should be written.")
+            raise TuneError(
+                "checkpointer.output_dir is not set: set it to the folder where checkpoints should be written."
+            )
         self._output_dir = Path(output_dir).expanduser()
         out, src = self._output_dir.resolve(), self._checkpoint_dir.resolve()
         if out == src or src in out.parents:
             raise TuneError(
                 f"checkpointer.output_dir ({self._output_dir}) is inside checkpointer.checkpoint_dir "
                 f"({self._checkpoint_dir}): saved checkpoints would mix with the input weights. Set "
-                f"checkpointer.output_dir to a folder outside the checkpoint folder.")
+                f"checkpointer.output_dir to a folder outside the checkpoint folder."
+            )
         if isinstance(checkpoint_files, (str, Path)):
             checkpoint_files = [str(checkpoint_files)]
         self._checkpoint_files = [str(f) for f in checkpoint_files]
@@ -114,17 +134,21 @@ class _FullModelCheckpointer:
         self._resume_from_checkpoint = bool(resume_from_checkpoint)
         self._recipe_checkpoint = recipe_checkpoint
         if self._resume_from_checkpoint and not recipe_checkpoint:
-            raise TuneError("resume_from_checkpoint is true but checkpointer.recipe_checkpoint is not set: "
-                            "set it to the recipe_state.pt of the checkpoint to resume from (relative to "
-                            "checkpointer.checkpoint_dir).")
+            raise TuneError(
+                "resume_from_checkpoint is true but checkpointer.recipe_checkpoint is not set: "
+                "set it to the recipe_state.pt of the checkpoint to resume from (relative to "
+                "checkpointer.checkpoint_dir)."
+            )
 
     # --- helpers -----------------------------------------------------------------------------------
     def _existing_file(self, name: str) -> Path:
         path = Path(name)
         path = path if path.is_absolute() else self._checkpoint_dir / path
         if not path.is_file():
-            raise TuneError(f"The checkpoint file {path} does not exist. Check checkpointer.checkpoint_files "
-                            f"(names relative to checkpointer.checkpoint_dir={self._checkpoint_dir}).")
+            raise TuneError(
+                f"The checkpoint file {path} does not exist. Check checkpointer.checkpoint_files "
+                f"(names relative to checkpointer.checkpoint_dir={self._checkpoint_dir})."
+            )
         return path
 
     def _verify(self, names: list[str]) -> None:
@@ -135,14 +159,17 @@ class _FullModelCheckpointer:
         path = Path(self._recipe_checkpoint)
         path = path if path.is_absolute() else self._checkpoint_dir / path
         if not path.is_file():
-            raise TuneError(f"The recipe state {path} does not exist, so the run cannot resume. Set "
-                            f"checkpointer.recipe_checkpoint to the recipe_state.pt of the checkpoint folder "
-                            f"(relative to checkpointer.checkpoint_dir), or set resume_from_checkpoint=False.")
+            raise TuneError(
+                f"The recipe state {path} does not exist, so the run cannot resume. Set "
+                f"checkpointer.recipe_checkpoint to the recipe_state.pt of the checkpoint folder "
+                f"(relative to checkpointer.checkpoint_dir), or set resume_from_checkpoint=False."
+            )
         verify_manifest(path.parent, only=[path.name])
         state = load_recipe_state(path)
         if MODEL_KEY in state:
-            raise TuneError(f"{path} has a '{MODEL_KEY}' entry; it is not a recipe state. Check "
-                            f"checkpointer.recipe_checkpoint.")
+            raise TuneError(
+                f"{path} has a '{MODEL_KEY}' entry; it is not a recipe state. Check checkpointer.recipe_checkpoint."
+            )
         return state
 
     def _finish_load(self, model_sd: dict[str, torch.Tensor]) -> dict[str, Any]:
@@ -168,8 +195,9 @@ class _FullModelCheckpointer:
             if recipe_state:
                 _save_torch_file(recipe_state, folder / RECIPE_STATE_NAME)
 
-        return write_folder_atomically(self._output_dir / name, write_contents, step=step, epoch=epoch,
-                                       intermediate=intermediate)
+        return write_folder_atomically(
+            self._output_dir / name, write_contents, step=step, epoch=epoch, intermediate=intermediate
+        )
 
 
 class FullModelHFCheckpointer(_FullModelCheckpointer):
@@ -188,11 +216,18 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
     ``config.json`` and the tokenizer files, so the output loads with ``from_pretrained``.
     """
 
-    def __init__(self, checkpoint_dir: Union[str, Path], checkpoint_files: Union[str, Sequence[str]],
-                 model_type: str = "LLAMA2", output_dir: Union[str, Path, None] = None,
-                 recipe_checkpoint: Optional[str] = None, resume_from_checkpoint: bool = False) -> None:
-        super().__init__(checkpoint_dir, checkpoint_files, model_type, output_dir, recipe_checkpoint,
-                         resume_from_checkpoint)
+    def __init__(
+        self,
+        checkpoint_dir: Union[str, Path],
+        checkpoint_files: Union[str, Sequence[str]],
+        model_type: str = "LLAMA2",
+        output_dir: Union[str, Path, None] = None,
+        recipe_checkpoint: Optional[str] = None,
+        resume_from_checkpoint: bool = False,
+    ) -> None:
+        super().__init__(
+            checkpoint_dir, checkpoint_files, model_type, output_dir, recipe_checkpoint, resume_from_checkpoint
+        )
         self._index_name: Optional[str] = None
         files = self._checkpoint_files
         if len(files) == 1 and files[0].endswith(".index.json"):
@@ -201,8 +236,9 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
             try:
                 weight_map = json.loads(index_path.read_text())["weight_map"]
             except (ValueError, KeyError) as exc:
-                raise TuneError(f"{index_path} is not a valid index (no weight_map): {exc}. Check "
-                                f"checkpointer.checkpoint_files.") from exc
+                raise TuneError(
+                    f"{index_path} is not a valid index (no weight_map): {exc}. Check checkpointer.checkpoint_files."
+                ) from exc
             files = list(dict.fromkeys(weight_map.values()))  # shard order of first appearance
         self._shard_names = [self._existing_file(f).name for f in files]
         self._safetensors = all(f.endswith(".safetensors") for f in self._shard_names)
@@ -210,8 +246,10 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
             raise TuneError("checkpointer.checkpoint_files mixes .safetensors and .bin files; list one format.")
         config_path = self._checkpoint_dir / "config.json"
         if not config_path.is_file():
-            raise TuneError(f"{config_path} does not exist; a Hugging Face checkpoint folder needs its "
-                            f"config.json. Check checkpointer.checkpoint_dir.")
+            raise TuneError(
+                f"{config_path} does not exist; a Hugging Face checkpoint folder needs its "
+                f"config.json. Check checkpointer.checkpoint_dir."
+            )
         self._config = json.loads(config_path.read_text())
         try:
             self._num_heads = int(self._config["num_attention_heads"])
@@ -242,8 +280,13 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
             merged["lm_head.weight"] = merged["model.embed_tokens.weight"].clone()
             self._output_missing_in_input = True
         try:
-            model_sd = hf_to_tune(merged, num_heads=self._num_heads, num_kv_heads=self._num_kv_heads,
-                                  dim=self._dim, head_dim=self._head_dim)
+            model_sd = hf_to_tune(
+                merged,
+                num_heads=self._num_heads,
+                num_kv_heads=self._num_kv_heads,
+                dim=self._dim,
+                head_dim=self._head_dim,
+            )
         except RuntimeError as exc:  # q/k un-permutation: the shapes in config.json do not fit the weights
             raise TuneError(
                 f"The weights in {self._checkpoint_dir} ({_shorten(self._shard_names)}) do not have the shapes "
@@ -254,8 +297,9 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
         return self._finish_load(model_sd)
 
     def _write_model(self, model_sd: dict[str, torch.Tensor], folder: Path) -> None:
-        hf_sd = tune_to_hf(model_sd, num_heads=self._num_heads, num_kv_heads=self._num_kv_heads,
-                           dim=self._dim, head_dim=self._head_dim)
+        hf_sd = tune_to_hf(
+            model_sd, num_heads=self._num_heads, num_kv_heads=self._num_kv_heads, dim=self._dim, head_dim=self._head_dim
+        )
         if self._output_missing_in_input:
             hf_sd.pop("lm_head.weight", None)
         default_file = self._shard_names[-1]
@@ -276,14 +320,16 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
                 _save_torch_file(tensors, folder / name)
             del tensors
         if self._index_name or len(self._shard_names) > 1:
-            index_name = self._index_name or ("model.safetensors.index.json" if self._safetensors
-                                              else "pytorch_model.bin.index.json")
+            index_name = self._index_name or (
+                "model.safetensors.index.json" if self._safetensors else "pytorch_model.bin.index.json"
+            )
             index = {"metadata": {"total_size": total_size}, "weight_map": dict(sorted(weight_map.items()))}
             (folder / index_name).write_text(json.dumps(index, indent=2) + "\n")
         self._copy_side_files(HF_SIDE_FILES, folder)
 
-    def save_checkpoint(self, state_dict: dict[str, Any], epoch: int, step: int = 0,
-                        intermediate: bool = False) -> Path:
+    def save_checkpoint(
+        self, state_dict: dict[str, Any], epoch: int, step: int = 0, intermediate: bool = False
+    ) -> Path:
         """Write ``state_dict["model"]`` in HF format (+ ``recipe_state.pt`` of the other keys) atomically.
 
         Returns:
@@ -299,19 +345,28 @@ class FullModelMetaCheckpointer(_FullModelCheckpointer):
     (model-parallel shards ``consolidated.01.pth`` ... of the 13B/70B releases are not supported).
     """
 
-    def __init__(self, checkpoint_dir: Union[str, Path], checkpoint_files: Union[str, Sequence[str]],
-                 model_type: str = "LLAMA2", output_dir: Union[str, Path, None] = None,
-                 recipe_checkpoint: Optional[str] = None, resume_from_checkpoint: bool = False) -> None:
-        super().__init__(checkpoint_dir, checkpoint_files, model_type, output_dir, recipe_checkpoint,
-                         resume_from_checkpoint)
+    def __init__(
+        self,
+        checkpoint_dir: Union[str, Path],
+        checkpoint_files: Union[str, Sequence[str]],
+        model_type: str = "LLAMA2",
+        output_dir: Union[str, Path, None] = None,
+        recipe_checkpoint: Optional[str] = None,
+        resume_from_checkpoint: bool = False,
+    ) -> None:
+        super().__init__(
+            checkpoint_dir, checkpoint_files, model_type, output_dir, recipe_checkpoint, resume_from_checkpoint
+        )
         if len(self._checkpoint_files) != 1:
-            raise TuneError(f"checkpointer.checkpoint_files lists {len(self._checkpoint_files)} files; the Meta "
-                            f"checkpointer reads one consolidated .pth file. Convert model-parallel shards to a "
-                            f"single file, or use the Hugging Face weights with FullModelHFCheckpointer.")
+            raise TuneError(
+                f"checkpointer.checkpoint_files lists {len(self._checkpoint_files)} files; the Meta "
+                f"checkpointer reads one consolidated .pth file. Convert model-parallel shards to a "
+                f"single file, or use the Hugging Face weights with FullModelHFCheckpointer."
+            )
         self._weights_name = self._existing_file(self._checkpoint_files[0]).name
 
     def load_checkpoint(self) -> dict[str, Any]:
-        """Read the ``.pth`` (memory-mapped) and return ``{"model": state_dict in torchtune names, ...recipe state}``."""
+        """Read the ``.pth`` (memory-mapped): ``{"model": state_dict in torchtune names, ...recipe state}``."""
         self._verify([self._weights_name, "params.json"])
         sd = load_torch_weights(self._checkpoint_dir / self._weights_name)
         return self._finish_load(meta_to_tune(sd))
@@ -321,7 +376,8 @@ class FullModelMetaCheckpointer(_FullModelCheckpointer):
         _save_torch_file(meta_sd, folder / self._weights_name)
         self._copy_side_files(META_SIDE_FILES, folder)
 
-    def save_checkpoint(self, state_dict: dict[str, Any], epoch: int, step: int = 0,
-                        intermediate: bool = False) -> Path:
+    def save_checkpoint(
+        self, state_dict: dict[str, Any], epoch: int, step: int = 0, intermediate: bool = False
+    ) -> Path:
         """Write ``state_dict["model"]`` in Meta format (+ ``recipe_state.pt``) atomically; returns the folder."""
         return self._save(state_dict, epoch, step, intermediate, self._write_model)

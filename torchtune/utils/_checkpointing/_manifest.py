@@ -33,8 +33,13 @@ def build_manifest(folder: Path, *, step: int, epoch: int, intermediate: bool) -
         if name == MANIFEST_NAME:
             continue
         files[name] = {"size": path.stat().st_size, "sha256": sha256_of(path)}
-    return {"format_version": MANIFEST_FORMAT_VERSION, "step": step, "epoch": epoch,
-            "intermediate": intermediate, "files": files}
+    return {
+        "format_version": MANIFEST_FORMAT_VERSION,
+        "step": step,
+        "epoch": epoch,
+        "intermediate": intermediate,
+        "files": files,
+    }
 
 
 def read_manifest(folder: Path) -> Optional[dict[str, Any]]:
@@ -46,8 +51,10 @@ def read_manifest(folder: Path) -> Optional[dict[str, Any]]:
         manifest = json.loads(path.read_text())
         manifest["files"]
     except (ValueError, KeyError, TypeError) as exc:
-        raise TuneError(f"{path} is damaged ({exc}), so the checkpoint in {folder} cannot be trusted. "
-                        f"{_previous_hint(Path(folder))}") from exc
+        raise TuneError(
+            f"{path} is damaged ({exc}), so the checkpoint in {folder} cannot be trusted. "
+            f"{_previous_hint(Path(folder))}"
+        ) from exc
     return manifest
 
 
@@ -107,9 +114,11 @@ def _previous_hint(folder: Path) -> str:
     previous = previous_checkpoint(folder)
     if previous is not None and (previous / "recipe_state.pt").is_file():
         # A resume takes its weights from the recipe_checkpoint's folder, so that is the key to change.
-        return (f"Fall back to the previous checkpoint {previous}: to resume from it, set "
-                f"checkpointer.recipe_checkpoint={previous / 'recipe_state.pt'} (its weights are loaded from "
-                f"the same folder); to start from its weights, set checkpointer.checkpoint_dir={previous}.")
+        return (
+            f"Fall back to the previous checkpoint {previous}: to resume from it, set "
+            f"checkpointer.recipe_checkpoint={previous / 'recipe_state.pt'} (its weights are loaded from "
+            f"the same folder); to start from its weights, set checkpointer.checkpoint_dir={previous}."
+        )
     if previous is not None:
         return f"Fall back to the previous checkpoint {previous}: set checkpointer.checkpoint_dir={previous}."
     return "Resume from an earlier checkpoint folder (set checkpointer.checkpoint_dir) or from the original weights."
@@ -145,6 +154,7 @@ def verify_manifest(folder: Path, only: Optional[Iterable[str]] = None) -> Optio
             problem = "does not match the sha256 checksum it was saved with (corrupted)"
         else:
             continue
-        raise TuneError(f"Checkpoint file {path} {problem}, so this checkpoint cannot be loaded. "
-                        f"{_previous_hint(folder)}")
+        raise TuneError(
+            f"Checkpoint file {path} {problem}, so this checkpoint cannot be loaded. {_previous_hint(folder)}"
+        )
     return manifest

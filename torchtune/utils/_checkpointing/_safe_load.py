@@ -30,10 +30,13 @@ def load_torch_weights(path: Path) -> dict[str, torch.Tensor]:
         raise TuneError(
             f"{path} holds Python objects other than tensors, so it is not loaded (weights_only=True "
             f"refuses to run pickled code). Point checkpointer.checkpoint_files at a plain state-dict "
-            f"checkpoint. Details: {exc}") from exc
+            f"checkpoint. Details: {exc}"
+        ) from exc
     except (RuntimeError, EOFError) as exc:
-        raise TuneError(f"{path} could not be read as a PyTorch checkpoint (truncated or not a checkpoint?): "
-                        f"{exc}. Check checkpointer.checkpoint_files.") from exc
+        raise TuneError(
+            f"{path} could not be read as a PyTorch checkpoint (truncated or not a checkpoint?): "
+            f"{exc}. Check checkpointer.checkpoint_files."
+        ) from exc
 
 
 def load_safetensors_weights(path: Path) -> dict[str, torch.Tensor]:
@@ -44,8 +47,10 @@ def load_safetensors_weights(path: Path) -> dict[str, torch.Tensor]:
     try:
         return load_file(str(path), device="cpu")
     except (SafetensorError, OSError) as exc:
-        raise TuneError(f"{path} could not be read as a safetensors file (truncated or corrupt?): {exc}. "
-                        f"Check checkpointer.checkpoint_files.") from exc
+        raise TuneError(
+            f"{path} could not be read as a safetensors file (truncated or corrupt?): {exc}. "
+            f"Check checkpointer.checkpoint_files."
+        ) from exc
 
 
 def load_recipe_state(path: Path) -> dict[str, Any]:
@@ -57,12 +62,18 @@ def load_recipe_state(path: Path) -> dict[str, Any]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        raise TuneError(f"{path} holds Python objects that weights_only=True refuses to load: {exc}. "
-                        f"Check checkpointer.recipe_checkpoint.") from exc
+        raise TuneError(
+            f"{path} holds Python objects that weights_only=True refuses to load: {exc}. "
+            f"Check checkpointer.recipe_checkpoint."
+        ) from exc
     except (RuntimeError, EOFError) as exc:
-        raise TuneError(f"{path} could not be read as a recipe state (truncated?): {exc}. "
-                        f"Check checkpointer.recipe_checkpoint, or resume from the previous checkpoint.") from exc
+        raise TuneError(
+            f"{path} could not be read as a recipe state (truncated?): {exc}. "
+            f"Check checkpointer.recipe_checkpoint, or resume from the previous checkpoint."
+        ) from exc
     if not isinstance(state, dict):
-        raise TuneError(f"{path} does not hold a dict of recipe state (found {type(state).__name__}). "
-                        f"Check checkpointer.recipe_checkpoint.")
+        raise TuneError(
+            f"{path} does not hold a dict of recipe state (found {type(state).__name__}). "
+            f"Check checkpointer.recipe_checkpoint."
+        )
     return state

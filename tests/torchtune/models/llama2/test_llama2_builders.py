@@ -4,12 +4,23 @@ import pytest
 import torch
 
 from torchtune import TuneError
-from torchtune.models.llama2 import (hf_to_tune, llama2, llama2_7b, llama2_13b, llama2_70b, llama2_tiny,
-                                     meta_to_tune, scale_hidden_dim_for_mlp, tune_to_hf, tune_to_meta)
+from torchtune.models.llama2 import (
+    hf_to_tune,
+    llama2,
+    llama2_7b,
+    llama2_13b,
+    llama2_70b,
+    llama2_tiny,
+    meta_to_tune,
+    scale_hidden_dim_for_mlp,
+    tune_to_hf,
+    tune_to_meta,
+)
 
 
-@pytest.mark.parametrize("builder, expected", [
-    (llama2_7b, 6_738_415_616), (llama2_13b, 13_015_864_320), (llama2_70b, 68_976_648_192)])
+@pytest.mark.parametrize(
+    "builder, expected", [(llama2_7b, 6_738_415_616), (llama2_13b, 13_015_864_320), (llama2_70b, 68_976_648_192)]
+)
 def test_published_parameter_counts_on_meta(builder, expected):
     with torch.device("meta"):
         model = builder()
@@ -31,9 +42,12 @@ def test_tiny_is_overridable():
 def test_state_dict_names_follow_the_contract():
     names = set(llama2_tiny(num_layers=1).state_dict())
     assert names == {
-        "tok_embeddings.weight", "norm.scale", "output.weight",
+        "tok_embeddings.weight",
+        "norm.scale",
+        "output.weight",
         *(f"layers.0.attn.{p}.weight" for p in ("q_proj", "k_proj", "v_proj", "output_proj")),
-        "layers.0.sa_norm.scale", "layers.0.mlp_norm.scale",
+        "layers.0.sa_norm.scale",
+        "layers.0.mlp_norm.scale",
         *(f"layers.0.mlp.{w}.weight" for w in ("w1", "w2", "w3")),
     }
 

@@ -24,8 +24,15 @@ def test_encode_adds_bos_and_eos(tokenizer):
     assert tokenizer.encode("Hello world", add_bos=False) == body + [2]
 
 
-@pytest.mark.parametrize("text", ["Hello world", "Give three tips for staying healthy.\n\n1. Eat well",
-                                  "unseen wörds and 日本 bytes", "  leading spaces"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Hello world",
+        "Give three tips for staying healthy.\n\n1. Eat well",
+        "unseen wörds and 日本 bytes",
+        "  leading spaces",
+    ],
+)
 def test_round_trip(tokenizer, text):
     assert tokenizer.decode(tokenizer.encode(text)) == text
 
@@ -57,7 +64,8 @@ def test_separate_encoding_without_trim_inserts_space_token(tokenizer):
 )
 def test_prompt_and_trimmed_response_join_like_the_joined_text(tokenizer, prompt, response):
     separate = tokenizer.encode(prompt, add_eos=False) + tokenizer.encode(
-        response, add_bos=False, trim_leading_whitespace=True)
+        response, add_bos=False, trim_leading_whitespace=True
+    )
     assert separate == tokenizer.encode(prompt + response)
 
 

@@ -11,9 +11,13 @@ from safetensors.torch import save_file
 
 from torchtune import TuneError
 from torchtune.models.llama2 import llama2_tiny, tune_to_hf, tune_to_meta
-from torchtune.utils._checkpointing import (FullModelHFCheckpointer, FullModelMetaCheckpointer,
-                                            find_latest_checkpoint, verify_manifest)
-from torchtune.utils._checkpointing import _checkpointer
+from torchtune.utils._checkpointing import (
+    FullModelHFCheckpointer,
+    FullModelMetaCheckpointer,
+    _checkpointer,
+    find_latest_checkpoint,
+    verify_manifest,
+)
 
 HEADS, KV_HEADS, DIM = 4, 2, 64  # llama2_tiny
 
@@ -28,8 +32,9 @@ def hf_dir(tmp_path) -> Path:
     folder = tmp_path / "hf"
     folder.mkdir()
     save_file(tune_to_hf(_tiny_sd(), num_heads=HEADS, num_kv_heads=KV_HEADS, dim=DIM), folder / "model.safetensors")
-    (folder / "config.json").write_text(json.dumps(
-        {"num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS, "hidden_size": DIM}))
+    (folder / "config.json").write_text(
+        json.dumps({"num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS, "hidden_size": DIM})
+    )
     (folder / "tokenizer.model").write_bytes(b"not a real tokenizer")
     return folder
 
@@ -46,8 +51,9 @@ def test_save_writes_manifest_and_recipe_state(tmp_path, hf_dir):
     ckpt = _ckpt(hf_dir, tmp_path / "out")
     sd = ckpt.load_checkpoint()["model"]
     assert _equal(sd, _tiny_sd())
-    folder = ckpt.save_checkpoint({"model": sd, "step": 3, "optimizer": {"exp_avg": torch.ones(2)}},
-                                  epoch=0, step=3, intermediate=True)
+    folder = ckpt.save_checkpoint(
+        {"model": sd, "step": 3, "optimizer": {"exp_avg": torch.ones(2)}}, epoch=0, step=3, intermediate=True
+    )
     manifest = json.loads((folder / "manifest.json").read_text())
     assert (manifest["step"], manifest["epoch"], manifest["intermediate"]) == (3, 0, True)
     assert set(manifest["files"]) == {"model.safetensors", "config.json", "tokenizer.model", "recipe_state.pt"}
@@ -60,15 +66,22 @@ def test_save_writes_manifest_and_recipe_state(tmp_path, hf_dir):
 def test_resume_loads_recipe_state_from_own_output(tmp_path, hf_dir):
     out = tmp_path / "out"
     folder = _ckpt(hf_dir, out).save_checkpoint(
-        {"model": _tiny_sd(1), "step": 5, "optimizer": {"p": torch.arange(3)}}, epoch=0, step=5, intermediate=True)
-    resumed = FullModelHFCheckpointer(folder, ["model.safetensors"], output_dir=out,
-                                      recipe_checkpoint="recipe_state.pt", resume_from_checkpoint=True)
+        {"model": _tiny_sd(1), "step": 5, "optimizer": {"p": torch.arange(3)}}, epoch=0, step=5, intermediate=True
+    )
+    resumed = FullModelHFCheckpointer(
+        folder, ["model.safetensors"], output_dir=out, recipe_checkpoint="recipe_state.pt", resume_from_checkpoint=True
+    )
     state = resumed.load_checkpoint()
     assert state["step"] == 5 and torch.equal(state["optimizer"]["p"], torch.arange(3))
     assert _equal(state["model"], _tiny_sd(1))
     # absolute recipe_checkpoint works too
-    absolute = FullModelHFCheckpointer(folder, ["model.safetensors"], output_dir=out,
-                                       recipe_checkpoint=str(folder / "recipe_state.pt"), resume_from_checkpoint=True)
+    absolute = FullModelHFCheckpointer(
+        folder,
+        ["model.safetensors"],
+        output_dir=out,
+        recipe_checkpoint=str(folder / "recipe_state.pt"),
+        resume_from_checkpoint=True,
+    )
     assert absolute.load_checkpoint()["step"] == 5
 
 
@@ -126,12 +139,18 @@ def test_damaged_file_is_caught_and_previous_suggested(tmp_path, hf_dir, damage)
 
 
 def test_damaged_recipe_state_is_caught(tmp_path, hf_dir):
-    folder = _ckpt(hf_dir, tmp_path / "out").save_checkpoint({"model": _tiny_sd(), "step": 1}, epoch=0,
-                                                             step=1, intermediate=True)
+    folder = _ckpt(hf_dir, tmp_path / "out").save_checkpoint(
+        {"model": _tiny_sd(), "step": 1}, epoch=0, step=1, intermediate=True
+    )
     with open(folder / "recipe_state.pt", "r+b") as f:
         f.truncate(10)
-    resumed = FullModelHFCheckpointer(folder, ["model.safetensors"], output_dir=tmp_path / "out",
-                                      recipe_checkpoint="recipe_state.pt", resume_from_checkpoint=True)
+    resumed = FullModelHFCheckpointer(
+        folder,
+        ["model.safetensors"],
+        output_dir=tmp_path / "out",
+        recipe_checkpoint="recipe_state.pt",
+        resume_from_checkpoint=True,
+    )
     with pytest.raises(TuneError, match="recipe_state.pt"):
         resumed.load_checkpoint()
 

@@ -19,10 +19,20 @@ VOCAB, DIM, LAYERS, HEADS, FFN, SEQ = 128, 64, 2, 4, 160, 64
 def _hf_model(num_kv_heads: int):
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
-        vocab_size=VOCAB, hidden_size=DIM, intermediate_size=FFN, num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS, num_key_value_heads=num_kv_heads, max_position_embeddings=SEQ,
-        rms_norm_eps=1e-5, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-        tie_word_embeddings=False, attention_bias=False, mlp_bias=False, attn_implementation="eager")
+        vocab_size=VOCAB,
+        hidden_size=DIM,
+        intermediate_size=FFN,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        num_key_value_heads=num_kv_heads,
+        max_position_embeddings=SEQ,
+        rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        tie_word_embeddings=False,
+        attention_bias=False,
+        mlp_bias=False,
+        attn_implementation="eager",
+    )
     model = transformers.LlamaForCausalLM(config).eval()
     # HF initialises norms to ones; random norms make the test sensitive to a mixed-up norm.
     with torch.no_grad():
@@ -69,8 +79,13 @@ def test_logits_match_transformers_both_ways(tmp_path, num_kv_heads):
 
     folder = ckpt.save_checkpoint({"model": ours.state_dict()}, epoch=0)
     assert folder == tmp_path / "out" / "epoch_0"
-    assert {p.name for p in folder.iterdir()} == {"model.safetensors", "config.json", "generation_config.json",
-                                                  "tokenizer_config.json", "manifest.json"}
+    assert {p.name for p in folder.iterdir()} == {
+        "model.safetensors",
+        "config.json",
+        "generation_config.json",
+        "tokenizer_config.json",
+        "manifest.json",
+    }
     reloaded = transformers.LlamaForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
     assert (_hf_logits(reloaded, tokens) - expected).abs().max() <= 1e-5
     # the written tensors are the HF tensors, bit for bit
@@ -96,7 +111,8 @@ def test_sharded_input_keeps_files_and_index(tmp_path):
     new_index = json.loads((folder / index_name).read_text())
     assert new_index["weight_map"] == index["weight_map"]
     assert new_index["metadata"]["total_size"] == sum(
-        t.numel() * t.element_size() for s in shards for t in load_file(tmp_path / "in" / s).values())
+        t.numel() * t.element_size() for s in shards for t in load_file(tmp_path / "in" / s).values()
+    )
     assert sorted(p.name for p in folder.glob("*.safetensors")) == shards
     reloaded = transformers.LlamaForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
     assert (_hf_logits(reloaded, tokens) - _hf_logits(hf, tokens)).abs().max() <= 1e-5
@@ -119,6 +135,7 @@ def test_bin_input_is_written_back_as_bin(tmp_path):
 
 
 # --- bad inputs ------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def hf_folder(tmp_path_factory) -> Path:
@@ -145,8 +162,13 @@ def test_output_inside_checkpoint_dir_is_refused(hf_folder):
 def test_resume_needs_recipe_checkpoint(tmp_path, hf_folder):
     with pytest.raises(TuneError, match="checkpointer.recipe_checkpoint"):
         FullModelHFCheckpointer(hf_folder, ["model.safetensors"], output_dir=tmp_path, resume_from_checkpoint=True)
-    ckpt = FullModelHFCheckpointer(hf_folder, ["model.safetensors"], output_dir=tmp_path,
-                                   recipe_checkpoint="recipe_state.pt", resume_from_checkpoint=True)
+    ckpt = FullModelHFCheckpointer(
+        hf_folder,
+        ["model.safetensors"],
+        output_dir=tmp_path,
+        recipe_checkpoint="recipe_state.pt",
+        resume_from_checkpoint=True,
+    )
     with pytest.raises(TuneError, match="recipe_state.pt"):
         ckpt.load_checkpoint()
 
