@@ -4,14 +4,12 @@
     .venv/bin/python benchmarks/bench_step.py --steps 5 --json /tmp/bench.json
     .venv/bin/python benchmarks/bench_step.py --variants adamw,adamw_bwd,adamw_unfused,adamw_bwd_unfused
 
-Every variant is a ``FullFinetuneRecipeSingleDevice`` built from a config through the recipe's own
-``_setup_model`` (random weights: ``model_state_dict=None``), ``_setup_optimizer`` and
-``_setup_loss``; a step is ``recipe.train_step(batch)``, the call the recipe's ``train()`` makes, so
-the optimizer-in-backward hooks, the loss and the label shift are exactly those of a real run. The
+Every variant is a ``torchtune.training.TrainStep`` built from a recipe config (random weights): the
+model set-up, optimizer-in-backward hooks, loss and label shift the recipe's ``train()`` runs. The
 variants start from identical weights, see identical synthetic batches (with padding), and are
 interleaved round-robin (the starting variant rotates every round) so that drift in machine load hits
-all of them alike. Tokens are counted with the recipe's ``_num_tokens`` (non-padding tokens), the count
-behind the ``tokens_per_second`` the recipe logs. Reported: median step time, median tokens/s and
+all of them alike. Tokens are counted with ``torchtune.training.num_tokens`` (non-padding tokens), the
+count behind the ``tokens_per_second`` the recipe logs. Reported: median step time, median tokens/s and
 their ratio to the standard ``adamw`` variant.
 
 dtype ``auto`` means bf16 where the CPU multiplies bf16 natively (oneDNN bf16: AVX512-BF16 / AMX) or
@@ -31,16 +29,16 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:  # run as a script from anywhere: import `recipes` and `torchtune`
+if str(REPO_ROOT) not in sys.path:  # run as a script from a checkout without installing
     sys.path.insert(0, str(REPO_ROOT))
 
 import torch  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from recipes.full_finetune_single_device import FullFinetuneRecipeSingleDevice  # noqa: E402
+from torchtune import training, utils  # noqa: E402
+from torchtune.datasets import CROSS_ENTROPY_IGNORE_IDX  # noqa: E402
 
 PAD_ID = 0
-IGNORE_INDEX = -100
 
 # name -> (optimizer config, optimizer_in_bwd). torch AdamW is fused in both modes: on CPU (and
 # CUDA) the fused kernel is one pass over param/grad/state, several times faster than the default
@@ -61,9 +59,9 @@ BASELINE = "adamw"
 DEFAULT_MODEL = dict(vocab_size=32000, num_layers=8, num_heads=16, num_kv_heads=16, embed_dim=1024, max_seq_len=512)
 
 
-def count_tokens(recipe: FullFinetuneRecipeSingleDevice, batch: Dict[str, torch.Tensor]) -> int:
+def count_tokens(batch: Dict[str, torch.Tensor]) -> int:
     """Non-padding tokens of ``batch``: the recipe's own count, the one its logged tokens/s uses."""
-    return recipe._num_tokens(batch)
+    return training.num_tokens(batch, PAD_ID)
 
 
 def resolve_dtype(dtype: str, device: str) -> str:
@@ -84,7 +82,7 @@ def bench_config(
     loss: str = "torchtune.modules.loss.CrossEntropyLoss",
     compile_model: bool = False,
 ) -> DictConfig:
-    """A complete recipe config for ``variant`` (every key the recipe checks; data/checkpoint unused)."""
+    """A recipe config for ``variant``: the keys a training step reads (data/checkpoint keys unused)."""
     optimizer, in_bwd = VARIANTS[variant]
     return OmegaConf.create(
         {
@@ -119,21 +117,11 @@ def bench_config(
     )
 
 
-def build_recipe(cfg: DictConfig, weights_seed: int = 0) -> FullFinetuneRecipeSingleDevice:
-    """The recipe with model (random weights), optimizer and loss set up, ready for ``train_step``."""
-    recipe = FullFinetuneRecipeSingleDevice(cfg)
+def build_step(cfg: DictConfig, weights_seed: int = 0) -> training.TrainStep:
+    """The recipe's training step for ``cfg``, on random weights (the same for every variant)."""
+    device = utils.get_device(cfg.device)
     torch.manual_seed(weights_seed)  # every variant starts from the same weights
-    recipe._model = recipe._setup_model(
-        cfg.model,
-        enable_activation_checkpointing=cfg.enable_activation_checkpointing,
-        enable_activation_offloading=cfg.enable_activation_offloading,
-        compile_model=cfg.compile,
-        model_state_dict=None,
-    )
-    recipe._optimizer = recipe._setup_optimizer(cfg.optimizer, optimizer_in_bwd=cfg.optimizer_in_bwd)
-    recipe._loss_fn = recipe._setup_loss(cfg.loss)
-    recipe._pad_id = PAD_ID  # set by _setup_data in a real run (from the tokenizer)
-    return recipe
+    return training.TrainStep.from_config(cfg, device=device, dtype=utils.get_dtype(cfg.dtype, device))
 
 
 def synthetic_batches(
@@ -149,7 +137,7 @@ def synthetic_batches(
         for row in range(batch_size):
             length = seq_len - (seq_len * row) // (2 * batch_size)
             tokens[row, length:] = PAD_ID
-            labels[row, length:] = IGNORE_INDEX
+            labels[row, length:] = CROSS_ENTROPY_IGNORE_IDX
         batches.append({"tokens": tokens, "labels": labels})
     return batches
 
@@ -186,12 +174,12 @@ def run_benchmark(
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         raise SystemExit(f"unknown variant(s) {unknown}; choose from {sorted(VARIANTS)}")
-    recipes = {}
+    train_steps = {}
     for name in variants:
         t0 = time.perf_counter()
-        recipes[name] = build_recipe(bench_config(name, model, dtype, device, loss=loss, compile_model=compile_model))
+        train_steps[name] = build_step(bench_config(name, model, dtype, device, loss=loss, compile_model=compile_model))
         log(f"built {name} in {time.perf_counter() - t0:.1f}s")
-    n_params = sum(p.numel() for p in next(iter(recipes.values()))._model.parameters())
+    n_params = sum(p.numel() for p in next(iter(train_steps.values())).model.parameters())
     batches = synthetic_batches(warmup + steps, batch_size, seq_len, model["vocab_size"])
     sync = _sync(device)
     times: Dict[str, List[float]] = {name: [] for name in variants}
@@ -205,11 +193,10 @@ def run_benchmark(
         rotated = order[i % len(order) :] + order[: i % len(order)]
         this_round = []
         for name in rotated:
-            recipe = recipes[name]
-            n_tokens = count_tokens(recipe, batch)
+            n_tokens = count_tokens(batch)
             sync()
             t0, c0 = time.perf_counter(), time.process_time()
-            loss_value = recipe.train_step(batch)
+            loss_value = train_steps[name](batch)
             sync()
             elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
             this_round.append(f"{name} {elapsed:.2f}s")

@@ -163,9 +163,20 @@ def worker(impl: str, config_path: Path, result_path: Path) -> None:
         recipe.train()
         recipe.cleanup()
         rates = [row["tokens_per_second"] for row in read_metrics(Path(cfg.output_dir) / "logs" / "metrics.jsonl")]
-        recipe._sampler.set_epoch(0)
-        counts = [recipe._num_tokens(b) for b, _ in zip(recipe._dataloader, rates)]
-        tokens = [int(b["tokens"].numel()) for b, _ in zip(recipe._dataloader, rates)]
+        # The same batches again, in the run's order: the order depends only on (seed, epoch).
+        from torchtune import config, training
+
+        data = training.build_dataloader(
+            cfg.dataset,
+            config.instantiate(cfg.tokenizer),
+            batch_size=cfg.batch_size,
+            shuffle=cfg.shuffle,
+            seed=recipe.seed,
+        )
+        data.sampler.set_epoch(0)
+        batches = [b for b, _ in zip(data.dataloader, rates)]
+        counts = [data.num_tokens(b) for b in batches]
+        tokens = [int(b["tokens"].numel()) for b in batches]
     else:
         import importlib.util
         import sysconfig

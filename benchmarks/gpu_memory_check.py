@@ -1,10 +1,10 @@
 """Measure the real GPU memory of the low-memory 7B recipe on random weights (no download).
 
-Builds Llama2-7B with random weights straight on the GPU in bf16 through the recipe's own
-``_setup_model`` / ``_setup_optimizer`` / ``_setup_loss``, runs ``--steps`` steps of the
+Builds Llama2-7B with random weights straight on the GPU in bf16 as the recipe does
+(``torchtune.training.TrainStep.from_config``), runs ``--steps`` steps of the
 ``llama2/7B_full_low_memory`` settings (optimizer in backward, activation checkpointing and
-offloading, chunked loss) on synthetic batches through the recipe's ``train_step``, and prints the
-memory statistics of ``torchtune.utils.memory`` and tokens/s for each sequence length, next to
+offloading, chunked loss) on synthetic batches, and prints the memory statistics of
+``torchtune.training.memory`` and tokens/s for each sequence length, next to
 ``tune estimate-memory``'s figure when ``--estimate`` is given.
 
     python benchmarks/gpu_memory_check.py --cap-gb 16                  # 7B, seq 512 and 2048
@@ -43,7 +43,6 @@ def _load_recipe_config(args: argparse.Namespace):
     try:
         from omegaconf import OmegaConf  # noqa: F401
 
-        from recipes.full_finetune_single_device import FullFinetuneRecipeSingleDevice
         from torchtune.config import load_config
     except ImportError as exc:
         raise SystemExit(f"{exc}: carry omegaconf/tqdm as wheels, see the top of {__file__}.") from exc
@@ -55,31 +54,24 @@ def _load_recipe_config(args: argparse.Namespace):
         f"batch_size={args.batch_size}",
         "compile=False",
     ]
-    return FullFinetuneRecipeSingleDevice, load_config("llama2/7B_full_low_memory", overrides)
+    return load_config("llama2/7B_full_low_memory", overrides)
 
 
 def run(args: argparse.Namespace) -> list[dict]:
     """Run the check; returns one result dict per sequence length (also printed as JSON lines)."""
-    from torchtune.utils import memory
+    from torchtune.training import memory
 
     if args.device.startswith("cuda"):
         memory.set_cuda_alloc_conf()  # before the first CUDA allocation, as the recipe does
-    recipe_cls, cfg = _load_recipe_config(args)
-    device = torch.device(args.device)
+    from torchtune import training, utils
+
+    cfg = _load_recipe_config(args)
+    device = utils.get_device(args.device)
     if args.cap_gb is not None and device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, args.cap_gb * 1e9 / total), device)
-    recipe = recipe_cls(cfg)
-    model = recipe._setup_model(
-        cfg.model,
-        enable_activation_checkpointing=cfg.enable_activation_checkpointing,
-        enable_activation_offloading=cfg.enable_activation_offloading,
-        compile_model=False,
-        model_state_dict=None,
-    )
-    recipe._model = model
-    recipe._optimizer = recipe._setup_optimizer(cfg.optimizer, optimizer_in_bwd=cfg.optimizer_in_bwd)
-    recipe._loss_fn = recipe._setup_loss(cfg.loss)
+    train_step = training.TrainStep.from_config(cfg, device=device, dtype=utils.get_dtype(cfg.dtype, device))
+    model = train_step.model
     memory.log_memory_stats(memory.get_memory_stats(device), title="after setup")
     print(memory.format_memory_stats(memory.get_memory_stats(device), "Memory after setup"), flush=True)
     vocab = model.tok_embeddings.num_embeddings
@@ -98,7 +90,7 @@ def run(args: argparse.Namespace) -> list[dict]:
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
                 start = time.perf_counter()
-            losses.append(recipe.train_step(batch))
+            losses.append(train_step(batch))
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         timed = max(args.steps - 1, 1)
@@ -115,7 +107,7 @@ def run(args: argparse.Namespace) -> list[dict]:
             **memory.get_memory_stats(device),
         }
         if args.estimate:
-            from torchtune.utils._memory_estimator import estimate_recipe_memory
+            from torchtune.training._memory_estimator import estimate_recipe_memory
 
             result["estimated_peak"] = (
                 estimate_recipe_memory(cfg, seq_len=seq_len, batch_size=args.batch_size).peak_bytes / 1e9

@@ -16,10 +16,9 @@ from typing import Any, Dict
 import torch
 from omegaconf import DictConfig
 
-from torchtune import config, utils
+from torchtune import config, training, utils
 from torchtune._errors import ConfigError
 from torchtune.generation import generate
-from torchtune.utils._checkpointing._checkpointer import validate_state_dict
 
 # Every key this recipe reads; each one is in recipes/configs/generate.yaml. Anything else is a typo.
 RECIPE_KEYS = (
@@ -70,14 +69,9 @@ class InferenceRecipe:
     def setup(self, cfg: DictConfig) -> None:
         """Build checkpointer, model (with the checkpoint's weights) and tokenizer."""
         checkpointer = config.instantiate(cfg.checkpointer)
-        state_dict = checkpointer.load_checkpoint()["model"]
-        # Building on the meta device skips a random initialisation the weights overwrite anyway.
-        with utils.set_default_dtype(self._dtype), torch.device("meta"):
-            model = config.instantiate(cfg.model)
-        model.to_empty(device=self._device)
-        validate_state_dict(model, state_dict)
-        model.load_state_dict(state_dict)
-        model.init_buffers(self._device)
+        model = training.build_model(
+            cfg.model, device=self._device, dtype=self._dtype, state_dict=checkpointer.load_checkpoint()["model"]
+        )
         self._model = model.eval()
         self._tokenizer = config.instantiate(cfg.tokenizer)
 

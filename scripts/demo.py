@@ -31,7 +31,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from torchtune import config  # noqa: E402
+from torchtune import config, training  # noqa: E402
 from torchtune.datasets import AlpacaInstructTemplate, padded_collate  # noqa: E402
 from torchtune.generation import evaluate_exact_match, heldout_loss  # noqa: E402
 from torchtune.utils.metric_logging import read_metrics  # noqa: E402
@@ -47,9 +47,8 @@ def load_model(cfg, checkpoint_dir: Path) -> torch.nn.Module:
     ckpt_cfg.checkpoint_dir = str(checkpoint_dir)
     ckpt_cfg.output_dir = str(REPO / "demo_out" / "_unused")
     checkpointer = config.instantiate(ckpt_cfg)
-    model = config.instantiate(cfg.model)
-    model.load_state_dict(checkpointer.load_checkpoint()["model"])
-    return model.eval()
+    weights = checkpointer.load_checkpoint()["model"]
+    return training.build_model(cfg.model, device=torch.device("cpu"), dtype=torch.float32, state_dict=weights).eval()
 
 
 def evaluate(cfg, checkpoint_dir: Path, heldout_rows: list, n_exact: int) -> tuple[float, float, list]:

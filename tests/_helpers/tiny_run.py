@@ -148,7 +148,7 @@ def base_config(tmp_path: Path, ckpt: Path, tokenizer: Path, data: Path, vocab: 
         "optimizer": {"_component_": "torch.optim.AdamW", "lr": 1e-3, "weight_decay": 0.01},
         "optimizer_in_bwd": True,
         "lr_scheduler": {
-            "_component_": "torchtune.utils.lr_schedulers.get_cosine_schedule_with_warmup",
+            "_component_": "torchtune.training.lr_schedulers.get_cosine_schedule_with_warmup",
             "num_warmup_steps": 2,
         },
         "loss": {"_component_": "torchtune.modules.loss.CrossEntropyLoss"},

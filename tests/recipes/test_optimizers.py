@@ -35,7 +35,7 @@ def test_two_in_backward_steps_change_the_weights(tiny, tmp_path, component):
     # The first step runs at LR 0 (warm-up); the second moves every parameter.
     assert len(changed) == len(before), sorted(set(before) - set(changed))
     assert all(p.grad is None for p in recipe._model.parameters())  # freed in the hooks
-    inner = next(iter(recipe._optim_wrapper.optim_map.values()))
+    inner = next(iter(recipe._optimizer.optim_map.values()))
     assert type(inner).__module__.split(".")[0] == component.split(".")[0]
     losses = read_losses(tmp_path / "o")
     assert len(losses) == 2 and all(x == x for x in losses)

@@ -23,8 +23,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from recipes.full_finetune_single_device import FullFinetuneRecipeSingleDevice, recipe_main
+from recipes.full_finetune_single_device import RECIPE_NAME, recipe_main
 from tests._helpers.tiny_run import REPO_ROOT, TUNE, make_tiny_run, read_losses, run_recipe, run_tune
+from torchtune import training
 from torchtune.utils._checkpointing import find_latest_checkpoint, verify_manifest
 from torchtune.utils._checkpointing._manifest import MANIFEST_NAME, build_manifest
 from torchtune.utils.metric_logging import read_metrics
@@ -359,7 +360,7 @@ def test_resume_command_names_the_recipe_that_ran(tmp_path, monkeypatch, copied)
         ],
     )
     # resume_command reads only sys.argv: no recipe needs to be built for it.
-    command = FullFinetuneRecipeSingleDevice.resume_command(None, Path("/out/step_7/recipe_state.pt"))
+    command = training.resume_command(RECIPE_NAME, Path("/out/step_7/recipe_state.pt"))
     assert shlex.split(command) == [
         "tune",
         "run",

@@ -15,8 +15,10 @@ import recipes.full_finetune_single_device as recipe_module
 from benchmarks.bench_step import count_tokens
 from recipes.full_finetune_single_device import FullFinetuneRecipeSingleDevice
 from tests._helpers.tiny_run import make_tiny_run, read_losses
+from torchtune import training
 
 RECIPE_FILE = str(Path(recipe_module.__file__).resolve())
+TRAINING_DIR = str(Path(training.__file__).resolve().parent)
 
 
 @pytest.fixture(scope="module")
@@ -63,9 +65,9 @@ def test_logged_tokens_per_second_is_the_benchmark_count(tiny, tmp_path, monkeyp
     recipe = _train(_recipe(tiny, output_dir=str(out), epochs=1, optimizer_in_bwd=optimizer_in_bwd))
     logged = [row["tokens_per_second"] for row in read_metrics(out / "logs" / "metrics.jsonl")]
 
-    recipe._sampler.set_epoch(0)  # same seed and epoch: the same batches, in the same order
-    batches = list(recipe._dataloader)
-    expected = [count_tokens(recipe, b) for b in batches]
+    recipe._data.sampler.set_epoch(0)  # same seed and epoch: the same batches, in the same order
+    batches = list(recipe._data.dataloader)
+    expected = [count_tokens(b) for b in batches]
     assert len(logged) == len(expected) == 6
     assert logged == expected
     # non-padding tokens, not the padded batch size: the tiny data is padded
@@ -86,6 +88,7 @@ class _ScalarReads(TorchDispatchMode):
             self.calls.append(
                 (
                     [f.name for f in stack if f.filename == RECIPE_FILE],
+                    [f.name for f in stack if f.filename.startswith(TRAINING_DIR)],
                     any("torch/utils/data" in f.filename for f in stack),
                 )
             )
@@ -94,15 +97,17 @@ class _ScalarReads(TorchDispatchMode):
 
 def _classify(calls):
     kinds = []
-    for recipe_frames, in_dataloader in calls:
-        if "save_checkpoint" in recipe_frames:
+    for recipe_frames, training_frames, in_dataloader in calls:
+        if training_frames[-1:] == ["check"]:
+            kinds.append("nan_check")  # NonFiniteLossGuard.check: before a log or a save
+        elif training_frames[-1:] == ["num_tokens"]:
+            kinds.append("num_tokens")
+        elif "save_checkpoint" in recipe_frames:
             kinds.append("checkpoint")
         elif in_dataloader:
             kinds.append("data")  # collate on the host, before the batch moves to the device
-        elif recipe_frames and recipe_frames[-1] in ("_num_tokens", "_check_finite"):
-            kinds.append(recipe_frames[-1])
-        else:
-            kinds.append("step:" + ">".join(recipe_frames))  # in train_step, the hooks or the loop
+        else:  # in the loop, the step or the hooks
+            kinds.append("step:" + ">".join(recipe_frames) + "|" + ">".join(training_frames))
     return kinds
 
 
@@ -125,14 +130,14 @@ def test_no_host_sync_in_steps_that_are_not_logged(tiny, tmp_path, optimizer_in_
     kinds = _classify(recorder.calls)
     steps = recipe.global_step
     assert steps == 6
-    assert kinds.count("_num_tokens") == steps  # counted on the host batch, never on the device
+    assert kinds.count("num_tokens") == steps  # counted on the host batch, never on the device
     step_syncs = [k for k in kinds if k.startswith("step:")]
     if log_every_n_steps > steps:  # nothing logged: no sync at all while training
         assert step_syncs == []
-        assert kinds.count("_check_finite") == 1  # once, before the epoch's checkpoint
+        assert kinds.count("nan_check") == 1  # once, before the epoch's checkpoint
     else:  # the detector does see syncs: loss and grad norm, once per logged step
-        assert step_syncs == ["step:train"] * (2 * steps)
-        assert not any("train_step" in k for k in step_syncs)
+        assert step_syncs == ["step:train>_log_step|", "step:train>_log_step|pop"] * steps
+        assert not any("forward_backward" in k or "step_optimizer" in k for k in step_syncs)
 
 
 def test_compile_gives_the_same_losses_with_in_backward_hooks(tiny, tmp_path):

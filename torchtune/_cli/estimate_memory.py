@@ -1,6 +1,6 @@
 """``tune estimate-memory --config CONFIG [--seq-len N] [--batch-size B] [key=value ...]``.
 
-Runs the config's real recipe set-up (model, optimizer, loss) and two training steps on fake tensors,
+Runs the training step a recipe runs (torchtune.training.TrainStep: model, optimizer, loss) twice on fake tensors,
 with no weights and no GPU, and prints the peak device memory split into weights, gradients,
 optimizer state, activations and temporaries, plus what lives outside the device peak (paged
 optimizer state, offloaded activations) and the host RAM that needs.
@@ -58,7 +58,7 @@ def estimate_memory_command(args: argparse.Namespace) -> int:
 
     from torchtune._errors import UsageError
     from torchtune.config import load_config
-    from torchtune.utils._memory_estimator import default_seq_len, estimate_recipe_memory
+    from torchtune.training._memory_estimator import default_seq_len, estimate_recipe_memory
 
     for name in ("seq_len", "batch_size", "steps"):
         value = getattr(args, name)

@@ -1,4 +1,4 @@
-"""Training utilities: checkpointing, optimizer in backward, devices, seeds, logging, memory."""
+"""Leaf helpers: checkpointers and OptimInBackwardWrapper, devices and dtypes, seeds, metric loggers."""
 
 from torchtune.utils._checkpointing import FullModelHFCheckpointer, FullModelMetaCheckpointer
 from torchtune.utils._checkpointing._checkpoint_utils import (
@@ -7,14 +7,12 @@ from torchtune.utils._checkpointing._checkpoint_utils import (
     keep_optimizer_state_paged,
 )
 from torchtune.utils._device import get_device, get_dtype, set_default_dtype
-from torchtune.utils._sampler import ResumableSampler
 from torchtune.utils._seed import get_rng_state, set_rng_state, set_seed
 
 __all__ = [
     "FullModelHFCheckpointer",
     "FullModelMetaCheckpointer",
     "OptimInBackwardWrapper",
-    "ResumableSampler",
     "get_device",
     "get_dtype",
     "set_default_dtype",

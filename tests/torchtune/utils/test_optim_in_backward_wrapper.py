@@ -1,14 +1,16 @@
-"""OptimInBackwardWrapper: state round trip, strictness, and LR reaching every inner optimizer."""
+"""OptimInBackwardWrapper: state round trip, strictness, the optimizer interface, and LR reaching every
+inner optimizer."""
 
 import io
+import warnings
 
 import pytest
 import torch
 from torch import nn
 
 from torchtune import TuneError
+from torchtune.training.lr_schedulers import build_lr_scheduler, get_cosine_schedule_with_warmup
 from torchtune.utils import OptimInBackwardWrapper
-from torchtune.utils.lr_schedulers import get_cosine_schedule_with_warmup
 
 
 def _model(seed: int = 0) -> nn.Module:
@@ -87,61 +89,89 @@ def test_standard_optimizer_state_is_refused_with_the_setting_to_use():
         _wrapper(model).load_state_dict(standard.state_dict())
 
 
+def _advance(wrapper: OptimInBackwardWrapper, scheduler) -> None:
+    # What the recipe does after every step, in either optimizer mode.
+    wrapper.step()
+    wrapper.zero_grad()
+    scheduler.step()
+
+
 def test_lr_scheduler_sets_lr_on_every_inner_optimizer():
     model = _model()
     wrapper = _wrapper(model, lr=1.0)
-    scheduler = get_cosine_schedule_with_warmup(wrapper.scheduler_optimizer, num_warmup_steps=2, num_training_steps=6)
-    wrapper.set_lr_scheduler(scheduler)
+    assert isinstance(wrapper, torch.optim.Optimizer)
+    scheduler = get_cosine_schedule_with_warmup(wrapper, num_warmup_steps=2, num_training_steps=6)
     expected = [0.0, 0.5, 1.0, 0.8535533905932737, 0.5, 0.14644660940672627, 0.0]
     seen = []
-    for _ in range(7):
-        # Read the inner optimizers' own param_groups, not the scheduler's view.
-        lrs = {opt.param_groups[0]["lr"] for opt in wrapper.optim_map.values()}
-        assert len(lrs) == 1
-        seen.append(lrs.pop())
-        assert wrapper.get_optim_key("lr") == seen[-1]
-        wrapper.step_lr_scheduler()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # e.g. torch's "lr_scheduler.step() before optimizer.step()"
+        for _ in range(7):
+            # Read the inner optimizers' own param_groups, not the wrapper's.
+            lrs = {opt.param_groups[0]["lr"] for opt in wrapper.optim_map.values()}
+            assert len(lrs) == 1
+            seen.append(lrs.pop())
+            assert wrapper.param_groups[0]["lr"] == seen[-1]
+            _advance(wrapper, scheduler)
     assert seen == pytest.approx(expected)
+
+
+def test_param_groups_are_the_inner_optimizers_dicts():
+    model = _model()
+    wrapper = _wrapper(model)
+    inner = [g for opt in wrapper.optim_map.values() for g in opt.param_groups]
+    assert len(wrapper.param_groups) == len(inner) == 4
+    assert all(a is b for a, b in zip(wrapper.param_groups, inner))
+    wrapper.param_groups[2]["lr"] = 0.5
+    assert wrapper.optim_map["2.weight"].param_groups[0]["lr"] == 0.5
+
+
+def test_step_and_zero_grad_leave_the_parameters_alone():
+    # The steps happen in backward; the wrapper's own step must not step anything a second time.
+    model = _model()
+    wrapper = _wrapper(model)
+    model(torch.randn(3, 4)).square().mean().backward()
+    before = [p.detach().clone() for p in model.parameters()]
+    grads = [p.grad.clone() for p in model.parameters()]
+    wrapper.step()
+    wrapper.zero_grad()
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert all(torch.equal(g, p.grad) for g, p in zip(grads, model.parameters()))
 
 
 def test_lr_scheduler_state_round_trip():
     model = _model()
     wrapper = _wrapper(model, lr=1.0)
-    scheduler = get_cosine_schedule_with_warmup(wrapper.scheduler_optimizer, 2, 10)
-    wrapper.set_lr_scheduler(scheduler)
+    scheduler = get_cosine_schedule_with_warmup(wrapper, 2, 10)
     for _ in range(4):
-        wrapper.step_lr_scheduler()
+        _advance(wrapper, scheduler)
     assert scheduler.state_dict()["last_epoch"] == 4
 
     # Restored into a fresh wrapper + scheduler, the schedule continues where it was.
     restored = _wrapper(_model(), lr=1.0)
     restored.load_state_dict(_saved_and_loaded(wrapper.state_dict()))
-    scheduler_b = get_cosine_schedule_with_warmup(restored.scheduler_optimizer, 2, 10)
-    scheduler_b.load_state_dict(_saved_and_loaded(scheduler.state_dict()))
-    restored.set_lr_scheduler(scheduler_b)
+    scheduler_b = build_lr_scheduler(
+        {"_component_": "torchtune.training.lr_schedulers.get_cosine_schedule_with_warmup", "num_warmup_steps": 2},
+        restored,
+        num_training_steps=10,
+        state_dict=_saved_and_loaded(scheduler.state_dict()),
+    )
+    assert restored.param_groups[0]["lr"] == pytest.approx(wrapper.param_groups[0]["lr"])
     for _ in range(3):
-        wrapper.step_lr_scheduler()
-        restored.step_lr_scheduler()
-        assert restored.get_optim_key("lr") == pytest.approx(wrapper.get_optim_key("lr"))
-
-
-def test_scheduler_must_be_built_on_the_view():
-    model = _model()
-    wrapper = _wrapper(model)
-    other = torch.optim.SGD(model.parameters(), lr=0.1)
-    with pytest.raises(ValueError):
-        wrapper.set_lr_scheduler(get_cosine_schedule_with_warmup(other, 1, 2))
+        _advance(wrapper, scheduler)
+        _advance(restored, scheduler_b)
+        assert restored.param_groups[0]["lr"] == pytest.approx(wrapper.param_groups[0]["lr"])
 
 
 def test_lr_scheduler_still_applies_after_loading_state():
-    # Loading replaces each inner optimizer's param-group dicts; the scheduler must follow.
+    # Loading replaces each inner optimizer's param-group dicts; the wrapper's groups must follow.
     model = _model()
     saved = _wrapper(model, lr=1.0)
     _step(model, saved, seed=1)
     wrapper = _wrapper(model, lr=1.0)
+    groups = wrapper.param_groups
     wrapper.load_state_dict(_saved_and_loaded(saved.state_dict()))
-    scheduler = get_cosine_schedule_with_warmup(wrapper.scheduler_optimizer, 4, 8)
-    wrapper.set_lr_scheduler(scheduler)
+    assert wrapper.param_groups is groups  # the same list, now holding the new dicts
+    scheduler = get_cosine_schedule_with_warmup(wrapper, 4, 8)
     for expected in (0.0, 0.25, 0.5):
         assert {o.param_groups[0]["lr"] for o in wrapper.optim_map.values()} == {expected}
-        wrapper.step_lr_scheduler()
+        _advance(wrapper, scheduler)

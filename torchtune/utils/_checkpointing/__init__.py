@@ -6,12 +6,20 @@ from torchtune.utils._checkpointing._checkpointer import (
     FullModelMetaCheckpointer,
     validate_state_dict,
 )
-from torchtune.utils._checkpointing._manifest import find_latest_checkpoint, previous_checkpoint, verify_manifest
+from torchtune.utils._checkpointing._manifest import (
+    RECIPE_STATE_NAME,
+    find_latest_checkpoint,
+    previous_checkpoint,
+    verify_manifest,
+)
+from torchtune.utils._checkpointing._safe_load import load_recipe_state
 
 __all__ = [
+    "RECIPE_STATE_NAME",
     "FullModelHFCheckpointer",
     "FullModelMetaCheckpointer",
     "find_latest_checkpoint",
+    "load_recipe_state",
     "previous_checkpoint",
     "validate_state_dict",
     "verify_manifest",

@@ -15,7 +15,12 @@ from pathlib import Path
 from typing import Callable
 
 from torchtune._errors import TuneError
-from torchtune.utils._checkpointing._manifest import MANIFEST_NAME, build_manifest, find_latest_checkpoint
+from torchtune.utils._checkpointing._manifest import (
+    MANIFEST_NAME,
+    RECIPE_STATE_NAME,
+    build_manifest,
+    find_latest_checkpoint,
+)
 
 TMP_PREFIX = ".tmp-"
 OLD_PREFIX = ".old-"
@@ -99,8 +104,8 @@ def write_folder_atomically(
             else f"nothing else in {parent} was changed"
         )
         resume = (
-            f" and resume from {latest / 'recipe_state.pt'} (checkpointer.recipe_checkpoint)"
-            if latest is not None and (latest / "recipe_state.pt").is_file()
+            f" and resume from {latest / RECIPE_STATE_NAME} (checkpointer.recipe_checkpoint)"
+            if latest is not None and (latest / RECIPE_STATE_NAME).is_file()
             else ""
         )
         raise TuneError(

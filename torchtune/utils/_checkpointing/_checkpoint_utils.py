@@ -1,15 +1,15 @@
 """Optimizer-in-backward state handling.
 
 With optimizer in backward there is one optimizer per parameter, stepped from that parameter's
-post-accumulate-grad hook. ``OptimInBackwardWrapper`` gives the recipe a single object to
-checkpoint, restore and schedule: states are keyed by parameter *name*, so a checkpoint does not
-depend on parameter order, and an LR scheduler drives every inner optimizer.
+post-accumulate-grad hook (``torchtune.training.register_optim_in_bwd_hooks``).
+``OptimInBackwardWrapper`` gives a recipe the one optimizer object it would hold in standard mode:
+LR schedulers drive its ``param_groups`` (the inner optimizers' own group dicts), and its state dict
+is keyed by parameter *name*, so a checkpoint does not depend on parameter order.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from typing import Any, Callable, Dict, Iterable, Mapping, Optional
+from typing import Any, Callable, Dict, Mapping, Optional
 
 import torch
 from torch.optim import Optimizer
@@ -26,42 +26,16 @@ def is_standard_optimizer_state(state_dict: Mapping[str, Any]) -> bool:
     return set(state_dict.keys()) == _STANDARD_KEYS
 
 
-class _ParamGroupsView(Optimizer):
-    """An ``Optimizer`` whose ``param_groups`` *are* the inner optimizers' groups.
-
-    Torch LR schedulers only accept an ``Optimizer`` and write ``group["lr"]`` into each of its
-    groups. Sharing the group dicts (not copies) means a scheduler step sets the LR on every
-    per-parameter optimizer directly, so the LR that is logged is the LR that is applied.
-    """
-
-    def __init__(self, optimizers: Iterable[Optimizer]) -> None:
-        # Optimizer.__init__ would copy the groups into new dicts; we want the same dicts.
-        self._optimizers = list(optimizers)
-        self.defaults: Dict[str, Any] = {}
-        self.state: Dict[Any, Any] = {}
-        self._optimizer_step_pre_hooks: Dict[int, Callable] = OrderedDict()
-        self._optimizer_step_post_hooks: Dict[int, Callable] = OrderedDict()
-        self._optimizer_state_dict_pre_hooks: Dict[int, Callable] = OrderedDict()
-        self._optimizer_state_dict_post_hooks: Dict[int, Callable] = OrderedDict()
-        self._optimizer_load_state_dict_pre_hooks: Dict[int, Callable] = OrderedDict()
-        self._optimizer_load_state_dict_post_hooks: Dict[int, Callable] = OrderedDict()
-
-    @property
-    def param_groups(self) -> list:  # type: ignore[override]
-        # Looked up on every access: ``load_state_dict`` gives each inner optimizer new group
-        # dicts, and a list captured earlier would keep scheduling the discarded ones.
-        return [group for opt in self._optimizers for group in opt.param_groups]
-
-    def step(self, closure: Optional[Callable] = None) -> None:  # noqa: D401
-        """The real steps happen in the backward hooks; this exists for the scheduler's bookkeeping."""
-        return None
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        return None
-
-
-class OptimInBackwardWrapper:
+class OptimInBackwardWrapper(Optimizer):
     """Holds ``{parameter name: optimizer}`` for a model trained with optimizer in backward.
+
+    It is a ``torch.optim.Optimizer`` whose ``param_groups`` are the inner optimizers' group dicts
+    (the same dicts, not copies), so any ``torch.optim.lr_scheduler`` built on it writes the LR
+    straight into every per-parameter optimizer, and the LR that is logged is the LR applied.
+
+    ``step()`` and ``zero_grad()`` do nothing: each parameter is stepped, and its gradient freed,
+    by its own hook during ``backward()``. A recipe calls them anyway, so the training loop reads
+    the same in both modes (and LR schedulers see that an optimizer step happened).
 
     Args:
         optim_map: one optimizer per trainable parameter, keyed by the parameter's name in
@@ -72,15 +46,28 @@ class OptimInBackwardWrapper:
         if not optim_map:
             raise ValueError("OptimInBackwardWrapper needs at least one parameter's optimizer")
         self.optim_map: Dict[str, Optimizer] = dict(optim_map)
-        self.lr_scheduler: Optional[torch.optim.lr_scheduler.LRScheduler] = None
-        self._view = _ParamGroupsView(self.optim_map.values())
+        # Optimizer.__init__ appends the very dicts it is given to self.param_groups.
+        super().__init__(self._inner_groups(), defaults={})
+
+    def _inner_groups(self) -> list:
+        return [group for opt in self.optim_map.values() for group in opt.param_groups]
+
+    # ---- the optimizer interface -----------------------------------------------------------
+    @torch.no_grad()
+    def step(self, closure: Optional[Callable[[], float]] = None) -> None:  # type: ignore[override]
+        """Nothing to do: every parameter was stepped in backward, by its gradient hook."""
+        return None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Nothing to do: each hook freed its parameter's gradient right after the step."""
+        return None
 
     # ---- checkpointing -------------------------------------------------------------------
-    def state_dict(self) -> Dict[str, Dict[str, Any]]:
+    def state_dict(self) -> Dict[str, Dict[str, Any]]:  # type: ignore[override]
         """Per-parameter optimizer states keyed by parameter name."""
         return {name: opt.state_dict() for name, opt in self.optim_map.items()}
 
-    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:  # type: ignore[override]
         """Restore the states saved by :meth:`state_dict`; strict about parameter names.
 
         Raises:
@@ -106,35 +93,9 @@ class OptimInBackwardWrapper:
         for name, opt in self.optim_map.items():
             opt.load_state_dict(state_dict[name])
             keep_optimizer_state_paged(opt)
-
-    # ---- learning rate ---------------------------------------------------------------------
-    def get_optim_key(self, key: str) -> Any:
-        """A hyper-parameter (e.g. ``"lr"``) as the inner optimizers currently apply it."""
-        return self._view.param_groups[0][key]
-
-    @property
-    def param_groups(self) -> list:
-        """Every inner optimizer's param groups (the same dicts, so writes apply)."""
-        return self._view.param_groups
-
-    @property
-    def scheduler_optimizer(self) -> Optimizer:
-        """Pass this to a ``torch.optim.lr_scheduler`` to schedule every inner optimizer."""
-        return self._view
-
-    def set_lr_scheduler(self, lr_scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
-        """Attach a scheduler built on :attr:`scheduler_optimizer`."""
-        if lr_scheduler.optimizer is not self._view:
-            raise ValueError("build the scheduler on OptimInBackwardWrapper.scheduler_optimizer")
-        self.lr_scheduler = lr_scheduler
-
-    def step_lr_scheduler(self) -> None:
-        """Advance the attached scheduler; the new LR lands in every inner optimizer."""
-        if self.lr_scheduler is not None:
-            # The view's no-op step tells the scheduler an optimizer step happened (the real ones
-            # ran inside backward), which keeps torch from warning about the call order.
-            self._view.step()
-            self.lr_scheduler.step()
+        # Loading gives each inner optimizer new group dicts: follow them, in the same list object
+        # (an LR scheduler reads ``optimizer.param_groups`` at every step).
+        self.param_groups[:] = self._inner_groups()
 
 
 def keep_optimizer_state_paged(optimizer: Optimizer) -> None:

@@ -20,11 +20,10 @@ from torch import nn
 from torchtune._errors import TuneError
 from torchtune.models.llama2._convert_weights import hf_to_tune, meta_to_tune, tune_to_hf, tune_to_meta
 from torchtune.utils._checkpointing._atomic import write_folder_atomically
-from torchtune.utils._checkpointing._manifest import verify_manifest
-from torchtune.utils._checkpointing._safe_load import load_recipe_state, load_safetensors_weights, load_torch_weights
+from torchtune.utils._checkpointing._manifest import RECIPE_STATE_NAME, verify_manifest
+from torchtune.utils._checkpointing._safe_load import load_safetensors_weights, load_torch_weights
 
 SUPPORTED_MODEL_TYPES = ("LLAMA2",)
-RECIPE_STATE_NAME = "recipe_state.pt"
 MODEL_KEY = "model"
 # Files of a HF model folder that are not weights but belong with them.
 HF_SIDE_FILES = (
@@ -100,7 +99,6 @@ class _FullModelCheckpointer:
         model_type: str = "LLAMA2",
         output_dir: Union[str, Path, None] = None,
         recipe_checkpoint: Optional[str] = None,
-        resume_from_checkpoint: bool = False,
     ) -> None:
         self._checkpoint_dir = Path(checkpoint_dir).expanduser()
         if not self._checkpoint_dir.is_dir():
@@ -131,14 +129,9 @@ class _FullModelCheckpointer:
         self._checkpoint_files = [str(f) for f in checkpoint_files]
         if not self._checkpoint_files:
             raise TuneError("checkpointer.checkpoint_files is empty: list the weight files to load.")
-        self._resume_from_checkpoint = bool(resume_from_checkpoint)
-        self._recipe_checkpoint = recipe_checkpoint
-        if self._resume_from_checkpoint and not recipe_checkpoint:
-            raise TuneError(
-                "resume_from_checkpoint is true but checkpointer.recipe_checkpoint is not set: "
-                "set it to the recipe_state.pt of the checkpoint to resume from (relative to "
-                "checkpointer.checkpoint_dir)."
-            )
+        # Resuming is torchtune.training.resolve_resume's job: it reads this key from the config and
+        # points checkpoint_dir at the folder to resume from. Kept so the node describes the whole set-up.
+        self.recipe_checkpoint = recipe_checkpoint
 
     # --- helpers -----------------------------------------------------------------------------------
     def _existing_file(self, name: str) -> Path:
@@ -155,28 +148,8 @@ class _FullModelCheckpointer:
         """Verify files of our own earlier output (folders that carry manifest.json)."""
         verify_manifest(self._checkpoint_dir, only=names)
 
-    def _load_recipe_state(self) -> dict[str, Any]:
-        path = Path(self._recipe_checkpoint)
-        path = path if path.is_absolute() else self._checkpoint_dir / path
-        if not path.is_file():
-            raise TuneError(
-                f"The recipe state {path} does not exist, so the run cannot resume. Set "
-                f"checkpointer.recipe_checkpoint to the recipe_state.pt of the checkpoint folder "
-                f"(relative to checkpointer.checkpoint_dir), or set resume_from_checkpoint=False."
-            )
-        verify_manifest(path.parent, only=[path.name])
-        state = load_recipe_state(path)
-        if MODEL_KEY in state:
-            raise TuneError(
-                f"{path} has a '{MODEL_KEY}' entry; it is not a recipe state. Check checkpointer.recipe_checkpoint."
-            )
-        return state
-
     def _finish_load(self, model_sd: dict[str, torch.Tensor]) -> dict[str, Any]:
-        result: dict[str, Any] = {MODEL_KEY: model_sd}
-        if self._resume_from_checkpoint:
-            result.update(self._load_recipe_state())
-        return result
+        return {MODEL_KEY: model_sd}
 
     def _copy_side_files(self, names: Sequence[str], folder: Path) -> None:
         for name in names:
@@ -209,8 +182,8 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
             ``pytorch_model.bin.index.json``) whose ``weight_map`` lists the shards.
         model_type: ``"LLAMA2"``.
         output_dir: where ``step_N`` / ``epoch_N`` folders are written; must be outside ``checkpoint_dir``.
-        recipe_checkpoint: ``recipe_state.pt`` to resume from (relative to ``checkpoint_dir`` or absolute).
-        resume_from_checkpoint: also load ``recipe_checkpoint``.
+        recipe_checkpoint: the ``recipe_state.pt`` a resumed run continues from; read by
+            ``torchtune.training.resolve_resume``, which also points ``checkpoint_dir`` at its folder.
 
     Saves keep the input's format, file names, tensor-to-shard assignment and index, and copy
     ``config.json`` and the tokenizer files, so the output loads with ``from_pretrained``.
@@ -223,11 +196,8 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
         model_type: str = "LLAMA2",
         output_dir: Union[str, Path, None] = None,
         recipe_checkpoint: Optional[str] = None,
-        resume_from_checkpoint: bool = False,
     ) -> None:
-        super().__init__(
-            checkpoint_dir, checkpoint_files, model_type, output_dir, recipe_checkpoint, resume_from_checkpoint
-        )
+        super().__init__(checkpoint_dir, checkpoint_files, model_type, output_dir, recipe_checkpoint)
         self._index_name: Optional[str] = None
         files = self._checkpoint_files
         if len(files) == 1 and files[0].endswith(".index.json"):
@@ -352,11 +322,8 @@ class FullModelMetaCheckpointer(_FullModelCheckpointer):
         model_type: str = "LLAMA2",
         output_dir: Union[str, Path, None] = None,
         recipe_checkpoint: Optional[str] = None,
-        resume_from_checkpoint: bool = False,
     ) -> None:
-        super().__init__(
-            checkpoint_dir, checkpoint_files, model_type, output_dir, recipe_checkpoint, resume_from_checkpoint
-        )
+        super().__init__(checkpoint_dir, checkpoint_files, model_type, output_dir, recipe_checkpoint)
         if len(self._checkpoint_files) != 1:
             raise TuneError(
                 f"checkpointer.checkpoint_files lists {len(self._checkpoint_files)} files; the Meta "

@@ -11,6 +11,8 @@ from typing import Any, Iterable, Optional
 from torchtune._errors import TuneError
 
 MANIFEST_NAME = "manifest.json"
+# The one name of the file that makes a checkpoint folder resumable (optimizer, schedule, progress, RNG).
+RECIPE_STATE_NAME = "recipe_state.pt"
 MANIFEST_FORMAT_VERSION = 1
 _CHUNK = 1 << 20  # 1 MB reads: hashlib's speed without holding a shard in memory
 _CHECKPOINT_FOLDER = re.compile(r"^(step|epoch)_(\d+)$")
@@ -112,11 +114,11 @@ def find_latest_checkpoint(output_dir: Path) -> Optional[Path]:
 
 def _previous_hint(folder: Path) -> str:
     previous = previous_checkpoint(folder)
-    if previous is not None and (previous / "recipe_state.pt").is_file():
+    if previous is not None and (previous / RECIPE_STATE_NAME).is_file():
         # A resume takes its weights from the recipe_checkpoint's folder, so that is the key to change.
         return (
             f"Fall back to the previous checkpoint {previous}: to resume from it, set "
-            f"checkpointer.recipe_checkpoint={previous / 'recipe_state.pt'} (its weights are loaded from "
+            f"checkpointer.recipe_checkpoint={previous / RECIPE_STATE_NAME} (its weights are loaded from "
             f"the same folder); to start from its weights, set checkpointer.checkpoint_dir={previous}."
         )
     if previous is not None:

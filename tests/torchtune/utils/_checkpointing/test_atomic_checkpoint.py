@@ -1,4 +1,7 @@
-"""Atomic saves, manifests, resume state and the Meta checkpointer (no transformers needed)."""
+"""Atomic saves, manifests and the Meta checkpointer (no transformers needed).
+
+Resuming is tested in tests/torchtune/training/test_resume.py.
+"""
 
 import errno
 import json
@@ -63,28 +66,6 @@ def test_save_writes_manifest_and_recipe_state(tmp_path, hf_dir):
     assert not (ckpt.save_checkpoint({"model": sd}, epoch=1) / "recipe_state.pt").exists()
 
 
-def test_resume_loads_recipe_state_from_own_output(tmp_path, hf_dir):
-    out = tmp_path / "out"
-    folder = _ckpt(hf_dir, out).save_checkpoint(
-        {"model": _tiny_sd(1), "step": 5, "optimizer": {"p": torch.arange(3)}}, epoch=0, step=5, intermediate=True
-    )
-    resumed = FullModelHFCheckpointer(
-        folder, ["model.safetensors"], output_dir=out, recipe_checkpoint="recipe_state.pt", resume_from_checkpoint=True
-    )
-    state = resumed.load_checkpoint()
-    assert state["step"] == 5 and torch.equal(state["optimizer"]["p"], torch.arange(3))
-    assert _equal(state["model"], _tiny_sd(1))
-    # absolute recipe_checkpoint works too
-    absolute = FullModelHFCheckpointer(
-        folder,
-        ["model.safetensors"],
-        output_dir=out,
-        recipe_checkpoint=str(folder / "recipe_state.pt"),
-        resume_from_checkpoint=True,
-    )
-    assert absolute.load_checkpoint()["step"] == 5
-
-
 def test_disk_full_keeps_previous_checkpoint(tmp_path, hf_dir, monkeypatch):
     out = tmp_path / "out"
     ckpt = _ckpt(hf_dir, out)
@@ -136,23 +117,6 @@ def test_damaged_file_is_caught_and_previous_suggested(tmp_path, hf_dir, damage)
     with pytest.raises(TuneError, match="truncated" if damage == "truncate" else "corrupted") as e:
         _ckpt(second, tmp_path / "o2").load_checkpoint()
     assert str(weights) in str(e.value) and str(out / "step_1") in str(e.value)
-
-
-def test_damaged_recipe_state_is_caught(tmp_path, hf_dir):
-    folder = _ckpt(hf_dir, tmp_path / "out").save_checkpoint(
-        {"model": _tiny_sd(), "step": 1}, epoch=0, step=1, intermediate=True
-    )
-    with open(folder / "recipe_state.pt", "r+b") as f:
-        f.truncate(10)
-    resumed = FullModelHFCheckpointer(
-        folder,
-        ["model.safetensors"],
-        output_dir=tmp_path / "out",
-        recipe_checkpoint="recipe_state.pt",
-        resume_from_checkpoint=True,
-    )
-    with pytest.raises(TuneError, match="recipe_state.pt"):
-        resumed.load_checkpoint()
 
 
 def test_meta_round_trip(tmp_path):

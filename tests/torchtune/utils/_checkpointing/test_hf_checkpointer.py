@@ -159,20 +159,6 @@ def test_output_inside_checkpoint_dir_is_refused(hf_folder):
             FullModelHFCheckpointer(hf_folder, ["model.safetensors"], output_dir=out)
 
 
-def test_resume_needs_recipe_checkpoint(tmp_path, hf_folder):
-    with pytest.raises(TuneError, match="checkpointer.recipe_checkpoint"):
-        FullModelHFCheckpointer(hf_folder, ["model.safetensors"], output_dir=tmp_path, resume_from_checkpoint=True)
-    ckpt = FullModelHFCheckpointer(
-        hf_folder,
-        ["model.safetensors"],
-        output_dir=tmp_path,
-        recipe_checkpoint="recipe_state.pt",
-        resume_from_checkpoint=True,
-    )
-    with pytest.raises(TuneError, match="recipe_state.pt"):
-        ckpt.load_checkpoint()
-
-
 def test_shape_mismatch_lists_both_shapes_and_hints_at_builder(tmp_path, hf_folder):
     sd = FullModelHFCheckpointer(hf_folder, ["model.safetensors"], output_dir=tmp_path).load_checkpoint()["model"]
     wrong = llama2(VOCAB * 2, LAYERS, HEADS, 2, DIM, SEQ, intermediate_dim=FFN)

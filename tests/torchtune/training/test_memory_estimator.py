@@ -7,7 +7,12 @@ import pytest
 import torch
 
 from torchtune.config import load_config
-from torchtune.utils._memory_estimator import CATEGORIES, StorageCounter, estimate_recipe_memory, measure_state_layout
+from torchtune.training._memory_estimator import (
+    CATEGORIES,
+    StorageCounter,
+    estimate_recipe_memory,
+    measure_state_layout,
+)
 
 LAYERS, DIM, BATCH, SEQ = 3, 128, 2, 128
 BSD4 = BATCH * SEQ * DIM * 4  # one fp32 layer input (a checkpoint boundary): 131072 bytes

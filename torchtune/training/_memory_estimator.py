@@ -396,7 +396,7 @@ def profile_memory(
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from torchtune.utils._activations import simulate_offloading
+    from torchtune.training._activations import simulate_offloading
 
     tracker = _Tracker()
     counter = StorageCounter(classify=tracker.classify)
@@ -441,20 +441,7 @@ def profile_memory(
     return estimate
 
 
-# --- the recipe, on fake tensors ----------------------------------------------------------------------
-
-
-def _recipe_class() -> type:
-    try:
-        from recipes.full_finetune_single_device import FullFinetuneRecipeSingleDevice
-    except ImportError as exc:  # pragma: no cover - a broken install
-        from torchtune._errors import TuneError
-
-        raise TuneError(
-            f"The recipe full_finetune_single_device could not be imported ({exc}); "
-            "reinstall torchtune (pip install -e .)."
-        ) from exc
-    return FullFinetuneRecipeSingleDevice
+# --- a recipe's training step, on fake tensors ----------------------------------------------------------
 
 
 def default_seq_len(cfg: Any) -> int:
@@ -475,23 +462,26 @@ def default_seq_len(cfg: Any) -> int:
 def estimate_recipe_memory(
     cfg: Any, seq_len: Optional[int] = None, batch_size: Optional[int] = None, steps: int = 2, fake: bool = True
 ) -> MemoryEstimate:
-    """Peak memory of the ``full_finetune_single_device`` recipe for ``cfg``, without weights or GPU.
+    """Peak memory of a finetune recipe's training step for ``cfg``, without weights or GPU.
 
-    Builds ``FullFinetuneRecipeSingleDevice(cfg)`` (the recipe's own code), and inside the fake mode
-    calls its ``_setup_model`` (random init, no weights), ``_setup_optimizer``, ``_setup_loss`` and
-    ``steps`` times ``train_step`` on a synthetic batch of ``batch_size`` x ``seq_len`` tokens. The
-    device is simulated on CPU tensors; bitsandbytes/torchao optimizers become ``LayoutOptimizer``.
-    With ``fake=False`` the same runs on real CPU tensors (to check the estimate on a small model).
+    Builds the step the recipes run with ``torchtune.training.TrainStep.from_config`` (random init,
+    no weights; the config's activation checkpointing/offloading, optimizer in backward or not, loss)
+    and runs it ``steps`` times on a synthetic batch of ``batch_size`` x ``seq_len`` tokens. The device
+    is simulated on CPU tensors; bitsandbytes/torchao optimizers become ``LayoutOptimizer``. With
+    ``fake=False`` the same runs on real CPU tensors (to check the estimate on a small model).
     """
     from omegaconf import OmegaConf
+
+    from torchtune import training
+    from torchtune.utils import get_dtype
 
     cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
     target_device = str(cfg.device)
     seq_len = int(seq_len) if seq_len is not None else default_seq_len(cfg)
-    if batch_size is not None:
-        cfg.batch_size = int(batch_size)
-    cfg.device = "cpu"  # fake CPU tensors stand for the device (see the module docstring)
-    cfg.compile = False  # compiling does not run on fake tensors; it changes temporaries only
+    batch = int(batch_size) if batch_size is not None else training.positive_int(cfg, "batch_size")
+    training.check_optimizer_settings(cfg)
+    device = torch.device("cpu")  # fake CPU tensors stand for the device (see the module docstring)
+    dtype = get_dtype(cfg.dtype, device)
     notes = [
         f"simulated on fake CPU tensors standing for device={target_device}; sizes rounded to "
         "512 bytes like the CUDA caching allocator; fragmentation (reserved - allocated) and the "
@@ -501,10 +491,7 @@ def estimate_recipe_memory(
     component = optimizer_node.pop("_component_")
     layout = layout_optimizer_config(component, optimizer_node)
     if layout is not None:
-        if component.startswith("bitsandbytes."):
-            _require(component, "bitsandbytes")
-        else:
-            _require(component, "torchao")
+        _require(component, "bitsandbytes" if component.startswith("bitsandbytes.") else "torchao")
         cfg.optimizer = layout
         notes.append(
             f"{component} state measured per parameter from the real class on small CPU "
@@ -513,27 +500,17 @@ def estimate_recipe_memory(
     if not cfg.optimizer_in_bwd:
         notes.append("optimizer_in_bwd=False: a full set of gradients exists after backward")
 
-    recipe = _recipe_class()(cfg)
-    batch = int(cfg.batch_size)
-
     def setup() -> tuple[nn.Module, Callable[[], Any]]:
-        model = recipe._setup_model(
-            cfg.model,
-            enable_activation_checkpointing=bool(cfg.enable_activation_checkpointing),
-            enable_activation_offloading=bool(cfg.enable_activation_offloading),
-            compile_model=False,
-            model_state_dict=None,
-        )
-        recipe._model = model
-        recipe._optimizer = recipe._setup_optimizer(cfg.optimizer, optimizer_in_bwd=bool(cfg.optimizer_in_bwd))
-        recipe._loss_fn = recipe._setup_loss(cfg.loss)
-        vocab = model.tok_embeddings.num_embeddings
+        # compile does not run on fake tensors; it changes temporaries only
+        step = training.TrainStep.from_config(cfg, device=device, dtype=dtype, compile_model=False)
+        vocab = step.model.tok_embeddings.num_embeddings
         # made inside the modes: on the fake run they are fake too (a real input would be copied
         # into a new fake storage when first used, which a real run does not do)
-        tokens = torch.randint(0, vocab, (batch, seq_len))
-        labels = torch.randint(0, vocab, (batch, seq_len))
-        data = {"tokens": tokens, "labels": labels}
-        return model, lambda: recipe.train_step(data)
+        data = {
+            "tokens": torch.randint(0, vocab, (batch, seq_len)),
+            "labels": torch.randint(0, vocab, (batch, seq_len)),
+        }
+        return step.model, lambda: step(data)
 
     estimate = profile_memory(setup, steps=steps, fake=fake)
     estimate.notes = notes + estimate.notes

@@ -5,7 +5,7 @@ from torch import nn
 
 from torchtune.models.llama2 import llama2
 from torchtune.modules import TransformerDecoderLayer
-from torchtune.utils._activations import (
+from torchtune.training._activations import (
     NoOpManager,
     OffloadActivations,
     get_act_offloading_ctx_manager,

@@ -5,7 +5,7 @@ import os
 
 import torch
 
-from torchtune.utils import memory
+from torchtune.training import memory
 
 
 def test_cpu_stats_report_host_rss_only():

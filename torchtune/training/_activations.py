@@ -160,8 +160,12 @@ class OffloadActivations(saved_tensors_hooks):
         super().__init__(self._pack, self._unpack)
 
     def __enter__(self) -> "OffloadActivations":
+        # One instance serves every step: start each from nothing (the previous backward consumed
+        # all it saved).
         self.offloaded_bytes = 0
         self.offloaded_tensors = 0
+        self._by_index.clear()
+        self._back.clear()
         super().__enter__()
         return self
 

@@ -1,0 +1,94 @@
+"""What a recipe composes: plain functions that take config values and return objects.
+
+A recipe calls them in order (see ``recipes/full_finetune_single_device.py``)::
+
+    resume = training.resolve_resume(cfg, settings)             # what to load, from where
+    checkpointer = training.build_checkpointer(cfg.checkpointer, resume)
+    model = training.build_model(cfg.model, device=..., dtype=..., state_dict=..., ...)
+    optimizer = training.build_optimizer(cfg.optimizer, model, optimizer_in_bwd=...)
+    scheduler = training.build_lr_scheduler(cfg.lr_scheduler, optimizer, num_training_steps=...)
+    data = training.build_dataloader(cfg.dataset, tokenizer, batch_size=..., shuffle=..., seed=...)
+    for batch in data.dataloader:
+        loss = training.forward_backward(model, loss_fn, batch, device=...)
+        training.step_optimizer(optimizer, model.parameters())
+        scheduler.step()
+
+The memory estimator (``tune estimate-memory``) and the benchmarks build their steps from the same
+functions, so what they measure is what a recipe runs.
+"""
+
+from torchtune.training import memory
+from torchtune.training._activations import (
+    OffloadActivations,
+    get_act_offloading_ctx_manager,
+    set_activation_checkpointing,
+)
+from torchtune.training._checks import check_optimizer_settings, positive_int
+from torchtune.training._data import TrainingData, build_dataloader, num_tokens, padding_id
+from torchtune.training._model import (
+    build_model,
+    check_model_matches_checkpoint,
+    check_tokenizer_fits_model,
+    model_fingerprint,
+)
+from torchtune.training._optimizer import (
+    GradNormTracker,
+    build_optimizer,
+    load_optimizer_state,
+    register_optim_in_bwd_hooks,
+    step_optimizer,
+    trainable_parameters,
+)
+from torchtune.training._resume import (
+    RECIPE_STATE_NAME,
+    ResumePlan,
+    RunSettings,
+    TrainingProgress,
+    build_checkpointer,
+    recipe_state,
+    resolve_resume,
+    resume_command,
+)
+from torchtune.training._run_control import CheckpointPolicy, NonFiniteLossGuard, StopSignals
+from torchtune.training._sampler import ResumableSampler
+from torchtune.training._step import TrainStep, forward_backward, shift_labels
+from torchtune.training.lr_schedulers import build_lr_scheduler
+
+__all__ = [
+    "RECIPE_STATE_NAME",
+    "CheckpointPolicy",
+    "GradNormTracker",
+    "NonFiniteLossGuard",
+    "OffloadActivations",
+    "ResumableSampler",
+    "ResumePlan",
+    "RunSettings",
+    "StopSignals",
+    "TrainStep",
+    "TrainingData",
+    "TrainingProgress",
+    "build_checkpointer",
+    "build_dataloader",
+    "build_lr_scheduler",
+    "build_model",
+    "build_optimizer",
+    "check_model_matches_checkpoint",
+    "check_optimizer_settings",
+    "check_tokenizer_fits_model",
+    "forward_backward",
+    "get_act_offloading_ctx_manager",
+    "load_optimizer_state",
+    "memory",
+    "model_fingerprint",
+    "num_tokens",
+    "padding_id",
+    "positive_int",
+    "recipe_state",
+    "register_optim_in_bwd_hooks",
+    "resolve_resume",
+    "resume_command",
+    "set_activation_checkpointing",
+    "shift_labels",
+    "step_optimizer",
+    "trainable_parameters",
+]

@@ -1,0 +1,56 @@
+"""Checks of config values that recipes share: each names the key to change."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from omegaconf import DictConfig
+
+from torchtune._errors import ConfigError
+
+__all__ = ["check_optimizer_settings", "positive_int"]
+
+
+def positive_int(cfg: Any, key: str, allow_none: bool = False) -> Optional[int]:
+    """``cfg[key]`` as a whole number >= 1 (or ``None`` when ``allow_none``).
+
+    Raises:
+        ConfigError: naming the key and the value found.
+    """
+    value = cfg[key]
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        extra = " or null" if allow_none else ""
+        raise ConfigError(f"{key} must be a whole number of at least 1{extra}, got {value!r}. Set {key}=1 or more.")
+    return value
+
+
+def check_optimizer_settings(cfg: Any) -> None:
+    """The optimizer keys that conflict: gradient accumulation and clipping need gradients that
+    optimizer in backward frees as soon as they exist; the LR must be a non-negative number.
+
+    Raises:
+        ConfigError: naming the conflicting keys and the settings that work.
+    """
+    in_bwd = bool(cfg.optimizer_in_bwd)
+    accumulation = positive_int(cfg, "gradient_accumulation_steps")
+    if in_bwd and accumulation > 1:
+        raise ConfigError(
+            f"gradient_accumulation_steps={accumulation} cannot be used with optimizer_in_bwd=True: each "
+            "gradient is consumed by its optimizer and freed during backward, so there is nothing left to "
+            "accumulate. Set gradient_accumulation_steps=1 (raise batch_size instead), or set optimizer_in_bwd=False."
+        )
+    clip = cfg.clip_grad_norm
+    if clip is not None:
+        if in_bwd:
+            raise ConfigError(
+                f"clip_grad_norm={clip} cannot be used with optimizer_in_bwd=True: each parameter is updated as "
+                "soon as its gradient exists, before the global norm is known. Set clip_grad_norm=null, or set "
+                "optimizer_in_bwd=False."
+            )
+        if isinstance(clip, bool) or not isinstance(clip, (int, float)) or clip <= 0:
+            raise ConfigError(f"clip_grad_norm must be a positive number or null, got {clip!r}.")
+    lr = cfg.optimizer.get("lr") if isinstance(cfg.optimizer, DictConfig) else None
+    if lr is not None and (isinstance(lr, bool) or not isinstance(lr, (int, float)) or lr < 0):
+        raise ConfigError(f"optimizer.lr must be a non-negative number, got {lr!r}. Set e.g. optimizer.lr=2e-5.")

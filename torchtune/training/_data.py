@@ -1,0 +1,71 @@
+"""The data a recipe trains on: dataset, resumable sampler, batches."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any, Dict
+
+import torch
+from torch.utils.data import DataLoader
+
+from torchtune import config
+from torchtune._errors import TuneError
+from torchtune.datasets import CROSS_ENTROPY_IGNORE_IDX, collate_for
+from torchtune.training._sampler import ResumableSampler
+
+log = logging.getLogger("torchtune")
+
+__all__ = ["TrainingData", "build_dataloader", "num_tokens", "padding_id"]
+
+
+def padding_id(tokenizer: Any) -> int:
+    """The id batches are padded with: the tokenizer's pad id, else 0 (a SentencePiece model may have none)."""
+    pad = getattr(tokenizer, "pad_id", None)
+    return pad if pad is not None and pad >= 0 else 0
+
+
+@dataclasses.dataclass
+class TrainingData:
+    """What the loop needs from the data: the loader, its sampler (to position it) and the pad id."""
+
+    dataloader: DataLoader
+    sampler: ResumableSampler
+    pad_id: int
+
+    def num_tokens(self, batch: Dict[str, torch.Tensor]) -> int:
+        """Non-padding tokens of a batch (see :func:`num_tokens`)."""
+        return num_tokens(batch, self.pad_id)
+
+
+def num_tokens(batch: Dict[str, torch.Tensor], pad_id: int) -> int:
+    """Non-padding tokens of a batch, counted on the host before it moves (no device sync): the count
+    behind the ``tokens_per_second`` a recipe logs."""
+    return int(batch["tokens"].ne(pad_id).sum())
+
+
+def build_dataloader(cfg_dataset: Any, tokenizer: Any, *, batch_size: int, shuffle: bool, seed: int) -> TrainingData:
+    """The dataset of ``cfg_dataset`` in batches of ``batch_size``, in a seeded order that can resume.
+
+    The order depends only on ``(seed, epoch)`` (``ResumableSampler``); padded examples get
+    ``CROSS_ENTROPY_IGNORE_IDX`` labels, packed ones a block-causal mask.
+
+    Raises:
+        TuneError: the dataset has no examples.
+    """
+    dataset = config.instantiate(cfg_dataset, tokenizer)
+    if len(dataset) == 0:
+        raise TuneError(
+            f"The dataset ({cfg_dataset._component_}, source {cfg_dataset.get('source')}) has no "
+            "examples. Check dataset.source / dataset.data_files and dataset.split."
+        )
+    pad_id = padding_id(tokenizer)
+    sampler = ResumableSampler(len(dataset), shuffle=bool(shuffle), seed=seed)
+    dataloader = DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler,
+        collate_fn=collate_for(dataset, padding_idx=pad_id, ignore_idx=CROSS_ENTROPY_IGNORE_IDX),
+    )
+    log.info("Dataset: %d examples, %d batches per epoch", len(dataset), len(dataloader))
+    return TrainingData(dataloader=dataloader, sampler=sampler, pad_id=pad_id)

@@ -1,0 +1,110 @@
+"""Building the model a recipe trains: on its device, in its dtype, with weights, checkpointing, compile."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from typing import Any, Dict, Optional
+
+import torch
+from torch import nn
+
+from torchtune import config
+from torchtune._errors import TuneError
+from torchtune.training._activations import set_activation_checkpointing
+from torchtune.utils import set_default_dtype
+from torchtune.utils._checkpointing import validate_state_dict
+
+log = logging.getLogger("torchtune")
+
+__all__ = ["build_model", "check_model_matches_checkpoint", "check_tokenizer_fits_model", "model_fingerprint"]
+
+
+def build_model(
+    cfg_model: Any,
+    *,
+    device: torch.device,
+    dtype: torch.dtype,
+    state_dict: Optional[Dict[str, torch.Tensor]] = None,
+    enable_activation_checkpointing: bool = False,
+    compile_model: bool = False,
+) -> nn.Module:
+    """The model of ``cfg_model`` on ``device`` in ``dtype``, with ``state_dict``'s weights.
+
+    ``state_dict=None`` gives the builder's random initialisation (memory estimates, benchmarks).
+    With weights, the model is built on the meta device first: that skips a random initialisation
+    the weights would overwrite, and ``to_empty`` then allocates every weight once, in its final
+    dtype, on the device. Activation checkpointing wraps each decoder layer; ``compile_model``
+    compiles each decoder layer in place, so parameter names (and so checkpoints and optimizer
+    state keys) stay the same and in-backward hooks sit on the same parameters.
+
+    Raises:
+        TuneError: the weights do not fit the model (names and shapes are listed).
+    """
+    if state_dict is None:
+        with set_default_dtype(dtype), device:
+            model = config.instantiate(cfg_model)
+    else:
+        with set_default_dtype(dtype), torch.device("meta"):
+            model = config.instantiate(cfg_model)
+        model.to_empty(device=device)
+        validate_state_dict(model, state_dict)
+        model.load_state_dict(state_dict)
+        model.init_buffers(device)
+    if enable_activation_checkpointing:
+        from torchtune.modules import TransformerDecoderLayer
+
+        set_activation_checkpointing(model, {TransformerDecoderLayer})
+    if compile_model:
+        for layer in model.layers:
+            layer.compile()
+    log.info(
+        "Model %s: %.1fM parameters, %s on %s",
+        getattr(cfg_model, "_component_", type(model).__name__),
+        sum(p.numel() for p in model.parameters()) / 1e6,
+        dtype,
+        device,
+    )
+    return model
+
+
+def check_model_matches_checkpoint(model: nn.Module, checkpointer: Any) -> None:
+    """Heads in the checkpoint's config vs the model.
+
+    A mismatch (same hidden size, other split into heads) converts q/k weights wrongly without any
+    shape error, so it is caught here.
+
+    Raises:
+        TuneError: naming both head counts and the key to change.
+    """
+    heads = getattr(checkpointer, "attention_heads", None)
+    attn = model.layers[0].attn
+    if heads is not None and heads != (attn.num_heads, attn.num_kv_heads):
+        raise TuneError(
+            f"The checkpoint's config.json says num_attention_heads={heads[0]}, "
+            f"num_key_value_heads={heads[1]}, but the model built from model._component_ has "
+            f"{attn.num_heads} heads and {attn.num_kv_heads} key/value heads. Use the model builder "
+            "that matches these weights (or fix config.json in checkpointer.checkpoint_dir)."
+        )
+
+
+def check_tokenizer_fits_model(tokenizer: Any, model: nn.Module, cfg_tokenizer: Any) -> None:
+    """Token ids past the embedding table would crash training: refuse a bigger tokenizer.
+
+    Raises:
+        TuneError: naming the tokenizer file and both sizes.
+    """
+    vocab_size = model.tok_embeddings.num_embeddings
+    if tokenizer.vocab_size > vocab_size:
+        source = cfg_tokenizer.get("path", cfg_tokenizer.get("_component_"))
+        raise TuneError(
+            f"The tokenizer ({source}) has {tokenizer.vocab_size} tokens but the model's vocabulary has "
+            f"{vocab_size}: token ids past the embedding table would crash training. Use the tokenizer that "
+            "belongs to the checkpoint (tokenizer.path), or a model builder whose vocab_size matches."
+        )
+
+
+def model_fingerprint(model: nn.Module) -> str:
+    """A short hash of the parameter names and shapes: tells whether a checkpoint is for this model."""
+    shapes = sorted((n, tuple(p.shape)) for n, p in model.named_parameters())
+    return hashlib.sha256(repr(shapes).encode()).hexdigest()[:16]

@@ -1,0 +1,172 @@
+"""The optimizer a recipe holds: one over all parameters, or one per parameter stepped in backward.
+
+Either way the recipe gets a ``torch.optim.Optimizer`` and calls ``step()`` / ``zero_grad()`` on it
+after each step; in backward mode that object is an ``OptimInBackwardWrapper`` whose ``step`` does
+nothing, because each parameter's own hook already stepped it during ``backward()``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional
+
+import torch
+from torch import nn
+from torch.optim import Optimizer
+
+from torchtune import config
+from torchtune._errors import TuneError
+from torchtune.utils._checkpointing._checkpoint_utils import (
+    OptimInBackwardWrapper,
+    is_standard_optimizer_state,
+    keep_optimizer_state_paged,
+)
+
+__all__ = [
+    "GradNormTracker",
+    "build_optimizer",
+    "load_optimizer_state",
+    "register_optim_in_bwd_hooks",
+    "step_optimizer",
+]
+
+
+class GradNormTracker:
+    """The global gradient norm of a step, summed on the device, only on steps that are logged.
+
+    ``arm(device)`` before a logged step; the in-backward hooks then ``add`` each gradient before it
+    is freed (or ``step_optimizer`` records the total of a standard step); ``pop()`` reads the norm
+    (the one host sync) and disarms. Unarmed, every call is a no-op, so steps that are not logged
+    spend nothing on it.
+    """
+
+    def __init__(self) -> None:
+        self._sum_sq: Optional[torch.Tensor] = None
+
+    @property
+    def armed(self) -> bool:
+        return self._sum_sq is not None
+
+    def arm(self, device: torch.device) -> None:
+        self._sum_sq = torch.zeros((), dtype=torch.float32, device=device)
+
+    def add(self, grad: torch.Tensor) -> None:
+        """Add one gradient's squared norm (in fp32)."""
+        if self._sum_sq is not None:
+            self._sum_sq += torch.linalg.vector_norm(grad, dtype=torch.float32).square()
+
+    def add_total(self, norm: torch.Tensor) -> None:
+        """Add a norm already taken over many gradients (``clip_grad_norm_``'s result)."""
+        if self._sum_sq is not None:
+            self._sum_sq += norm.detach().float().square()
+
+    def pop(self) -> float:
+        """The norm since ``arm`` (a host sync); disarms. NaN if it was not armed."""
+        if self._sum_sq is None:
+            return float("nan")
+        value = math.sqrt(max(self._sum_sq.item(), 0.0))
+        self._sum_sq = None
+        return value
+
+
+def trainable_parameters(model: nn.Module) -> Dict[str, nn.Parameter]:
+    """``{name: parameter}`` of every parameter that trains (shared parameters listed once)."""
+    return {name: p for name, p in model.named_parameters() if p.requires_grad}
+
+
+def register_optim_in_bwd_hooks(
+    model: nn.Module, optim_map: Mapping[str, Optimizer], grad_norm: Optional[GradNormTracker] = None
+) -> List[Any]:
+    """Step each parameter's optimizer as soon as its gradient is complete, then free the gradient.
+
+    Uses ``Tensor.register_post_accumulate_grad_hook``: the hook runs once the gradient of a
+    parameter has been fully accumulated in ``backward()`` (also for a parameter used twice, such as
+    tied embeddings), so at most the gradients of the layer being back-propagated exist at a time.
+    Returns the hook handles (``handle.remove()`` detaches them).
+    """
+    params = trainable_parameters(model)
+    missing = sorted(set(optim_map) - set(params))
+    if missing:
+        raise ValueError(f"optimizers given for parameters the model does not train: {missing[:5]}")
+    return [
+        params[name].register_post_accumulate_grad_hook(_step_and_free(opt, grad_norm))
+        for name, opt in optim_map.items()
+    ]
+
+
+def _step_and_free(optimizer: Optimizer, grad_norm: Optional[GradNormTracker]) -> Callable[[torch.Tensor], None]:
+    def hook(param: torch.Tensor) -> None:
+        if grad_norm is not None:
+            grad_norm.add(param.grad)
+        optimizer.step()
+        # The optimizer holds only this parameter: dropping its grad is all zero_grad would do,
+        # without zero_grad's ~25 us of Python per parameter per step.
+        param.grad = None
+
+    return hook
+
+
+def build_optimizer(
+    cfg_optimizer: Any,
+    model: nn.Module,
+    *,
+    optimizer_in_bwd: bool,
+    grad_norm: Optional[GradNormTracker] = None,
+) -> Optimizer:
+    """The optimizer of ``cfg_optimizer`` over ``model``'s trainable parameters.
+
+    ``optimizer_in_bwd=False``: one optimizer over all of them. ``True``: one optimizer per
+    parameter, stepped from that parameter's post-accumulate-grad hook (which also adds the
+    gradient to ``grad_norm`` when it is armed), held in an ``OptimInBackwardWrapper``.
+    """
+    params = trainable_parameters(model)
+    if not optimizer_in_bwd:
+        return config.instantiate(cfg_optimizer, list(params.values()))
+    optim_map = {name: config.instantiate(cfg_optimizer, [p]) for name, p in params.items()}
+    register_optim_in_bwd_hooks(model, optim_map, grad_norm)
+    return OptimInBackwardWrapper(optim_map)
+
+
+def load_optimizer_state(optimizer: Optimizer, state_dict: Mapping[str, Any]) -> None:
+    """Restore a saved optimizer state, refusing one written in the other optimizer mode.
+
+    Raises:
+        TuneError: the state was written with the other ``optimizer_in_bwd`` setting, or (in
+            backward) for other parameter names.
+    """
+    if isinstance(optimizer, OptimInBackwardWrapper):
+        optimizer.load_state_dict(state_dict)  # checks the mode and the names itself
+        return
+    if not is_standard_optimizer_state(state_dict):
+        raise TuneError(
+            "The optimizer state in the recipe checkpoint was written by a run with "
+            "optimizer_in_bwd=True (one optimizer per parameter), but this run has "
+            "optimizer_in_bwd=False. Resume with optimizer_in_bwd=True, or start a new "
+            "run without resume_from_checkpoint."
+        )
+    optimizer.load_state_dict(state_dict)
+    keep_optimizer_state_paged(optimizer)
+
+
+def step_optimizer(
+    optimizer: Optimizer,
+    params: Iterable[torch.Tensor],
+    *,
+    clip_grad_norm: Optional[float] = None,
+    grad_norm: Optional[GradNormTracker] = None,
+) -> None:
+    """Finish an optimizer step: clip, record the gradient norm, ``step()``, ``zero_grad()``.
+
+    In standard mode this is the step. With optimizer in backward the gradients were consumed and
+    freed in backward: no gradient is left here, and ``step``/``zero_grad`` are no-ops.
+    """
+    with_grad = [p for p in params if p.grad is not None]
+    if with_grad:
+        if clip_grad_norm is not None:
+            norm = torch.nn.utils.clip_grad_norm_(with_grad, max_norm=clip_grad_norm)
+            if grad_norm is not None:
+                grad_norm.add_total(norm)
+        elif grad_norm is not None and grad_norm.armed:
+            grad_norm.add_total(torch.nn.utils.get_total_norm([p.grad for p in with_grad]))
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)

@@ -1,0 +1,290 @@
+"""Resuming a stopped run: what to load, from where, and where to continue.
+
+This module owns resume. ``resolve_resume(cfg, settings)`` reads ``resume_from_checkpoint`` and
+``checkpointer.recipe_checkpoint``, loads and checks the recipe state, and returns a
+``ResumePlan``: the folder to take the weights from (the one holding ``recipe_state.pt``, not the
+base model), the optimizer / scheduler / RNG states and the position to continue from.
+``recipe_state(...)`` writes the dict that a later ``resolve_resume`` reads back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import shlex
+import sys
+from pathlib import Path
+from typing import Any, Dict, Optional, Sequence
+
+from torch import nn
+from torch.optim import Optimizer
+
+from torchtune import config
+from torchtune._errors import ConfigError, TuneError
+from torchtune.training._model import model_fingerprint
+from torchtune.utils import get_rng_state
+from torchtune.utils._checkpointing import RECIPE_STATE_NAME, load_recipe_state, verify_manifest
+
+log = logging.getLogger("torchtune")
+
+__all__ = [
+    "RECIPE_STATE_NAME",
+    "ResumePlan",
+    "RunSettings",
+    "TrainingProgress",
+    "build_checkpointer",
+    "recipe_state",
+    "resolve_resume",
+    "resume_command",
+]
+
+RECIPE_STATE_VERSION = 1
+_REQUIRED = (
+    "optimizer",
+    "optimizer_in_bwd",
+    "seed",
+    "epochs_run",
+    "total_epochs",
+    "max_steps_per_epoch",
+    "global_step",
+    "steps_run_in_epoch",
+    "batch_size",
+    "gradient_accumulation_steps",
+    "rng_state",
+)
+
+
+@dataclasses.dataclass
+class TrainingProgress:
+    """Where a run is: finished epochs, optimizer steps in all, steps into the current epoch."""
+
+    epochs_run: int = 0
+    global_step: int = 0
+    steps_run_in_epoch: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSettings:
+    """The settings of this run that decide whether (and how) a checkpoint can be continued.
+
+    ``seed`` is the config's value (``None``: draw one).
+    """
+
+    optimizer_in_bwd: bool
+    batch_size: int
+    gradient_accumulation_steps: int
+    seed: Optional[int]
+    max_steps_per_epoch: Optional[int]
+    epochs: int
+
+
+@dataclasses.dataclass
+class ResumePlan:
+    """What a resumed run loads, and where it continues. Made by :func:`resolve_resume`."""
+
+    recipe_state_path: Path
+    state: Dict[str, Any]
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        """The folder the weights come from: the checkpoint next to ``recipe_state.pt``."""
+        return self.recipe_state_path.parent
+
+    @property
+    def progress(self) -> TrainingProgress:
+        s = self.state
+        return TrainingProgress(int(s["epochs_run"]), int(s["global_step"]), int(s["steps_run_in_epoch"]))
+
+    @property
+    def seed(self) -> int:
+        return int(self.state["seed"])
+
+    @property
+    def max_steps_per_epoch(self) -> Optional[int]:
+        return self.state["max_steps_per_epoch"]
+
+    @property
+    def optimizer_state(self) -> Dict[str, Any]:
+        return self.state["optimizer"]
+
+    @property
+    def lr_scheduler_state(self) -> Optional[Dict[str, Any]]:
+        return self.state.get("lr_scheduler")
+
+    @property
+    def rng_state(self) -> Dict[str, Any]:
+        return self.state["rng_state"]
+
+    def drop_loaded_states(self) -> None:
+        """Forget the loaded optimizer and scheduler states once they have been restored."""
+        self.state.pop("optimizer", None)
+        self.state.pop("lr_scheduler", None)
+
+    def check_model(self, model: nn.Module) -> None:
+        """Refuse a model whose parameter names or shapes differ from the checkpoint's."""
+        saved = self.state.get("model_fingerprint")
+        if saved is not None and saved != model_fingerprint(model):
+            raise TuneError(
+                f"The recipe checkpoint {self.recipe_state_path} was written for a different model (its "
+                "parameter names or shapes differ from this config's model). Resume with the model config "
+                "it was trained with."
+            )
+
+
+def _recipe_state_path(cfg: Any, recipe_checkpoint: Any) -> Path:
+    path = Path(str(recipe_checkpoint)).expanduser()
+    if not path.is_absolute() and not path.exists():
+        path = Path(str(cfg.checkpointer.checkpoint_dir)) / path  # relative to the weights, as torchtune has it
+    if not path.is_file():
+        raise TuneError(
+            f"checkpointer.recipe_checkpoint={recipe_checkpoint} does not exist (looked for {path}). Point it "
+            f"at the {RECIPE_STATE_NAME} inside a checkpoint folder of the run to resume."
+        )
+    return path.resolve()
+
+
+def resolve_resume(cfg: Any, settings: RunSettings) -> Optional[ResumePlan]:
+    """The resume plan of ``cfg``, or ``None`` for a new run.
+
+    Raises:
+        ConfigError: ``resume_from_checkpoint`` and ``checkpointer.recipe_checkpoint`` disagree.
+        TuneError: the recipe state is missing, damaged, not a recipe state, or was written with an
+            ``optimizer_in_bwd`` / ``batch_size`` / ``gradient_accumulation_steps`` that differs from
+            this run's (the saved optimizer state or data position would mean something else).
+    """
+    resume = bool(cfg.resume_from_checkpoint)
+    recipe_checkpoint = cfg.checkpointer.get("recipe_checkpoint")
+    if not resume:
+        if recipe_checkpoint:
+            raise ConfigError(
+                f"checkpointer.recipe_checkpoint={recipe_checkpoint} is set but resume_from_checkpoint is False, "
+                "so it would be ignored. Set resume_from_checkpoint=True to continue that run, or "
+                "checkpointer.recipe_checkpoint=null to start a new one."
+            )
+        return None
+    if not recipe_checkpoint:
+        raise ConfigError(
+            f"resume_from_checkpoint=True needs checkpointer.recipe_checkpoint: the path of the {RECIPE_STATE_NAME} "
+            "saved by the run to resume (e.g. checkpointer.recipe_checkpoint=OUTPUT_DIR/step_100/"
+            f"{RECIPE_STATE_NAME})."
+        )
+    path = _recipe_state_path(cfg, recipe_checkpoint)
+    verify_manifest(path.parent, only=[path.name])
+    state = load_recipe_state(path)
+    missing = [k for k in _REQUIRED if k not in state]
+    if "model" in state or missing:
+        raise TuneError(
+            f"{path} is not a resumable recipe state (it lacks {', '.join(missing) or 'the recipe keys'}); it was "
+            "not written by this recipe, or by a final, non-resumable save. Point checkpointer.recipe_checkpoint at "
+            f"a {RECIPE_STATE_NAME} from a step or epoch folder."
+        )
+    _check_settings(state, settings)
+    return ResumePlan(recipe_state_path=path, state=state)
+
+
+def _check_settings(state: Dict[str, Any], settings: RunSettings) -> None:
+    if bool(state["optimizer_in_bwd"]) != settings.optimizer_in_bwd:
+        saved = bool(state["optimizer_in_bwd"])
+        raise TuneError(
+            f"The recipe checkpoint was made with optimizer_in_bwd={saved} but this run has "
+            f"optimizer_in_bwd={settings.optimizer_in_bwd}; the optimizer state cannot be carried across. "
+            f"Resume with optimizer_in_bwd={saved}."
+        )
+    for key in ("batch_size", "gradient_accumulation_steps"):
+        saved, ours = state[key], getattr(settings, key)
+        if saved != ours:
+            raise TuneError(
+                f"The recipe checkpoint was made with {key}={saved}, this run has {key}={ours}: the saved "
+                f"position inside the epoch would point at other data. Resume with {key}={saved}."
+            )
+    if settings.seed is not None and state["seed"] != settings.seed:
+        log.warning(
+            "seed=%s differs from the checkpoint's seed=%s; using the checkpoint's so the data order continues.",
+            settings.seed,
+            state["seed"],
+        )
+    if state["max_steps_per_epoch"] != settings.max_steps_per_epoch:
+        log.warning(
+            "max_steps_per_epoch=%s differs from the checkpoint's %s; using the checkpoint's.",
+            settings.max_steps_per_epoch,
+            state["max_steps_per_epoch"],
+        )
+    if state["total_epochs"] != settings.epochs:
+        log.warning(
+            "epochs=%s differs from the checkpoint's %s; training to %s epochs, and the LR schedule continues "
+            "with the new total.",
+            settings.epochs,
+            state["total_epochs"],
+            settings.epochs,
+        )
+
+
+def build_checkpointer(cfg_checkpointer: Any, resume: Optional[ResumePlan]) -> Any:
+    """The checkpointer of ``cfg_checkpointer``; a resumed run reads its weights from the resumed folder."""
+    if resume is None:
+        return config.instantiate(cfg_checkpointer)
+    # A checkpoint folder holds the weights (in the input format) next to recipe_state.pt.
+    return config.instantiate(cfg_checkpointer, checkpoint_dir=str(resume.checkpoint_dir))
+
+
+def recipe_state(
+    *,
+    optimizer: Optimizer,
+    lr_scheduler: Any,
+    progress: TrainingProgress,
+    settings: RunSettings,
+    seed: int,
+    max_steps_per_epoch: Optional[int],
+    model: nn.Module,
+) -> Dict[str, Any]:
+    """Everything besides the weights that an exact resume needs, as :func:`resolve_resume` reads it."""
+    return {
+        "recipe_state_version": RECIPE_STATE_VERSION,
+        "optimizer": optimizer.state_dict(),
+        "optimizer_in_bwd": settings.optimizer_in_bwd,
+        "lr_scheduler": lr_scheduler.state_dict() if lr_scheduler is not None else None,
+        "seed": seed,
+        "epochs_run": progress.epochs_run,
+        "total_epochs": settings.epochs,
+        "max_steps_per_epoch": max_steps_per_epoch,
+        "global_step": progress.global_step,
+        "steps_run_in_epoch": progress.steps_run_in_epoch,
+        "batch_size": settings.batch_size,
+        "gradient_accumulation_steps": settings.gradient_accumulation_steps,
+        "rng_state": get_rng_state(),
+        "model_fingerprint": model_fingerprint(model),
+    }
+
+
+def resume_command(recipe: str, recipe_checkpoint: Path, argv: Optional[Sequence[str]] = None) -> str:
+    """The ``tune run`` command line that resumes this run (``argv``: this process's, by default).
+
+    ``recipe`` is the built-in recipe's name; a copy of the recipe run as a script (``tune cp``)
+    resumes with the copy.
+    """
+    argv = list(sys.argv if argv is None else argv)
+    script, args = (argv[0] if argv else ""), argv[1:]
+    config_path = None
+    if "--config" in args[:-1]:
+        i = args.index("--config")
+        config_path = args[i + 1]
+        del args[i : i + 2]
+    elif any(a.startswith("--config=") for a in args):
+        config_path = next(a for a in args if a.startswith("--config=")).split("=", 1)[1]
+        args = [a for a in args if not a.startswith("--config=")]
+    overrides = [a for a in args if not a.startswith(("resume_from_checkpoint=", "checkpointer.recipe_checkpoint="))]
+    from torchtune import _recipe_registry
+
+    builtin = _recipe_registry.get_recipe(recipe)
+    is_copy = script.endswith(".py") and builtin is not None and Path(script).resolve() != builtin.path.resolve()
+    parts = [
+        "tune",
+        "run",
+        script if is_copy else recipe,
+        "--config",
+        config_path or "CONFIG",
+        *overrides,
+        "resume_from_checkpoint=True",
+        f"checkpointer.recipe_checkpoint={recipe_checkpoint}",
+    ]
+    return " ".join(shlex.quote(p) for p in parts)

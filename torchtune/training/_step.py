@@ -1,0 +1,122 @@
+"""One forward and backward pass of a training step: the part every recipe, benchmark and estimate shares."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, ContextManager, Dict, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from torchtune.datasets import CROSS_ENTROPY_IGNORE_IDX
+
+__all__ = ["TrainStep", "forward_backward", "shift_labels"]
+
+
+def shift_labels(labels: torch.Tensor) -> torch.Tensor:
+    """``labels[:, t]`` becomes the target of position ``t`` (the next token); the last position has none."""
+    return F.pad(labels[:, 1:], (0, 1), value=CROSS_ENTROPY_IGNORE_IDX)
+
+
+def forward_backward(
+    model: nn.Module,
+    loss_fn: nn.Module,
+    batch: Dict[str, torch.Tensor],
+    *,
+    device: torch.device,
+    activations_ctx: Optional[ContextManager[Any]] = None,
+    loss_scale: float = 1.0,
+) -> torch.Tensor:
+    """Forward, loss and ``backward()`` of one (micro-)batch; returns the detached, unscaled loss.
+
+    ``loss_fn(model.output, hidden, labels)`` takes the final hidden states rather than logits, so a
+    chunked loss never holds the full fp32 logits. ``loss_scale`` multiplies the loss before
+    ``backward()`` (``1 / gradient_accumulation_steps``). With optimizer in backward the parameters
+    are updated inside ``backward()``. ``activations_ctx`` (activation offloading) wraps forward and
+    backward. Nothing here reads a value back to the host.
+    """
+    tokens = batch["tokens"].to(device, non_blocking=True)
+    labels = shift_labels(batch["labels"]).to(device, non_blocking=True)
+    mask = batch.get("mask")
+    input_pos = batch.get("input_pos")
+    if mask is not None:
+        mask = mask.to(device, non_blocking=True)
+    if input_pos is not None:
+        input_pos = input_pos.to(device, non_blocking=True)
+    with activations_ctx if activations_ctx is not None else contextlib.nullcontext():
+        hidden = model(tokens, mask=mask, input_pos=input_pos, output_hidden_states=True)
+        loss = loss_fn(model.output, hidden, labels)
+        del hidden  # the loss saved what it needs; the rest of the step should not keep it
+        (loss * loss_scale if loss_scale != 1.0 else loss).backward()
+    return loss.detach()
+
+
+class TrainStep:
+    """A whole optimizer step (forward, loss, backward, optimizer) built from a recipe config.
+
+    For code that runs steps outside a recipe's loop -- the memory estimator, the benchmarks, the GPU
+    memory check -- so that what they measure is the step a recipe runs: the same model set-up,
+    in-backward hooks, loss and label shift. ``step(batch)`` returns the detached loss.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        loss_fn: nn.Module,
+        *,
+        device: torch.device,
+        activations_ctx: Optional[ContextManager[Any]] = None,
+        clip_grad_norm: Optional[float] = None,
+    ) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.loss_fn = loss_fn
+        self.device = device
+        self.activations_ctx = activations_ctx
+        self.clip_grad_norm = clip_grad_norm
+
+    @classmethod
+    def from_config(
+        cls,
+        cfg: Any,
+        *,
+        device: torch.device,
+        dtype: torch.dtype,
+        state_dict: Optional[Dict[str, torch.Tensor]] = None,
+        compile_model: Optional[bool] = None,
+    ) -> "TrainStep":
+        """The step of a finetune config (``model``, ``optimizer``, ``optimizer_in_bwd``, ``loss``,
+        ``clip_grad_norm``, activation checkpointing/offloading and ``compile`` keys); random weights
+        unless ``state_dict`` is given; ``compile_model`` overrides the config's ``compile``."""
+        from torchtune import config
+        from torchtune.training._activations import get_act_offloading_ctx_manager
+        from torchtune.training._model import build_model
+        from torchtune.training._optimizer import build_optimizer
+
+        model = build_model(
+            cfg.model,
+            device=device,
+            dtype=dtype,
+            state_dict=state_dict,
+            enable_activation_checkpointing=bool(cfg.enable_activation_checkpointing),
+            compile_model=bool(cfg.compile if compile_model is None else compile_model),
+        )
+        return cls(
+            model,
+            build_optimizer(cfg.optimizer, model, optimizer_in_bwd=bool(cfg.optimizer_in_bwd)),
+            config.instantiate(cfg.loss),
+            device=device,
+            activations_ctx=get_act_offloading_ctx_manager(model, bool(cfg.enable_activation_offloading)),
+            clip_grad_norm=cfg.clip_grad_norm,
+        )
+
+    def __call__(self, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
+        from torchtune.training._optimizer import step_optimizer
+
+        loss = forward_backward(
+            self.model, self.loss_fn, batch, device=self.device, activations_ctx=self.activations_ctx
+        )
+        step_optimizer(self.optimizer, self.model.parameters(), clip_grad_norm=self.clip_grad_norm)
+        return loss

@@ -1,0 +1,67 @@
+"""Learning-rate schedules, and building the one a config names."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Optional
+
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LambdaLR, LRScheduler
+
+from torchtune import config
+
+__all__ = ["build_lr_scheduler", "get_cosine_schedule_with_warmup"]
+
+
+def build_lr_scheduler(
+    cfg_lr_scheduler: Any,
+    optimizer: Optimizer,
+    *,
+    num_training_steps: int,
+    state_dict: Optional[Mapping[str, Any]] = None,
+) -> Optional[LRScheduler]:
+    """The schedule of ``cfg_lr_scheduler`` (``None``: constant LR) on ``optimizer``, restored from ``state_dict``.
+
+    ``optimizer`` is what the recipe holds in either mode: with optimizer in backward, the
+    ``OptimInBackwardWrapper``, whose ``param_groups`` are every per-parameter optimizer's groups.
+    """
+    if cfg_lr_scheduler is None:
+        return None
+    scheduler = config.instantiate(cfg_lr_scheduler, optimizer, num_training_steps=num_training_steps)
+    if state_dict is not None:
+        scheduler.load_state_dict(state_dict)
+        # A freshly built scheduler has already written its step-0 LR into the optimizer; put back
+        # the LR the interrupted run was at.
+        for group, lr in zip(optimizer.param_groups, scheduler.get_last_lr()):
+            group["lr"] = lr
+    return scheduler
+
+
+def get_cosine_schedule_with_warmup(
+    optimizer: Optimizer,
+    num_warmup_steps: int,
+    num_training_steps: int,
+    num_cycles: float = 0.5,
+    last_epoch: int = -1,
+) -> LambdaLR:
+    """Linear warm-up from 0 to the optimizer's LR, then a cosine decay to 0.
+
+    Args:
+        optimizer: the optimizer to schedule (with optimizer in backward, the
+            ``OptimInBackwardWrapper``).
+        num_warmup_steps: steps of linear warm-up.
+        num_training_steps: total optimizer steps of the run (the recipe fills this in).
+        num_cycles: cosine periods over the decay; 0.5 decays once from the peak to 0.
+        last_epoch: index of the last step taken, for resuming (-1 for a new run).
+    """
+    if num_warmup_steps < 0 or num_training_steps < 1:
+        raise ValueError("num_warmup_steps must be >= 0 and num_training_steps >= 1")
+
+    def lr_lambda(step: int) -> float:
+        if step < num_warmup_steps:
+            return step / max(1, num_warmup_steps)
+        progress = (step - num_warmup_steps) / max(1, num_training_steps - num_warmup_steps)
+        progress = min(progress, 1.0)
+        return max(0.0, 0.5 * (1.0 + math.cos(math.pi * num_cycles * 2.0 * progress)))
+
+    return LambdaLR(optimizer, lr_lambda, last_epoch)
