@@ -11,7 +11,8 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from torchtune._errors import ConfigError
 
-_COMPONENT = "_component_"
+# The key whose value names the object a config node builds; the one place it is spelled.
+COMPONENT_KEY = "_component_"
 
 
 # Optional dependencies that are extras of this package: the hint names the extra.
@@ -124,7 +125,7 @@ def _to_python(node: Any, key: Optional[str]) -> Any:
 def _build(value: Any, key: str) -> Any:
     """Build every ``_component_`` mapping inside ``value``, innermost first."""
     if isinstance(value, dict):
-        if _COMPONENT in value:
+        if COMPONENT_KEY in value:
             return _call(value, key, (), {})
         return {k: _build(v, f"{key}.{k}" if key else str(k)) for k, v in value.items()}
     if isinstance(value, list):
@@ -134,8 +135,8 @@ def _build(value: Any, key: str) -> Any:
 
 def _call(fields: dict, key: str, args: tuple, kwargs: dict) -> Any:
     fields = dict(fields)
-    path = fields.pop(_COMPONENT)
-    target = import_component(path, f"{key}.{_COMPONENT}" if key else _COMPONENT)
+    path = fields.pop(COMPONENT_KEY)
+    target = import_component(path, f"{key}.{COMPONENT_KEY}" if key else COMPONENT_KEY)
     built = {k: _build(v, f"{key}.{k}" if key else str(k)) for k, v in fields.items()}
     built.update(kwargs)  # the caller's kwargs win over the config's fields
     if not callable(target):
@@ -170,7 +171,7 @@ def instantiate(node: Any, *args: Any, **kwargs: Any) -> Any:
             f"{type(node).__name__} {node!r}."
         )
     fields = _to_python(node, key)
-    if _COMPONENT not in fields:
+    if COMPONENT_KEY not in fields:
         raise ConfigError(
             f"Config node '{key or '<root>'}' has no _component_ key, so there is nothing to instantiate; "
             f"add e.g. '_component_: torch.optim.AdamW' (its keys are: {', '.join(map(str, fields))})."

@@ -20,8 +20,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from torchtune._errors import ConfigError
-
-_COMPONENT = "_component_"
+from torchtune.config._instantiate import COMPONENT_KEY
 
 
 def parse_override_value(text: str) -> Any:
@@ -171,9 +170,9 @@ def apply_override(cfg: DictConfig, override: str, source: Optional[str] = None)
     if current is _ABSENT:
         raise _unknown_key(cfg, key, override, source, f"key '{key}' is not in the config")
     if isinstance(current, DictConfig) and value is not None and not isinstance(value, dict):
-        if _COMPONENT in current.keys() and isinstance(value, str):
+        if COMPONENT_KEY in current.keys() and isinstance(value, str):
             # Swap the component, keep its other fields (tune's `optimizer=torch.optim.SGD`).
-            current[_COMPONENT] = value
+            current[COMPONENT_KEY] = value
             return
         fields = ", ".join(str(k) for k in current.keys())
         raise ConfigError(
