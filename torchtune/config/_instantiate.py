@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib
 import inspect
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
@@ -69,6 +70,30 @@ def import_component(path: str, key: Optional[str] = None) -> Any:
             raise ConfigError(f"Cannot import {where}'{path}': '{owner}' has no attribute '{attr}'.{hint}")
         obj = getattr(obj, attr)
     return obj
+
+
+def _inspect_signature(target: Callable) -> Optional[inspect.Signature]:
+    try:
+        return inspect.signature(target)
+    except (TypeError, ValueError):  # some builtins have no signature; let the call itself decide
+        return None
+
+
+_cached_signature = functools.lru_cache(maxsize=512)(_inspect_signature)
+
+
+def component_signature(target: Callable) -> Optional[inspect.Signature]:
+    """``inspect.signature(target)``, or None where it has none; computed once per callable.
+
+    The same component is checked by ``validate`` and again by ``instantiate``, and the optimizer node
+    of the optimizer-in-backward recipe is built once per parameter (291 times for Llama2-7B). A
+    callable that cannot be a cache key (an instance with ``__eq__`` but no ``__hash__``) is inspected
+    every time instead.
+    """
+    try:
+        return _cached_signature(target)
+    except TypeError:  # unhashable: the cache cannot key it
+        return _inspect_signature(target)
 
 
 def signature_problem(
@@ -141,10 +166,7 @@ def _call(fields: dict, key: str, args: tuple, kwargs: dict) -> Any:
     built.update(kwargs)  # the caller's kwargs win over the config's fields
     if not callable(target):
         raise ConfigError(f"'{key or '<root>'}._component_' = '{path}' is not callable.")
-    try:
-        signature = inspect.signature(target)
-    except (TypeError, ValueError):  # some builtins have no signature; let the call itself decide
-        signature = None
+    signature = component_signature(target)
     if signature is not None:
         problem = signature_problem(signature, built, args)
         if problem:

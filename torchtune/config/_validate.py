@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import difflib
-import inspect
 from typing import Any, Sequence
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from torchtune._errors import ConfigError
-from torchtune.config._instantiate import COMPONENT_KEY, import_component, signature_problem
+from torchtune.config._instantiate import COMPONENT_KEY, component_signature, import_component, signature_problem
 
 
 def _join(prefix: str, key: Any) -> str:
@@ -50,9 +49,8 @@ def _check_component(node: DictConfig, prefix: str, problems: list[str]) -> None
     except ConfigError as exc:
         problems.append(f"{key}: {exc}")
         return
-    try:
-        signature = inspect.signature(target)
-    except (TypeError, ValueError):
+    signature = component_signature(target)
+    if signature is None:
         return  # no introspectable signature (some builtins): nothing to check
     fields = {str(k): None for k in node.keys() if k != COMPONENT_KEY}
     problem = signature_problem(signature, fields, partial=True)
