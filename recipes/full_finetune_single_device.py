@@ -28,6 +28,7 @@ from tqdm import tqdm
 from torchtune import config, utils
 from torchtune._errors import ConfigError, TuneError
 from torchtune.datasets import collate_for
+from torchtune.modules.loss import CROSS_ENTROPY_IGNORE_IDX as IGNORE_INDEX
 from torchtune.utils import memory
 from torchtune.utils._activations import OffloadActivations, set_activation_checkpointing
 from torchtune.utils._checkpointing._checkpoint_utils import is_standard_optimizer_state
@@ -35,7 +36,6 @@ from torchtune.utils._checkpointing._checkpointer import validate_state_dict
 
 log = logging.getLogger("torchtune")
 
-IGNORE_INDEX = -100
 RECIPE_STATE_VERSION = 1
 
 # Every key this recipe reads; each one is in the shipped configs. An unknown key is a typo.

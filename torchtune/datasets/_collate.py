@@ -7,7 +7,7 @@ from typing import Any, Dict, Mapping, Sequence
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-CROSS_ENTROPY_IGNORE_IDX = -100
+from torchtune.modules.loss import CROSS_ENTROPY_IGNORE_IDX
 
 
 def _long(x: Any) -> torch.Tensor:

@@ -12,7 +12,8 @@ from torch.utils.data import Dataset
 from tqdm.auto import tqdm
 
 from torchtune._errors import TuneError
-from torchtune.datasets._collate import CROSS_ENTROPY_IGNORE_IDX, packed_collate, padded_collate
+from torchtune.datasets._collate import packed_collate, padded_collate
+from torchtune.modules.loss import CROSS_ENTROPY_IGNORE_IDX
 
 
 class PackedDataset(Dataset):
