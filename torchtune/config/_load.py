@@ -42,7 +42,8 @@ def load_yaml_file(path: Path) -> DictConfig:
     """Read one YAML config file into a DictConfig through OmegaConf's own YAML loader.
 
     That loader reads ``2e-5`` as a float (PyYAML alone keeps it a string), leaves dates as text and
-    refuses a duplicate key. A syntax error names the file, line and column.
+    refuses a duplicate key (it compares string keys, which is what config keys are; two ``1:`` keys
+    would pass, the later one winning). A syntax error names the file, line and column.
     """
     try:
         text = Path(path).read_text(encoding="utf-8")
