@@ -36,7 +36,7 @@ import torch  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from torchtune import training, utils  # noqa: E402
-from torchtune.datasets import CROSS_ENTROPY_IGNORE_IDX  # noqa: E402
+from torchtune.modules.loss import CROSS_ENTROPY_IGNORE_IDX  # noqa: E402
 
 PAD_ID = 0
 

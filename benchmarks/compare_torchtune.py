@@ -198,7 +198,7 @@ def worker(impl: str, config_path: Path, result_path: Path) -> None:
         rates = [float(x) for x in re.findall(r"tokens_per_second_per_gpu:([0-9.eE+-]+)", text)]
         recipe._dataloader.sampler.set_epoch(0)
         batches = [b for b, _ in zip(recipe._dataloader, rates)]
-        counts = [int((b["labels"] != -100).sum()) for b in batches]
+        counts = [int((b["labels"] != -100).sum()) for b in batches]  # torchtune 0.6.1's own ignore index
         tokens = [int(b["tokens"].numel()) for b in batches]
     result_path.write_text(json.dumps({"step_s": [c / r for c, r in zip(counts, rates)], "tokens": tokens}))
 

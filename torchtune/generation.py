@@ -21,9 +21,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from torchtune._errors import TuneError
+from torchtune.modules.loss import CROSS_ENTROPY_IGNORE_IDX
 
 LLAMA2_EOS_ID = 2
-_IGNORE_INDEX = -100
 
 Prompt = Union[Sequence[int], torch.Tensor]
 
@@ -308,11 +308,11 @@ def heldout_loss(
                 F.cross_entropy(
                     logits.reshape(-1, logits.size(-1)).float(),
                     targets.reshape(-1),
-                    ignore_index=_IGNORE_INDEX,
+                    ignore_index=CROSS_ENTROPY_IGNORE_IDX,
                     reduction="sum",
                 )
             )
-            count += int((targets != _IGNORE_INDEX).sum())
+            count += int((targets != CROSS_ENTROPY_IGNORE_IDX).sum())
     finally:
         model.train(was_training)
     if count == 0:

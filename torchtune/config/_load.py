@@ -1,106 +1,78 @@
-"""Finding and loading YAML configs: built-in names or paths, typed YAML, clear syntax errors."""
+"""Finding and loading YAML configs: built-in names or paths, read by OmegaConf, clear syntax errors."""
 
 from __future__ import annotations
 
 import difflib
+import io
 import re
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Iterable, Optional
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from torchtune import _recipe_registry as registry
 from torchtune._errors import ConfigError
-
-
-class _TuneYamlLoader(yaml.SafeLoader):
-    """SafeLoader that reads ``2e-5`` as a float and refuses duplicate keys.
-
-    YAML 1.1 (PyYAML) only calls a number with an exponent a float when it has a dot (``2.0e-5``), so a
-    learning rate written ``2e-5`` would silently become a string. A duplicate key is almost always
-    a copy-paste mistake whose first value would otherwise be dropped without a word.
-    """
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
-        seen: dict[Any, yaml.Node] = {}
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
-            try:
-                duplicate = key in seen
-            except TypeError:  # unhashable key: SafeLoader reports it below
-                continue
-            if duplicate:
-                raise yaml.constructor.ConstructorError(
-                    "while constructing a mapping",
-                    node.start_mark,
-                    f"found duplicate key {key!r}",
-                    key_node.start_mark,
-                )
-            seen[key] = key_node
-        return super().construct_mapping(node, deep=deep)
-
-
-_FLOAT = re.compile(
-    r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
-    |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
-    |\.[0-9_]+(?:[eE][-+][0-9]+)?
-    |[-+]?\.(?:inf|Inf|INF)
-    |\.(?:nan|NaN|NAN))$""",
-    re.X,
-)
-# Replace SafeLoader's float resolver with one that also accepts 1e-5 (no dot).
-_TuneYamlLoader.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:float"]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-for _first in "-+0123456789.":
-    _TuneYamlLoader.yaml_implicit_resolvers.setdefault(_first, []).append(("tag:yaml.org,2002:float", _FLOAT))
-
-
-def parse_yaml_value(text: str) -> Any:
-    """Type one ``key=value`` value as YAML would: ints, floats (``2e-5``), bools, ``null``, lists, dicts.
-
-    An empty value is the empty string; text YAML cannot parse (``a: b: c``) is kept as a string.
-    """
-    if text == "":
-        return ""
-    try:
-        return yaml.load(text, Loader=_TuneYamlLoader)
-    except yaml.YAMLError:
-        return text
+from torchtune.config._overrides import apply_overrides
 
 
 def _yaml_error_message(path: Path, exc: yaml.YAMLError) -> str:
     mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
     where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "unknown line"
     problem = getattr(exc, "problem", None) or str(exc)
+    duplicate = re.fullmatch(r"found duplicate key (.+)", problem)
+    if duplicate:  # OmegaConf's loader refuses it; its text names the key without quotes
+        return (
+            f"Config file {path} has a duplicate key '{duplicate.group(1)}' at {where}: a key may appear once "
+            "per mapping (the later value would silently replace the earlier one). Remove or rename one of them."
+        )
     context = getattr(exc, "context", None)
     detail = f"{problem} ({context})" if context else problem
     return f"Config file {path} is not valid YAML: {where}: {detail}. Fix the YAML at that line."
 
 
+def _not_a_mapping(path: Path, what: str) -> ConfigError:
+    return ConfigError(
+        f"Config file {path} must be a YAML mapping of keys to values at the top level, but it holds {what}."
+    )
+
+
 def load_yaml_file(path: Path) -> DictConfig:
-    """Read one YAML config file into a DictConfig; a syntax error names the file and line."""
+    """Read one YAML config file into a DictConfig through OmegaConf's own YAML loader.
+
+    That loader reads ``2e-5`` as a float (PyYAML alone keeps it a string), leaves dates as text and
+    refuses a duplicate key (it compares string keys, which is what config keys are; two ``1:`` keys
+    would pass, the later one winning). A syntax error names the file, line and column.
+    """
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"Cannot read config file {path}: {exc.strerror or exc}.") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"Cannot read config file {path}: it is not UTF-8 text ({exc.reason}).") from exc
     try:
-        data = yaml.load(text, Loader=_TuneYamlLoader)
+        cfg = OmegaConf.load(io.StringIO(text))
     except yaml.YAMLError as exc:
         raise ConfigError(_yaml_error_message(path, exc)) from exc
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(
-            f"Config file {path} must be a YAML mapping of keys to values at the top level, "
-            f"but it holds a {type(data).__name__}."
-        )
-    try:
-        return OmegaConf.create(data)
-    except Exception as exc:  # omegaconf rejects e.g. non-string keys
-        raise ConfigError(f"Config file {path} cannot be loaded: {exc}") from exc
+    except OSError as exc:  # OmegaConf.load refuses a top level that is a number or a bool
+        raise _not_a_mapping(path, "a single value") from exc
+    except OmegaConfBaseException as exc:  # e.g. a value type OmegaConf cannot hold (!!set)
+        key = f" (key '{exc.full_key}')" if getattr(exc, "full_key", None) else ""
+        raise ConfigError(f"Config file {path} cannot be loaded{key}: {str(exc).splitlines()[0]}.") from exc
+    if not isinstance(cfg, DictConfig):
+        raise _not_a_mapping(path, "a list")
+    if len(cfg) == 1 and _top_level_is_a_string(text):
+        raise _not_a_mapping(path, f"the single value {next(iter(cfg.keys()))!r}")
+    return cfg
+
+
+def _top_level_is_a_string(text: str) -> bool:
+    # OmegaConf.load turns a file holding only a string ("hello") into {"hello": None}, the same
+    # config as the mapping "hello:". Only the YAML node tree tells them apart, and OmegaConf has no
+    # switch to refuse it: this is the one piece of YAML reading kept here (the tree is composed, no
+    # value is built, and only for a config of a single key).
+    return isinstance(yaml.compose(text, Loader=yaml.SafeLoader), yaml.ScalarNode)
 
 
 def builtin_config_names() -> list[str]:
@@ -152,8 +124,6 @@ def resolve_config_path(name_or_path: str) -> Path:
 
 def load_config(name_or_path: str, overrides: Iterable[str] = ()) -> DictConfig:
     """Load a built-in config or YAML file and apply ``key=value`` / ``~key`` / ``+key=value`` overrides."""
-    from torchtune.config._overrides import apply_overrides
-
     path = resolve_config_path(name_or_path)
     cfg = load_yaml_file(path)
     return apply_overrides(cfg, list(overrides), source=str(path))

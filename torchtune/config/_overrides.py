@@ -15,12 +15,30 @@ from __future__ import annotations
 import difflib
 from typing import Any, Iterator, Optional, Sequence
 
+import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from torchtune._errors import ConfigError
-from torchtune.config._load import parse_yaml_value
+from torchtune.config._instantiate import COMPONENT_KEY
 
-_COMPONENT = "_component_"
+
+def parse_override_value(text: str) -> Any:
+    """Type one ``key=value`` value as OmegaConf's command line does (``OmegaConf.from_dotlist``).
+
+    That is OmegaConf's YAML reading: ints, floats (``2e-5``), bools, ``null``, lists, dicts, ``${...}``
+    kept as an interpolation. An empty value (``key=``) is the empty string, where OmegaConf would read
+    null (``key=null`` says null); text YAML cannot parse (``a: b: c``) stays a string.
+    """
+    if text == "":
+        return ""
+    try:
+        parsed = OmegaConf.from_dotlist([f"value={text}"])
+    except yaml.YAMLError as exc:
+        if str(getattr(exc, "problem", "")).startswith("found duplicate key"):
+            raise  # {a: 1, a: 2} parses, but one of its values would be dropped
+        return text
+    return OmegaConf.to_container(parsed)["value"]
 
 
 def iter_key_paths(node: Any, prefix: str = "") -> Iterator[str]:
@@ -132,7 +150,11 @@ def apply_override(cfg: DictConfig, override: str, source: Optional[str] = None)
         )
     key, text = override.split("=", 1)
     key = key.strip()
-    value = parse_yaml_value(text)
+    try:
+        value = parse_override_value(text)
+    except (OmegaConfBaseException, yaml.YAMLError) as exc:  # a duplicate key, a value type such as !!set
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"Override '{override}' cannot be applied: {problem}.") from exc
     if key.startswith("+"):
         key = key[1:]
         container, last = _locate(cfg, key, override, source, create=True)
@@ -148,9 +170,9 @@ def apply_override(cfg: DictConfig, override: str, source: Optional[str] = None)
     if current is _ABSENT:
         raise _unknown_key(cfg, key, override, source, f"key '{key}' is not in the config")
     if isinstance(current, DictConfig) and value is not None and not isinstance(value, dict):
-        if _COMPONENT in current.keys() and isinstance(value, str):
+        if COMPONENT_KEY in current.keys() and isinstance(value, str):
             # Swap the component, keep its other fields (tune's `optimizer=torch.optim.SGD`).
-            current[_COMPONENT] = value
+            current[COMPONENT_KEY] = value
             return
         fields = ", ".join(str(k) for k in current.keys())
         raise ConfigError(

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import difflib
-import inspect
 from typing import Any, Sequence
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from torchtune._errors import ConfigError
-from torchtune.config._instantiate import import_component, signature_problem
-
-_COMPONENT = "_component_"
+from torchtune.config._instantiate import COMPONENT_KEY, component_signature, import_component, signature_problem
 
 
 def _join(prefix: str, key: Any) -> str:
@@ -38,25 +35,24 @@ def _walk(node: Any, prefix: str, problems: list[str]) -> None:
                 problems.append(f"{path}: cannot resolve {OmegaConf.to_container(node)[key]!r}: {reason}")
             continue
         _walk(node[key], path, problems)
-    if isinstance(node, DictConfig) and _COMPONENT in keys:
+    if isinstance(node, DictConfig) and COMPONENT_KEY in keys:
         _check_component(node, prefix, problems)
 
 
 def _check_component(node: DictConfig, prefix: str, problems: list[str]) -> None:
-    key = _join(prefix, _COMPONENT)
-    if OmegaConf.is_interpolation(node, _COMPONENT) or OmegaConf.is_missing(node, _COMPONENT):
+    key = _join(prefix, COMPONENT_KEY)
+    if OmegaConf.is_interpolation(node, COMPONENT_KEY) or OmegaConf.is_missing(node, COMPONENT_KEY):
         return  # reported (or fine) above
-    path = node[_COMPONENT]
+    path = node[COMPONENT_KEY]
     try:
         target = import_component(path)
     except ConfigError as exc:
         problems.append(f"{key}: {exc}")
         return
-    try:
-        signature = inspect.signature(target)
-    except (TypeError, ValueError):
+    signature = component_signature(target)
+    if signature is None:
         return  # no introspectable signature (some builtins): nothing to check
-    fields = {str(k): None for k in node.keys() if k != _COMPONENT}
+    fields = {str(k): None for k in node.keys() if k != COMPONENT_KEY}
     problem = signature_problem(signature, fields, partial=True)
     if problem:
         problems.append(f"{prefix or '<root>'}: {path}: {problem}")

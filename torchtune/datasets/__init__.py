@@ -4,22 +4,17 @@ Importing this package does not import ``datasets`` (that happens when a dataset
 """
 
 from torchtune.datasets._alpaca import alpaca_dataset
-from torchtune.datasets._collate import (
-    CROSS_ENTROPY_IGNORE_IDX,
-    block_causal_mask,
-    collate_for,
-    packed_collate,
-    padded_collate,
-)
+from torchtune.datasets._collate import block_causal_mask, packed_collate, padded_collate
 from torchtune.datasets._instruct import InstructDataset, instruct_dataset
 from torchtune.datasets._loading import load_hf_dataset
-from torchtune.datasets._packed import PackedDataset
+from torchtune.datasets._packed import PackedDataset, collate_for
 from torchtune.datasets._templates import (
     AlpacaInstructTemplate,
     FormatInstructTemplate,
     InstructTemplate,
     resolve_template,
 )
+from torchtune.modules.loss import CROSS_ENTROPY_IGNORE_IDX  # re-exported: the label losses leave out
 
 __all__ = [
     "AlpacaInstructTemplate",

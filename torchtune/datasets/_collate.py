@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from functools import partial
-from typing import Any, Callable, Dict, List, Mapping, Sequence
+from typing import Any, Dict, Mapping, Sequence
 
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-CROSS_ENTROPY_IGNORE_IDX = -100
+from torchtune.modules.loss import CROSS_ENTROPY_IGNORE_IDX
 
 
 def _long(x: Any) -> torch.Tensor:
@@ -41,17 +40,3 @@ def packed_collate(batch: Sequence[Mapping[str, Any]]) -> Dict[str, torch.Tensor
     out = {key: torch.stack([_long(x[key]) for x in batch]) for key in ("tokens", "labels", "input_pos")}
     out["mask"] = torch.stack([block_causal_mask(_long(x["seq_lens"]).tolist()) for x in batch])
     return out
-
-
-def collate_for(
-    dataset: Any,
-    padding_idx: int = 0,
-    ignore_idx: int = CROSS_ENTROPY_IGNORE_IDX,
-) -> Callable[[List[Mapping[str, Any]]], Dict[str, torch.Tensor]]:
-    """The collate function for ``dataset``: ``packed_collate`` for a ``PackedDataset`` (already
-    padded to its length), else ``padded_collate`` with these padding values."""
-    from torchtune.datasets._packed import PackedDataset
-
-    if isinstance(dataset, PackedDataset):
-        return packed_collate
-    return partial(padded_collate, padding_idx=padding_idx, ignore_idx=ignore_idx)

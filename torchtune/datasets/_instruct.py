@@ -7,9 +7,10 @@ from typing import Any, Dict, List, Mapping, Optional, Protocol
 from torch.utils.data import Dataset
 
 from torchtune._errors import TuneError
-from torchtune.datasets._collate import CROSS_ENTROPY_IGNORE_IDX
 from torchtune.datasets._loading import describe_source, load_hf_dataset
+from torchtune.datasets._packed import PackedDataset
 from torchtune.datasets._templates import InstructTemplate, TemplateLike, resolve_template
+from torchtune.modules.loss import CROSS_ENTROPY_IGNORE_IDX
 
 
 class Tokenizer(Protocol):
@@ -186,8 +187,6 @@ def instruct_dataset(
         **load_dataset_kwargs,
     )
     if packed:
-        from torchtune.datasets._packed import PackedDataset
-
         return PackedDataset(ds, max_seq_len=ds.max_seq_len, padding_idx=_padding_idx(tokenizer))
     return ds
 

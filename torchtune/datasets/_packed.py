@@ -1,16 +1,19 @@
-"""Packing: several examples per fixed-length sequence, so no compute goes to padding."""
+"""Packing: several examples per fixed-length sequence, so no compute goes to padding; ``collate_for``
+picks the collate function that fits a dataset, packed or not."""
 
 from __future__ import annotations
 
 import sys
-from typing import Any, Dict, List
+from functools import partial
+from typing import Any, Callable, Dict, List, Mapping
 
 import torch
 from torch.utils.data import Dataset
 from tqdm.auto import tqdm
 
 from torchtune._errors import TuneError
-from torchtune.datasets._collate import CROSS_ENTROPY_IGNORE_IDX
+from torchtune.datasets._collate import packed_collate, padded_collate
+from torchtune.modules.loss import CROSS_ENTROPY_IGNORE_IDX
 
 
 class PackedDataset(Dataset):
@@ -99,3 +102,15 @@ class PackedDataset(Dataset):
 
     def __getitem__(self, index: int) -> Dict[str, torch.Tensor]:
         return self.packs[index]
+
+
+def collate_for(
+    dataset: Any,
+    padding_idx: int = 0,
+    ignore_idx: int = CROSS_ENTROPY_IGNORE_IDX,
+) -> Callable[[List[Mapping[str, Any]]], Dict[str, torch.Tensor]]:
+    """The collate function for ``dataset``: ``packed_collate`` for a ``PackedDataset`` (already
+    padded to its length), else ``padded_collate`` with these padding values."""
+    if isinstance(dataset, PackedDataset):
+        return packed_collate
+    return partial(padded_collate, padding_idx=padding_idx, ignore_idx=ignore_idx)

@@ -14,9 +14,8 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-__all__ = ["ChunkedCrossEntropyLoss"]
+__all__ = ["chunked_linear_cross_entropy"]
 
 
 def _chunk_nll_sum(
@@ -90,28 +89,14 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         return grad_h, grad_w, grad_b, None, None, None
 
 
-class ChunkedCrossEntropyLoss(nn.Module):
-    """Mean token cross-entropy in fp32, computed ``num_output_chunks`` token chunks at a time.
-
-    Same inputs, value and gradients as ``torchtune.modules.loss.CrossEntropyLoss``: called with the
-    output projection, the final hidden states ``[b, s, dim]`` and already-shifted labels ``[b, s]``;
-    labels equal to ``ignore_index`` are left out; a batch with no label gives 0 and zero gradients.
-
-    Args:
-        num_output_chunks: how many token chunks the logits are computed in. More chunks: a smaller
-            fp32 peak (``b*s*vocab*4 / num_output_chunks`` bytes), slightly more kernel launches.
-        ignore_index: label value that is left out of the loss.
-    """
-
-    def __init__(self, num_output_chunks: int = 8, ignore_index: int = -100) -> None:
-        super().__init__()
-        if num_output_chunks < 1:
-            raise ValueError(f"num_output_chunks must be >= 1, got {num_output_chunks}")
-        self.num_output_chunks = num_output_chunks
-        self.ignore_index = ignore_index
-
-    def forward(self, output_proj: nn.Linear, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """Loss of ``output_proj(hidden)`` against ``labels``, never materialising all logits."""
-        return _ChunkedLinearCrossEntropy.apply(
-            hidden, output_proj.weight, output_proj.bias, labels, self.num_output_chunks, self.ignore_index
-        )
+def chunked_linear_cross_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    labels: torch.Tensor,
+    num_chunks: int,
+    ignore_index: int,
+) -> torch.Tensor:
+    """Mean fp32 cross-entropy of ``F.linear(hidden, weight, bias)`` against ``labels``, over the labels
+    that are not ``ignore_index``, computed ``num_chunks`` token chunks at a time in forward and backward."""
+    return _ChunkedLinearCrossEntropy.apply(hidden, weight, bias, labels, num_chunks, ignore_index)

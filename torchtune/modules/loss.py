@@ -10,9 +10,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from torchtune.modules._chunked_loss import ChunkedCrossEntropyLoss
+from torchtune.modules._chunked_loss import chunked_linear_cross_entropy
 
-__all__ = ["ChunkedCrossEntropyLoss", "CrossEntropyLoss"]
+__all__ = ["CROSS_ENTROPY_IGNORE_IDX", "ChunkedCrossEntropyLoss", "CrossEntropyLoss"]
+
+# The label the losses leave out: prompt tokens (train_on_input=False), padding and the first token of
+# each packed segment carry it. -100 is also F.cross_entropy's default ignore_index. Datasets, collate
+# functions and recipes import it from here.
+CROSS_ENTROPY_IGNORE_IDX = -100
 
 
 class CrossEntropyLoss(nn.Module):
@@ -26,7 +31,7 @@ class CrossEntropyLoss(nn.Module):
         ignore_index: label value that is left out of the loss.
     """
 
-    def __init__(self, ignore_index: int = -100) -> None:
+    def __init__(self, ignore_index: int = CROSS_ENTROPY_IGNORE_IDX) -> None:
         super().__init__()
         self.ignore_index = ignore_index
 
@@ -39,3 +44,31 @@ class CrossEntropyLoss(nn.Module):
         # clamp instead of branching on the count: no host sync, and 0/1 = 0 when all are ignored
         num_tokens = (labels != self.ignore_index).sum().clamp(min=1)
         return loss_sum / num_tokens
+
+
+class ChunkedCrossEntropyLoss(nn.Module):
+    """Mean token cross-entropy in fp32, computed ``num_output_chunks`` token chunks at a time.
+
+    Same inputs, value and gradients as ``CrossEntropyLoss``: called with the output projection, the
+    final hidden states ``[b, s, dim]`` and already-shifted labels ``[b, s]``; labels equal to
+    ``ignore_index`` are left out; a batch with no label gives 0 and zero gradients. The full fp32
+    logits never exist at once (see ``torchtune.modules._chunked_loss``).
+
+    Args:
+        num_output_chunks: how many token chunks the logits are computed in. More chunks: a smaller
+            fp32 peak (``b*s*vocab*4 / num_output_chunks`` bytes), slightly more kernel launches.
+        ignore_index: label value that is left out of the loss.
+    """
+
+    def __init__(self, num_output_chunks: int = 8, ignore_index: int = CROSS_ENTROPY_IGNORE_IDX) -> None:
+        super().__init__()
+        if num_output_chunks < 1:
+            raise ValueError(f"num_output_chunks must be >= 1, got {num_output_chunks}")
+        self.num_output_chunks = num_output_chunks
+        self.ignore_index = ignore_index
+
+    def forward(self, output_proj: nn.Linear, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Loss of ``output_proj(hidden)`` against ``labels``, never materialising all logits."""
+        return chunked_linear_cross_entropy(
+            hidden, output_proj.weight, output_proj.bias, labels, self.num_output_chunks, self.ignore_index
+        )

@@ -11,7 +11,8 @@ from torch.utils.data import DataLoader
 
 from torchtune import config
 from torchtune._errors import TuneError
-from torchtune.datasets import CROSS_ENTROPY_IGNORE_IDX, collate_for
+from torchtune.datasets import collate_for
+from torchtune.modules.loss import CROSS_ENTROPY_IGNORE_IDX
 from torchtune.training._sampler import ResumableSampler
 
 log = logging.getLogger("torchtune")

@@ -42,6 +42,8 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_leaves
 
+from torchtune.config._instantiate import COMPONENT_KEY
+
 __all__ = [
     "CATEGORIES",
     "LayoutOptimizer",
@@ -294,7 +296,7 @@ def layout_optimizer_config(component: str, kwargs: dict[str, Any]) -> Optional[
     """The ``_component_`` node that replaces a bitsandbytes/torchao optimizer, or None for others."""
     if not component.startswith(("bitsandbytes.", "torchao.")):
         return None
-    return {"_component_": f"{__name__}.LayoutOptimizer", "optimizer_component": component, **kwargs}
+    return {COMPONENT_KEY: f"{__name__}.LayoutOptimizer", "optimizer_component": component, **kwargs}
 
 
 # --- profiling a training step ----------------------------------------------------------------------
@@ -488,7 +490,7 @@ def estimate_recipe_memory(
         "CUDA context (~0.3-0.5 GB) are not included"
     ]
     optimizer_node = OmegaConf.to_container(cfg.optimizer, resolve=True)
-    component = optimizer_node.pop("_component_")
+    component = optimizer_node.pop(COMPONENT_KEY)
     layout = layout_optimizer_config(component, optimizer_node)
     if layout is not None:
         _require(component, "bitsandbytes" if component.startswith("bitsandbytes.") else "torchao")

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from torchtune.datasets import CROSS_ENTROPY_IGNORE_IDX
+from torchtune.modules.loss import CROSS_ENTROPY_IGNORE_IDX
 
 __all__ = ["TrainStep", "forward_backward", "shift_labels"]
 

@@ -1,5 +1,6 @@
 """config.instantiate: dotted-path import, nesting, interpolation, kwargs precedence."""
 
+import inspect
 import sys
 import textwrap
 
@@ -21,6 +22,14 @@ def optimizer(params, lr=1e-3, betas=(0.9, 0.99), **kwargs):
     return {"params": params, "lr": lr, "betas": betas, **kwargs}
 
 NOT_CALLABLE = 3
+
+class _Unhashable:
+    __hash__ = None  # e.g. a dataclass with eq=True
+
+    def __call__(self, x=1):
+        return x
+
+UNHASHABLE = _Unhashable()
 """
 
 
@@ -126,3 +135,45 @@ def test_import_component_follows_attributes():
     from collections import OrderedDict
 
     assert config.import_component("collections.OrderedDict.fromkeys") == OrderedDict.fromkeys
+
+
+@pytest.fixture
+def signature_calls(monkeypatch):
+    """The objects ``inspect.signature`` is asked about while the test runs."""
+    calls = []
+    real = inspect.signature
+
+    def counting(obj, *args, **kwargs):
+        calls.append(obj)
+        return real(obj, *args, **kwargs)
+
+    monkeypatch.setattr(inspect, "signature", counting)
+    return calls
+
+
+def test_signature_is_inspected_once_per_component(signature_calls):
+    import tt_helpers
+
+    cfg = OmegaConf.create(
+        {"model": {"_component_": "tt_helpers.Model", "dim": 8, "act": {"_component_": "tt_helpers.Act"}}}
+    )
+    config.validate(cfg)
+    for _ in range(3):
+        model = config.instantiate(cfg.model)
+    assert model.dim == 8 and model.act.slope == 0.1
+    assert signature_calls.count(tt_helpers.Model) == 1 and signature_calls.count(tt_helpers.Act) == 1
+    with pytest.raises(ConfigError, match="'dimm' \\(did you mean 'dim'\\?\\)"):  # the cached signature still checks
+        config.instantiate(OmegaConf.create({"_component_": "tt_helpers.Model", "dimm": 1}))
+    assert signature_calls.count(tt_helpers.Model) == 1
+
+
+def test_unhashable_callable_is_checked_without_the_cache(signature_calls):
+    import tt_helpers
+
+    cfg = OmegaConf.create({"_component_": "tt_helpers.UNHASHABLE", "x": 3})
+    assert config.instantiate(cfg) == 3 and config.instantiate(cfg) == 3
+    assert signature_calls.count(tt_helpers.UNHASHABLE) == 2
+    with pytest.raises(ConfigError, match="unexpected key 'y'"):
+        config.instantiate(OmegaConf.create({"_component_": "tt_helpers.UNHASHABLE", "y": 3}))
+    with pytest.raises(ConfigError, match="unexpected key 'y'"):
+        config.validate(OmegaConf.create({"n": {"_component_": "tt_helpers.UNHASHABLE", "y": 3}}))

@@ -7,7 +7,7 @@ import pytest
 from omegaconf import DictConfig, OmegaConf
 
 from torchtune import ConfigError, UsageError, config
-from torchtune.config._load import parse_yaml_value
+from torchtune.config._overrides import parse_override_value
 
 YAML = """\
 # a tiny config
@@ -62,7 +62,7 @@ def test_load_config_reads_yaml_with_floats(cfg_path):
     ],
 )
 def test_override_values_are_typed_as_yaml(text, expected):
-    value = parse_yaml_value(text)
+    value = parse_override_value(text)
     assert value == expected and type(value) is type(expected)
 
 
@@ -268,3 +268,115 @@ def test_parse_decorator_catches_errors_raised_by_the_recipe(cfg_path, capsys):
         failing(["--config", str(cfg_path)])
     assert info.value.code == 2
     assert "gradient_accumulation_steps" in capsys.readouterr().err
+
+
+# --- loading goes through OmegaConf's own YAML reading -------------------------------------------
+
+RICH_YAML = """\
+lr: 2e-5
+warmup: 1E3
+ratio: .5
+big: 1_000
+flag: yes
+none: ~
+day: 2024-01-01
+name: 2e
+ref: ${lr}
+nested: {a: [1, {b: null}]}
+"""
+
+
+def test_config_file_reads_as_omegaconf_load_does(tmp_path):
+    path = tmp_path / "rich.yaml"
+    path.write_text(RICH_YAML)
+    cfg = config.load_config(str(path))
+    assert OmegaConf.to_container(cfg) == OmegaConf.to_container(OmegaConf.load(path))
+    assert OmegaConf.to_container(cfg) == {
+        "lr": 2e-5,
+        "warmup": 1000.0,
+        "ratio": 0.5,
+        "big": 1000,
+        "flag": True,
+        "none": None,
+        "day": "2024-01-01",  # a date stays text (SafeLoader alone would build a datetime.date)
+        "name": "2e",
+        "ref": "${lr}",
+        "nested": {"a": [1, {"b": None}]},
+    }
+    assert isinstance(cfg.lr, float) and cfg.ref == 2e-5
+
+
+def test_duplicate_key_message_names_key_line_and_file(tmp_path):
+    path = tmp_path / "dup.yaml"
+    path.write_text("model:\n  dim: 8\n  layers: 2\n  dim: 16\n")
+    with pytest.raises(ConfigError) as info:
+        config.load_config(str(path))
+    message = str(info.value)
+    assert str(path) in message and "duplicate key 'dim' at line 4, column 3" in message
+    assert "Remove or rename one of them" in message
+
+
+@pytest.mark.parametrize(
+    "text, holds",
+    [("- 1\n- 2\n", "a list"), ("3\n", "a single value"), ("true\n", "a single value"), ("hello\n", "'hello'")],
+)
+def test_top_level_that_is_not_a_mapping_is_refused(tmp_path, text, holds):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        config.load_config(str(path))
+    message = str(info.value)
+    assert str(path) in message and "must be a YAML mapping" in message and holds in message
+
+
+def test_single_key_and_empty_configs_load(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("seed:\n")  # one key holding null: a mapping, unlike the bare string "seed"
+    assert OmegaConf.to_container(config.load_config(str(path))) == {"seed": None}
+    path.write_text("# only a comment\n")
+    assert OmegaConf.to_container(config.load_config(str(path))) == {}
+
+
+@pytest.mark.parametrize(
+    "text, fragment",
+    [("x: !!set {a}\n", "(key 'x'): Value 'set' is not a supported primitive type"), (b"a: \xff\n", "not UTF-8")],
+)
+def test_unloadable_file_is_a_config_error(tmp_path, text, fragment):
+    path = tmp_path / "c.yaml"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(ConfigError) as info:
+        config.load_config(str(path))
+    assert str(path) in str(info.value) and fragment in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("${lr}", "${lr}"),  # an interpolation, resolved when read
+        ("2024-01-01", "2024-01-01"),
+        ("~", None),
+        ("a=b", "a=b"),
+        ("1_000", 1000),
+        ("[1, {a: 2e-5}]", [1, {"a": 2e-5}]),
+        ("  spaced  ", "spaced"),
+    ],
+)
+def test_override_values_are_typed_as_omegaconf_does(text, expected):
+    value = parse_override_value(text)
+    assert value == expected and type(value) is type(expected)
+    assert value == OmegaConf.to_container(OmegaConf.from_dotlist([f"k={text}"]))["k"]
+
+
+def test_interpolation_override_follows_its_target(cfg_path):
+    cfg = config.load_config(str(cfg_path), ["dataset.source=${dtype}", "dtype=fp32"])
+    assert cfg.dataset.source == "fp32"
+
+
+@pytest.mark.parametrize(
+    "override, fragment",
+    [("lr={a: 1, a: 2}", "found duplicate key a"), ("lr=!!set {a}", "Value 'set' is not a supported primitive type")],
+)
+def test_override_value_omegaconf_cannot_hold_is_a_config_error(cfg_path, override, fragment):
+    with pytest.raises(ConfigError) as info:
+        config.load_config(str(cfg_path), [override])
+    assert f"Override '{override}' cannot be applied: {fragment}." in str(info.value)
