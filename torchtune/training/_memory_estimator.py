@@ -34,7 +34,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import weakref
-from typing import Any, Callable, Iterable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 from torch import nn
@@ -117,9 +117,6 @@ class StorageCounter(TorchDispatchMode):
             yield
         finally:
             self._in_host -= 1
-
-    def live_keys(self) -> Iterable[int]:
-        return self._live.keys()
 
     def reset_window(self) -> None:
         self.window_peak = self.current
