@@ -1,7 +1,7 @@
 """The built-in recipes and their configs, as a plain list.
 
 Paths are relative to the installed ``recipes`` package (``recipes/`` in a checkout, ``site-packages/
-recipes/`` in a wheel), so ``tune run`` / ``tune cp`` find them wherever torchtune is installed. To
+recipes/`` in a wheel), so ``tune run`` / ``tune cp`` find them wherever plaintune is installed. To
 ship a new recipe or config, add one line here and the file under ``recipes/``.
 """
 
@@ -84,6 +84,6 @@ def builtin_recipes_dir() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise TuneError(
             "The 'recipes' package that ships the built-in recipes and configs is not installed "
-            "alongside torchtune; reinstall torchtune (pip install -e . in a checkout)."
+            "alongside torchtune; reinstall plaintune (pip install -e . in a checkout)."
         )
     return Path(next(iter(spec.submodule_search_locations))).resolve()

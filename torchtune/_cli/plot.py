@@ -15,7 +15,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="plot a run's loss and learning rate into a PNG",
         description="Draw loss and learning rate against step from OUTPUT_DIR/logs/metrics.jsonl (what "
         "a recipe's DiskLogger writes) into a PNG. Needs matplotlib: "
-        "pip install 'torchtune[plot]'.",
+        "pip install matplotlib.",
     )
     parser.add_argument(
         "output_dir",

@@ -99,7 +99,7 @@ def resolve_config_path(name_or_path: str) -> Path:
         if not builtin.path.is_file():
             raise ConfigError(
                 f"The built-in config '{builtin.name}' is registered but its file {builtin.path} is "
-                "missing from this installation; reinstall torchtune or pass a path to a YAML file."
+                "missing from this installation; reinstall plaintune or pass a path to a YAML file."
             )
         return builtin.path
     # Unregistered YAMLs shipped under recipes/configs resolve by the same naming convention.

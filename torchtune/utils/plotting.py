@@ -1,6 +1,6 @@
 """Plot a run's ``metrics.jsonl`` (loss and learning rate against step) into a PNG.
 
-matplotlib is an optional extra (``pip install 'torchtune[plot]'``), imported only when a plot is drawn.
+matplotlib is optional (``pip install matplotlib``, or the ``plot`` extra), imported only when a plot is drawn.
 """
 
 from __future__ import annotations
@@ -29,10 +29,7 @@ def _import_pyplot():
     try:
         import matplotlib
     except ImportError as exc:
-        raise TuneError(
-            "Plotting needs matplotlib, which is not installed. Install the plot extra: "
-            "pip install 'torchtune[plot]'  (or: pip install matplotlib)."
-        ) from exc
+        raise TuneError("Plotting needs matplotlib, which is not installed: pip install matplotlib") from exc
     matplotlib.use("Agg")  # files only: works without a display and never opens a window
     import matplotlib.pyplot as plt
 
