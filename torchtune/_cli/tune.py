@@ -18,6 +18,7 @@ from typing import Optional, Sequence
 from torchtune import __version__
 from torchtune._distribution import DISTRIBUTION, warn_if_other_torchtune
 from torchtune._errors import TuneError, report_error
+from torchtune._quiet import silence_known_noise
 
 SUBCOMMANDS: tuple[str, ...] = ("run", "ls", "cp", "validate", "download", "estimate_memory", "plot")
 
@@ -52,6 +53,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run ``tune`` with ``argv`` (default ``sys.argv[1:]``) and return the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     warn_if_other_torchtune()
+    silence_known_noise()
     parser = build_parser()
     if argv and argv[0] not in parser.get_default("command_names") and _is_recipe(argv[0]):
         argv = ["run", *argv]  # short form: `tune RECIPE --config ...`

@@ -17,6 +17,7 @@ from typing import Any, Optional, Union
 import torch
 from torch import nn
 
+from torchtune._assets import missing_path_hint
 from torchtune._errors import TuneError
 from torchtune.models.llama2._convert_weights import hf_to_tune, meta_to_tune, tune_to_hf, tune_to_meta
 from torchtune.utils._checkpointing._atomic import write_folder_atomically
@@ -103,9 +104,10 @@ class _FullModelCheckpointer:
         self._checkpoint_dir = Path(checkpoint_dir).expanduser()
         if not self._checkpoint_dir.is_dir():
             raise TuneError(
-                f"The checkpoint folder {self._checkpoint_dir} does not exist. Set "
-                f"checkpointer.checkpoint_dir to the folder that holds the model weights "
-                f"(download them with `tune download`)."
+                f"The checkpoint folder {self._checkpoint_dir} does not exist."
+                f"{missing_path_hint(self._checkpoint_dir)} "
+                "Set checkpointer.checkpoint_dir to the folder that holds the model weights "
+                "(download them with `tune download`)."
             )
         if str(model_type).upper() not in SUPPORTED_MODEL_TYPES:
             raise TuneError(
