@@ -25,6 +25,14 @@ def _series(rows: list[dict], key: str) -> tuple[list[float], list[float]]:
     return steps, [by_step[s] for s in steps]
 
 
+def plotted_series(metrics_jsonl_path: Union[str, Path]) -> list[str]:
+    """The curves ``plot_metrics`` draws from this file: ``loss``, any held-out losses, ``lr``."""
+    from torchtune.utils.metric_logging import read_metrics
+
+    rows = read_metrics(Path(metrics_jsonl_path).expanduser())
+    return [key for key in ("loss", *_EVAL_LOSS_KEYS, "lr") if _series(rows, key)[1]]
+
+
 def _import_pyplot():
     try:
         import matplotlib
