@@ -125,3 +125,57 @@ def test_repo_relative_asset_path_says_why_it_is_missing(tmp_path):
     text = " ".join(result.stderr.split())
     assert f"It is a relative path, looked for from the current directory {Path(tmp_path).resolve()}" in text
     assert "write ${asset:demo/tokenizer.model} in the config" in text
+
+
+def test_saved_folder_is_truthful_and_complete(run):
+    """config.json names the dtype written (the bundled base model is bf16, tiny_full trains in fp32);
+    the tokenizer files load with AutoTokenizer and encode as the recipe does (BOS, no EOS)."""
+    import json
+
+    import torch
+    import transformers
+
+    from torchtune import config
+    from torchtune.datasets import AlpacaInstructTemplate
+    from torchtune.training import build_model
+
+    out, _, _ = run
+    folder = out / "epoch_0"
+    base = json.loads((registry_asset("demo/base_model") / "config.json").read_text())
+    saved = json.loads((folder / "config.json").read_text())
+    assert base["torch_dtype"] == "bfloat16" and saved["torch_dtype"] == "float32"
+    assert {k: v for k, v in saved.items() if k != "torch_dtype"} == {
+        k: v for k, v in base.items() if k != "torch_dtype"
+    }
+    for name in ("tokenizer.model", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"):
+        assert (folder / name).is_file(), name
+
+    cfg = config.load_config("llama2/tiny_full")
+    ours = config.instantiate(cfg.tokenizer)
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    template = AlpacaInstructTemplate()
+    prompts = [
+        template.format({"instruction": "Reverse the letters of the word.", "input": "apple"}),
+        template.format({"instruction": "What is 7 plus 5?"}),
+        "Plain text, with punctuation; and\nnew lines.",
+    ]
+    for prompt in prompts:
+        assert hf_tokenizer(prompt)["input_ids"] == ours.encode(prompt, add_bos=True, add_eos=False)
+    generation = transformers.GenerationConfig.from_pretrained(folder)
+    assert (generation.bos_token_id, generation.eos_token_id) == (ours.bos_id, ours.eos_id)
+
+    hf_model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype="auto").eval()
+    assert next(hf_model.parameters()).dtype == torch.float32
+    ckpt = cfg.checkpointer.copy()
+    ckpt.checkpoint_dir, ckpt.output_dir = str(folder), str(out / "_unused")
+    weights = config.instantiate(ckpt).load_checkpoint()["model"]
+    model = build_model(cfg.model, device=torch.device("cpu"), dtype=torch.float32, state_dict=weights).eval()
+    tokens = torch.tensor([ours.encode(prompts[0], add_bos=True, add_eos=False)])
+    with torch.no_grad():
+        assert (hf_model(tokens).logits - model(tokens)).abs().max() < 1e-4
+
+
+def registry_asset(name: str) -> Path:
+    from torchtune._assets import asset_path
+
+    return Path(asset_path(name))

@@ -13,8 +13,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser = subparsers.add_parser(
         "plot",
         help="plot a run's loss and learning rate into a PNG",
-        description="Draw loss (and validation loss, when logged) and learning rate against step from OUTPUT_DIR/logs/metrics.jsonl (what "
-        "a recipe's DiskLogger writes) into a PNG. Needs matplotlib: "
+        description="Draw loss (and validation loss, when logged) and learning rate against step from "
+        "OUTPUT_DIR/logs/metrics.jsonl (what every run writes) into a PNG. Needs matplotlib: "
         "pip install matplotlib.",
     )
     parser.add_argument(

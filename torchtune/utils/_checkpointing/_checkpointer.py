@@ -21,12 +21,13 @@ from torchtune._assets import missing_path_hint
 from torchtune._errors import TuneError
 from torchtune.models.llama2._convert_weights import hf_to_tune, meta_to_tune, tune_to_hf, tune_to_meta
 from torchtune.utils._checkpointing._atomic import write_folder_atomically
+from torchtune.utils._checkpointing._hf_side_files import write_hf_side_files
 from torchtune.utils._checkpointing._manifest import RECIPE_STATE_NAME, verify_manifest
 from torchtune.utils._checkpointing._safe_load import load_safetensors_weights, load_torch_weights
 
 SUPPORTED_MODEL_TYPES = ("LLAMA2",)
 MODEL_KEY = "model"
-# Files of a HF model folder that are not weights but belong with them.
+# Files of a HF model folder that are not weights but belong with them (written by _hf_side_files).
 HF_SIDE_FILES = (
     "config.json",
     "generation_config.json",
@@ -297,7 +298,8 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
             )
             index = {"metadata": {"total_size": total_size}, "weight_map": dict(sorted(weight_map.items()))}
             (folder / index_name).write_text(json.dumps(index, indent=2) + "\n")
-        self._copy_side_files(HF_SIDE_FILES, folder)
+        written = next((t.dtype for t in hf_sd.values() if t.is_floating_point()), None)
+        write_hf_side_files(self._checkpoint_dir, folder, config=self._config, dtype=written)
 
     def save_checkpoint(
         self, state_dict: dict[str, Any], epoch: int, step: int = 0, intermediate: bool = False
