@@ -27,6 +27,7 @@ $(STAMP): pyproject.toml Makefile
 	@# This project was distributed as "torchtune" before; that name is PyTorch's torchtune, which must
 	@# not share an environment with it (same import package, same `tune`). Removing it is a no-op when absent.
 	$(PY) -m pip uninstall --quiet --yes torchtune 2>/dev/null || true
+	rm -rf torchtune.egg-info
 	$(PY) -m pip install --quiet -e ".[dev]" "torch==$(TORCH_VERSION)"
 	$(PY) -c "import torch; print('Installed torch', torch.__version__, '-', 'CUDA ' + torch.version.cuda if torch.version.cuda else 'CPU-only build', '- GPU visible:', torch.cuda.is_available())"
 	touch $(STAMP)

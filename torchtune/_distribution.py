@@ -39,12 +39,21 @@ def install_hint(module: str) -> str:
     return f"pip install {pip_name(module)}"
 
 
+def _is_build_leftover(dist: importlib.metadata.Distribution) -> bool:
+    """True for ``torchtune.egg-info`` in this source tree: what setuptools left when the project was
+    still called torchtune. It is found only because the checkout's root is on ``sys.path``."""
+    path = getattr(dist, "_path", None)  # the metadata folder; not public, hence the care
+    if path is None or not str(path).endswith(".egg-info"):
+        return False
+    return Path(str(path)).resolve().parent == Path(__file__).resolve().parent.parent
+
+
 def other_torchtune() -> Optional[importlib.metadata.Distribution]:
-    """The distribution called ``torchtune`` in this environment (PyTorch's torchtune), or None."""
-    try:
-        return importlib.metadata.distribution(PYTORCH_TORCHTUNE)
-    except importlib.metadata.PackageNotFoundError:
-        return None
+    """A distribution called ``torchtune`` installed in this environment (PyTorch's torchtune), or None."""
+    for dist in importlib.metadata.distributions(name=PYTORCH_TORCHTUNE):
+        if not _is_build_leftover(dist):
+            return dist
+    return None
 
 
 def conflict_message(dist: importlib.metadata.Distribution) -> str:

@@ -89,9 +89,10 @@ def build_metric_logger(cfg: Any) -> "MetricLoggers":
     if not any(_writes_metrics_file(node, path) for node in nodes):
         loggers.append(DiskLogger(log_dir=str(path.parent), filename=path.name))
     loggers += [config.instantiate(node) for node in nodes]
-    resolved = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
-    for logger in loggers:
-        if hasattr(logger, "log_config"):
+    wants_config = [logger for logger in loggers if hasattr(logger, "log_config")]
+    if wants_config:
+        resolved = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
+        for logger in wants_config:
             logger.log_config(resolved)
     return MetricLoggers(loggers, path)
 
