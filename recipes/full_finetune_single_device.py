@@ -115,7 +115,8 @@ class FullFinetuneRecipeSingleDevice:
         - bitsandbytes or torchao asked for but not installed;
         - a resume without ``checkpointer.recipe_checkpoint``, or with a checkpoint written for
           another model or another ``optimizer_in_bwd`` setting;
-        - a tokenizer with more tokens than the model's vocabulary; an empty dataset;
+        - a tokenizer whose vocabulary does not match the model's (more tokens, or far fewer);
+          config.json heads or RoPE that differ from the model's; an empty dataset;
         - a NaN or infinite loss (names the step).
     """
 
@@ -196,13 +197,17 @@ class FullFinetuneRecipeSingleDevice:
         self._check_attention_heads()
         self._tokenizer = config.instantiate(cfg.tokenizer)
         vocab_size = self._model.tok_embeddings.num_embeddings
-        if self._tokenizer.vocab_size > vocab_size:
+        # An embedding table may be padded up to a multiple of 256 rows; a larger gap means another
+        # model's tokenizer (Llama 2's 32000 tokens against Llama 3's 128256), a smaller table crashes.
+        padded = -(-self._tokenizer.vocab_size // 256) * 256
+        if not self._tokenizer.vocab_size <= vocab_size <= padded:
             raise TuneError(
                 f"The tokenizer ({cfg.tokenizer.get('path', cfg.tokenizer._component_)}) has "
                 f"{self._tokenizer.vocab_size} tokens but the model's vocabulary has {vocab_size}: "
-                "token ids past the embedding table would crash training. Use the tokenizer that "
-                "belongs to the checkpoint (tokenizer.path), or a model builder whose vocab_size "
-                "matches."
+                "the tokenizer does not belong to this model (token ids past the embedding table would "
+                "crash training; a much larger table means the ids mean other tokens). Use the tokenizer "
+                "that belongs to the checkpoint (tokenizer.path and tokenizer._component_), or a model "
+                "builder whose vocab_size matches."
             )
 
         self._optimizer = self._setup_optimizer(
@@ -259,17 +264,11 @@ class FullFinetuneRecipeSingleDevice:
         return config.instantiate(cfg_checkpointer, resume_from_checkpoint=self._resume_from_checkpoint)
 
     def _check_attention_heads(self) -> None:
-        """Heads in the checkpoint's config vs the model: a mismatch converts q/k weights wrongly
-        without any shape error, so it is caught here."""
-        heads = getattr(self._checkpointer, "attention_heads", None)
-        attn = self._model.layers[0].attn
-        if heads is not None and heads != (attn.num_heads, attn.num_kv_heads):
-            raise TuneError(
-                f"The checkpoint's config.json says num_attention_heads={heads[0]}, "
-                f"num_key_value_heads={heads[1]}, but the model built from model._component_ has "
-                f"{attn.num_heads} heads and {attn.num_kv_heads} key/value heads. Use the model builder "
-                "that matches these weights (or fix config.json in checkpointer.checkpoint_dir)."
-            )
+        """Heads and RoPE in the checkpoint's config vs the model: a mismatch converts q/k weights
+        wrongly, or turns positions differently, without any shape error, so it is caught here."""
+        check_model = getattr(self._checkpointer, "check_model", None)
+        if check_model is not None:
+            check_model(self._model)
 
     def _setup_model(
         self,
