@@ -1,9 +1,10 @@
-"""Instruction datasets on Hugging Face ``datasets``, packing, and collate functions.
+"""Instruction and chat datasets on Hugging Face ``datasets``, packing, and collate functions.
 
 Importing this package does not import ``datasets`` (that happens when a dataset is built).
 """
 
 from torchtune.datasets._alpaca import alpaca_dataset
+from torchtune.datasets._chat import ChatDataset, chat_dataset
 from torchtune.datasets._collate import (
     CROSS_ENTROPY_IGNORE_IDX,
     block_causal_mask,
@@ -24,12 +25,14 @@ from torchtune.datasets._templates import (
 __all__ = [
     "AlpacaInstructTemplate",
     "CROSS_ENTROPY_IGNORE_IDX",
+    "ChatDataset",
     "FormatInstructTemplate",
     "InstructDataset",
     "InstructTemplate",
     "PackedDataset",
     "alpaca_dataset",
     "block_causal_mask",
+    "chat_dataset",
     "collate_for",
     "instruct_dataset",
     "load_hf_dataset",
