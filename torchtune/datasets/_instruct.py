@@ -13,7 +13,7 @@ from torchtune.datasets._templates import InstructTemplate, TemplateLike, resolv
 
 
 class Tokenizer(Protocol):
-    """What the datasets need from a tokenizer (``SentencePieceTokenizer`` has it)."""
+    """What the datasets need from a tokenizer (``SentencePieceTokenizer`` and ``Llama3Tokenizer`` have it)."""
 
     eos_id: int
     pad_id: int
