@@ -81,9 +81,10 @@ def validate_state_dict(model: nn.Module, state_dict: dict[str, torch.Tensor]) -
     tie_hint = ""
     if "output.weight" in missing:
         tie_hint = (
-            " The checkpoint has no separate output projection (lm_head.weight): its config.json has "
-            "tie_word_embeddings: true, as Llama 3.2 1B/3B do. Build the model with tied embeddings "
-            "(the llama3_2 builders, or model.tie_word_embeddings=True)."
+            " The checkpoint has no output projection (lm_head.weight), as models with tied embeddings "
+            "(tie_word_embeddings: true in config.json, as Llama 3.2 1B/3B) have none: build the model with "
+            "tied embeddings (the llama3_2 builders, or model.tie_word_embeddings=True), or check that "
+            "checkpointer.checkpoint_files lists every file."
         )
     elif "output.weight" in unexpected:
         tie_hint = (
