@@ -86,7 +86,8 @@ class InferenceRecipe:
           ``torchtune.datasets.AlpacaInstructTemplate``: ``prompt`` is the instruction, ``input`` its
           optional input field);
         - greedy decoding (``temperature: 0``) or sampling with temperature and ``top_k``, seeded by
-          ``seed``; generation stops at the tokenizer's EOS or after ``max_new_tokens``.
+          ``seed``; generation stops at the tokenizer's EOS (and Llama 3's <|eot_id|>) or after
+          ``max_new_tokens``.
 
     Raises:
         ConfigError: unknown or missing keys, a bad ``max_new_tokens`` / ``temperature`` / ``top_k``.
@@ -121,7 +122,8 @@ class InferenceRecipe:
             cfg.max_new_tokens,
             temperature=float(cfg.temperature),
             top_k=cfg.top_k,
-            stop_tokens=(self._tokenizer.eos_id,),
+            # Llama 3's tokenizer also stops at <|eot_id|>, where a chat model ends its turn.
+            stop_tokens=tuple(getattr(self._tokenizer, "stop_tokens", (self._tokenizer.eos_id,))),
             pad_id=self._tokenizer.pad_id,
             generator=generator,
         )

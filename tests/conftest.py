@@ -17,3 +17,15 @@ os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def llama3_tokenizer_dir(tmp_path_factory):
+    """A tiny Llama 3-style tokenizer folder (``original/tokenizer.model``, ``tokenizer.json``,
+    ``tokenizer_config.json``), made once per session: training the BPE takes a few seconds."""
+    from tests._helpers.llama3_tokenizer import make_llama3_tokenizer_files
+
+    return make_llama3_tokenizer_files(tmp_path_factory.mktemp("llama3_tokenizer"))

@@ -269,7 +269,8 @@ def evaluate_exact_match(
     for start in range(0, len(prompts), batch_size):
         chunk = prompts[start : start + batch_size]
         ids = [tokenizer.encode(p, add_bos=True, add_eos=False) for p in chunk]
-        outputs = generate_batch(model, ids, max_new_tokens, stop_tokens=(tokenizer.eos_id,), pad_id=tokenizer.pad_id)
+        stop_tokens = tuple(getattr(tokenizer, "stop_tokens", (tokenizer.eos_id,)))  # Llama 3: EOS and EOT
+        outputs = generate_batch(model, ids, max_new_tokens, stop_tokens=stop_tokens, pad_id=tokenizer.pad_id)
         for prompt, want, got in zip(chunk, expected[start : start + batch_size], outputs):
             results.append((prompt, want, tokenizer.decode(got)))
     correct = sum(want.strip() == got.strip() for _, want, got in results)

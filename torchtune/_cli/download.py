@@ -1,8 +1,9 @@
 """``tune download REPO_ID --output-dir DIR``: fetch a model repository from the Hugging Face Hub.
 
 Every file of the repository is downloaded unless ``--ignore-patterns`` says otherwise (e.g.
-``--ignore-patterns "*.safetensors"`` to keep only the ``.bin`` weights, or ``"*.pth"`` to skip Meta's
-original checkpoint in ``meta-llama`` repositories).
+``--ignore-patterns "*.safetensors"`` to keep only the ``.bin`` weights, or
+``"original/consolidated.00.pth"`` to skip Meta's copy of the weights in Llama 3.x repositories, whose
+``original/`` folder also holds the tiktoken ``tokenizer.model`` the Llama 3 tokenizer reads).
 """
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="download a model from the Hugging Face Hub",
         description="Download a model repository from the Hugging Face Hub into a folder.",
         epilog="examples:\n  tune download meta-llama/Llama-2-7b-hf --output-dir /tmp/Llama-2-7b-hf "
-        "--ignore-patterns '*.safetensors'\n\nGated models (Llama 2) need their license accepted on the "
-        "repository page and a token: --hf-token or the HF_TOKEN environment variable.",
+        "--ignore-patterns '*.safetensors'\n  tune download meta-llama/Llama-3.2-1B --output-dir /tmp/Llama-3.2-1B "
+        "--ignore-patterns 'original/consolidated.00.pth'\n\nGated models (Llama 2, Llama 3.x) need their "
+        "license accepted on the repository page and a token: --hf-token or the HF_TOKEN environment variable.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("repo_id", metavar="REPO_ID", help="Hub repository, e.g. meta-llama/Llama-2-7b-hf")
@@ -109,6 +111,10 @@ def download_command(args: argparse.Namespace) -> int:
             raise _network_error(repo, exc) from exc
         raise
     print(f"Downloaded {repo} to {path}")
+    tiktoken_file = Path(path) / "original" / "tokenizer.model"
+    if tiktoken_file.is_file():
+        # Llama 3.x keeps its tokenizer.model out of the top folder, where configs might look for it.
+        print(f"Its Llama 3 tokenizer is {tiktoken_file} (config key tokenizer.path).")
     return 0
 
 

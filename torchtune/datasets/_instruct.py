@@ -15,7 +15,7 @@ from torchtune.modules.loss import CROSS_ENTROPY_IGNORE_IDX
 
 
 class Tokenizer(Protocol):
-    """What the datasets need from a tokenizer (``SentencePieceTokenizer`` has it)."""
+    """What the datasets need from a tokenizer (``SentencePieceTokenizer`` and ``Llama3Tokenizer`` have it)."""
 
     eos_id: int
     pad_id: int

@@ -1,7 +1,8 @@
-"""Rotary position embeddings (RoPE) in Meta's interleaved layout."""
+"""Rotary position embeddings (RoPE) in Meta's interleaved layout: Llama2's, and Llama 3.1's scaled one."""
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Optional
 
 import torch
@@ -40,12 +41,15 @@ class RotaryPositionalEmbeddings(nn.Module):
             self.cache = torch.empty(self.max_seq_len, self.dim // 2, 2, dtype=torch.float32, device=device)
             return
         # Computed in fp32 whatever the default dtype is: bf16 angles are wrong beyond a few hundred positions.
-        theta = 1.0 / (
-            self.base ** (torch.arange(0, self.dim, 2, device=device, dtype=torch.float32)[: self.dim // 2] / self.dim)
-        )
+        theta = self.inverse_frequencies(device)
         positions = torch.arange(self.max_seq_len, device=device, dtype=torch.float32)
         angles = torch.outer(positions, theta)
         self.cache = torch.stack([torch.cos(angles), torch.sin(angles)], dim=-1)
+
+    def inverse_frequencies(self, device: torch.device) -> torch.Tensor:
+        """The ``dim // 2`` rotation frequencies ``base^(-2i/dim)`` in fp32 (subclasses rescale them)."""
+        exponents = torch.arange(0, self.dim, 2, device=device, dtype=torch.float32)[: self.dim // 2] / self.dim
+        return 1.0 / (self.base**exponents)
 
     def reset_parameters(self) -> None:
         """Alias of :meth:`rope_init` for code that re-initialises modules generically."""
@@ -74,3 +78,63 @@ class RotaryPositionalEmbeddings(nn.Module):
         cos, sin = rope[..., 0], rope[..., 1]
         out = torch.stack([x0 * cos - x1 * sin, x1 * cos + x0 * sin], dim=-1)
         return out.flatten(-2).type_as(x)
+
+
+class Llama3ScaledRoPE(RotaryPositionalEmbeddings):
+    """Llama 3.1's rotary embeddings: Llama2's, with the low frequencies slowed down for long context.
+
+    Llama 3 was pretrained on ``old_context_len`` (8192) tokens. To reach 128K tokens, Llama 3.1 keeps
+    every frequency whose wavelength ``2*pi/freq`` is shorter than ``old_context_len /
+    high_freq_factor``, divides those with a wavelength longer than ``old_context_len /
+    low_freq_factor`` by ``scale_factor``, and blends the two linearly in between. This is the
+    ``rope_type: llama3`` of Hugging Face's ``rope_scaling`` / ``rope_parameters``; Llama 3.1 uses
+    ``scale_factor=8``, Llama 3.2 ``scale_factor=32``.
+
+    Args:
+        dim: the head dimension.
+        max_seq_len: number of positions cached.
+        base: the frequency base (500000 for Llama 3).
+        scale_factor: how much slower the low frequencies turn (``factor``).
+        low_freq_factor: ``old_context_len / low_freq_factor`` is the wavelength above which
+            frequencies are fully scaled (``low_freq_factor``).
+        high_freq_factor: ``old_context_len / high_freq_factor`` is the wavelength below which
+            frequencies are kept (``high_freq_factor``).
+        old_context_len: the pretraining context (``original_max_position_embeddings``).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        max_seq_len: int = 131_072,
+        base: int = 500_000,
+        scale_factor: float = 8.0,
+        low_freq_factor: float = 1.0,
+        high_freq_factor: float = 4.0,
+        old_context_len: int = 8192,
+    ) -> None:
+        if high_freq_factor <= low_freq_factor:
+            # The blend divides by their difference; Llama 3.1 uses 4 and 1.
+            raise ValueError(
+                f"high_freq_factor ({high_freq_factor}) must be larger than low_freq_factor ({low_freq_factor})"
+            )
+        if scale_factor <= 0 or old_context_len <= 0:
+            raise ValueError(f"scale_factor ({scale_factor}) and old_context_len ({old_context_len}) must be positive")
+        # Set before the base class builds the cache, which calls inverse_frequencies.
+        self.scale_factor = float(scale_factor)
+        self.low_freq_factor = float(low_freq_factor)
+        self.high_freq_factor = float(high_freq_factor)
+        self.old_context_len = int(old_context_len)
+        super().__init__(dim=dim, max_seq_len=max_seq_len, base=base)
+
+    def inverse_frequencies(self, device: torch.device) -> torch.Tensor:
+        freqs = super().inverse_frequencies(device)
+        wavelen = 2 * math.pi / freqs
+        low_freq_wavelen = self.old_context_len / self.low_freq_factor
+        high_freq_wavelen = self.old_context_len / self.high_freq_factor
+        # 0 at the low-frequency end of the blend, 1 at the high-frequency end
+        smooth = (self.old_context_len / wavelen - self.low_freq_factor) / (
+            self.high_freq_factor - self.low_freq_factor
+        )
+        blended = (1 - smooth) * freqs / self.scale_factor + smooth * freqs
+        scaled = torch.where(wavelen > low_freq_wavelen, freqs / self.scale_factor, blended)
+        return torch.where(wavelen < high_freq_wavelen, freqs, scaled)

@@ -42,7 +42,8 @@ class TransformerDecoder(nn.Module):
         tok_embeddings: token embedding (``nn.Embedding(vocab_size, dim)``).
         layers: the decoder layers.
         norm: final norm.
-        output: output projection to the vocabulary (not tied to the embedding).
+        output: output projection to the vocabulary: an ``nn.Linear``, or a ``TiedLinear`` that reuses
+            ``tok_embeddings.weight`` (Llama 3.2 1B/3B).
         max_seq_len: longest sequence the model accepts (RoPE cache and KV cache size).
         num_heads: query heads per layer.
         head_dim: channels per head.
@@ -53,7 +54,7 @@ class TransformerDecoder(nn.Module):
         tok_embeddings: nn.Embedding,
         layers: nn.ModuleList,
         norm: nn.Module,
-        output: nn.Linear,
+        output: nn.Module,
         max_seq_len: int,
         num_heads: int,
         head_dim: int,

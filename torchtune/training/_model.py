@@ -69,38 +69,40 @@ def build_model(
 
 
 def check_model_matches_checkpoint(model: nn.Module, checkpointer: Any) -> None:
-    """Heads in the checkpoint's config vs the model.
+    """Heads and RoPE in the checkpoint's config (config.json) vs the model.
 
-    A mismatch (same hidden size, other split into heads) converts q/k weights wrongly without any
-    shape error, so it is caught here.
+    A mismatch (same hidden size, other split into heads; other RoPE scaling) converts q/k weights
+    wrongly, or turns positions differently, without any shape error, so it is caught here.
+    Checkpointers that know no such config (Meta format) have no ``check_model``.
 
     Raises:
-        TuneError: naming both head counts and the key to change.
+        TuneError: naming both values and the key to change.
     """
-    heads = getattr(checkpointer, "attention_heads", None)
-    attn = model.layers[0].attn
-    if heads is not None and heads != (attn.num_heads, attn.num_kv_heads):
-        raise TuneError(
-            f"The checkpoint's config.json says num_attention_heads={heads[0]}, "
-            f"num_key_value_heads={heads[1]}, but the model built from model._component_ has "
-            f"{attn.num_heads} heads and {attn.num_kv_heads} key/value heads. Use the model builder "
-            "that matches these weights (or fix config.json in checkpointer.checkpoint_dir)."
-        )
+    check_model = getattr(checkpointer, "check_model", None)
+    if check_model is not None:
+        check_model(model)
 
 
 def check_tokenizer_fits_model(tokenizer: Any, model: nn.Module, cfg_tokenizer: Any) -> None:
-    """Token ids past the embedding table would crash training: refuse a bigger tokenizer.
+    """The tokenizer must belong to the model: no ids past the embedding table, and no table much larger
+    than the tokenizer (that is another model's tokenizer, whose ids mean other tokens).
+
+    An embedding table may be padded up to a multiple of 256 rows; Llama 2's 32000-token tokenizer
+    against Llama 3's 128256-row table is refused.
 
     Raises:
         TuneError: naming the tokenizer file and both sizes.
     """
     vocab_size = model.tok_embeddings.num_embeddings
-    if tokenizer.vocab_size > vocab_size:
+    padded = -(-tokenizer.vocab_size // 256) * 256
+    if not tokenizer.vocab_size <= vocab_size <= padded:
         source = cfg_tokenizer.get("path", cfg_tokenizer.get("_component_"))
         raise TuneError(
             f"The tokenizer ({source}) has {tokenizer.vocab_size} tokens but the model's vocabulary has "
-            f"{vocab_size}: token ids past the embedding table would crash training. Use the tokenizer that "
-            "belongs to the checkpoint (tokenizer.path), or a model builder whose vocab_size matches."
+            f"{vocab_size}: the tokenizer does not belong to this model (token ids past the embedding table would "
+            "crash training; a much larger table means the ids mean other tokens). Use the tokenizer that belongs "
+            "to the checkpoint (tokenizer.path and tokenizer._component_), or a model builder whose vocab_size "
+            "matches."
         )
 
 

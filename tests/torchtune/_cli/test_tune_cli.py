@@ -191,7 +191,12 @@ def test_ls_lists_recipes_and_configs(files):
     assert lines[0].split() == ["RECIPE", "CONFIG"]
     assert lines[1].split() == ["full_finetune_single_device", "llama2/7B_full_low_memory"]
     assert lines[2].split() == ["llama2/7B_full"] and lines[3].split() == ["llama2/tiny_full"]
-    assert lines[4].split() == ["generate", "generate"]
+    assert [line.split() for line in lines[4:7]] == [
+        ["llama3_2/1B_full_single_device"],
+        ["llama3_2/3B_full_single_device"],
+        ["llama3_1/8B_full_low_memory"],
+    ]
+    assert lines[7].split() == ["generate", "generate"]
 
 
 def _a_builtin_config():

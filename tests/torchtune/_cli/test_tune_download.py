@@ -102,3 +102,22 @@ def test_download_error_traceback_with_debug(monkeypatch, tmp_path, capsys):
     _failing(monkeypatch, ConnectionError("connection refused"))
     assert tune.main(["download", "org/model", "--output-dir", str(tmp_path)]) == 1
     assert "Traceback" in capsys.readouterr().err
+
+
+def test_llama3_folder_names_its_tokenizer(monkeypatch, tmp_path, capsys):
+    def fake_snapshot_download(**kwargs):
+        folder = tmp_path / "Llama-3.2-1B"
+        (folder / "original").mkdir(parents=True)
+        (folder / "original" / "tokenizer.model").write_text("IQ== 0\n")
+        return str(folder)
+
+    monkeypatch.setattr(download, "snapshot_download", fake_snapshot_download)
+    argv = ["download", "meta-llama/Llama-3.2-1B", "--output-dir", str(tmp_path / "Llama-3.2-1B")]
+    assert tune.main(argv + ["--ignore-patterns", "original/consolidated.00.pth"]) == 0
+    out = capsys.readouterr().out
+    assert f"Its Llama 3 tokenizer is {tmp_path / 'Llama-3.2-1B' / 'original' / 'tokenizer.model'}" in out
+
+
+def test_llama2_folder_prints_no_tokenizer_hint(calls, tmp_path, capsys):
+    assert tune.main(["download", "meta-llama/Llama-2-7b-hf", "--output-dir", str(tmp_path)]) == 0
+    assert "Llama 3 tokenizer" not in capsys.readouterr().out

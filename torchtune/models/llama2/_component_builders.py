@@ -1,4 +1,4 @@
-"""The generic Llama2 builder: every architectural knob is an argument."""
+"""The generic Llama2 builder (every architectural knob is an argument) and the decoder all Llama families share."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from torchtune.modules import (
     MultiHeadAttention,
     RMSNorm,
     RotaryPositionalEmbeddings,
+    TiedLinear,
     TransformerDecoder,
     TransformerDecoderLayer,
 )
@@ -33,6 +34,7 @@ def llama2(
     attn_dropout: float = 0.0,
     norm_eps: float = 1e-5,
     rope_base: int = 10_000,
+    tie_word_embeddings: bool = False,
 ) -> TransformerDecoder:
     """Build a Llama2 decoder.
 
@@ -50,13 +52,45 @@ def llama2(
         attn_dropout: attention dropout during training.
         norm_eps: RMSNorm epsilon.
         rope_base: RoPE frequency base.
+        tie_word_embeddings: share the token embedding with the output projection (no published
+            Llama2 does; small Hugging Face Llama-architecture models sometimes do).
     """
+    head_dim = embed_dim // num_heads  # llama_decoder checks that it divides
+    return llama_decoder(
+        vocab_size=vocab_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        embed_dim=embed_dim,
+        max_seq_len=max_seq_len,
+        intermediate_dim=intermediate_dim if intermediate_dim is not None else scale_hidden_dim_for_mlp(embed_dim),
+        attn_dropout=attn_dropout,
+        norm_eps=norm_eps,
+        rope=RotaryPositionalEmbeddings(dim=head_dim, max_seq_len=max_seq_len, base=rope_base),
+        tie_word_embeddings=tie_word_embeddings,
+    )
+
+
+def llama_decoder(
+    *,
+    vocab_size: int,
+    num_layers: int,
+    num_heads: int,
+    num_kv_heads: int,
+    embed_dim: int,
+    max_seq_len: int,
+    intermediate_dim: int,
+    attn_dropout: float,
+    norm_eps: float,
+    rope: nn.Module,
+    tie_word_embeddings: bool,
+) -> TransformerDecoder:
+    """The Llama decoder every family builder shares: pre-norm layers of grouped-query attention and a
+    SwiGLU feed-forward, RMSNorm, no biases. Llama2 and Llama 3.x differ only in the ``rope`` module
+    given here, the sizes, and whether the output projection is tied to the embedding."""
     if embed_dim % num_heads:
         raise ValueError(f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})")
     head_dim = embed_dim // num_heads
-    hidden_dim = intermediate_dim if intermediate_dim is not None else scale_hidden_dim_for_mlp(embed_dim)
-    # One RoPE module shared by every layer: its cache is identical, so keep one copy.
-    rope = RotaryPositionalEmbeddings(dim=head_dim, max_seq_len=max_seq_len, base=rope_base)
     layers = nn.ModuleList()
     for _ in range(num_layers):
         attn = MultiHeadAttention(
@@ -68,25 +102,30 @@ def llama2(
             k_proj=nn.Linear(embed_dim, num_kv_heads * head_dim, bias=False),
             v_proj=nn.Linear(embed_dim, num_kv_heads * head_dim, bias=False),
             output_proj=nn.Linear(num_heads * head_dim, embed_dim, bias=False),
+            # One RoPE module shared by every layer: its cache is identical, so keep one copy.
             pos_embeddings=rope,
             max_seq_len=max_seq_len,
             attn_dropout=attn_dropout,
         )
         mlp = FeedForward(
-            w1=nn.Linear(embed_dim, hidden_dim, bias=False),
-            w2=nn.Linear(hidden_dim, embed_dim, bias=False),
-            w3=nn.Linear(embed_dim, hidden_dim, bias=False),
+            w1=nn.Linear(embed_dim, intermediate_dim, bias=False),
+            w2=nn.Linear(intermediate_dim, embed_dim, bias=False),
+            w3=nn.Linear(embed_dim, intermediate_dim, bias=False),
         )
         layers.append(
             TransformerDecoderLayer(
                 attn=attn, mlp=mlp, sa_norm=RMSNorm(embed_dim, eps=norm_eps), mlp_norm=RMSNorm(embed_dim, eps=norm_eps)
             )
         )
+    tok_embeddings = nn.Embedding(vocab_size, embed_dim)
+    # Tied: one Parameter for both ends, so it gets one optimizer and one in-backward hook, which
+    # fires once both gradient contributions (embedding lookup and output projection) are summed.
+    output = TiedLinear(tok_embeddings) if tie_word_embeddings else nn.Linear(embed_dim, vocab_size, bias=False)
     return TransformerDecoder(
-        tok_embeddings=nn.Embedding(vocab_size, embed_dim),
+        tok_embeddings=tok_embeddings,
         layers=layers,
         norm=RMSNorm(embed_dim, eps=norm_eps),
-        output=nn.Linear(embed_dim, vocab_size, bias=False),
+        output=output,
         max_seq_len=max_seq_len,
         num_heads=num_heads,
         head_dim=head_dim,

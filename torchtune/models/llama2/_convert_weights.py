@@ -1,4 +1,7 @@
-"""Convert Llama2 state dicts between Meta, Hugging Face and torchtune parameter names.
+"""Convert Llama state dicts between Meta, Hugging Face and torchtune parameter names.
+
+Llama2 and Llama 3.x share these names and layouts, so one conversion serves every family. A model
+with tied embeddings has no ``output.weight`` / ``lm_head.weight`` and converts without one.
 
 torchtune uses Meta's interleaved rotary layout (channel pairs ``(2i, 2i+1)`` rotate together);
 Hugging Face's Llama rotates halves (``i`` with ``i + head_dim/2``), so its q/k projection rows are
@@ -78,9 +81,9 @@ def _convert(
     if unknown:
         shown = ", ".join(unknown[:20]) + (f" (and {len(unknown) - 20} more)" if len(unknown) > 20 else "")
         raise TuneError(
-            f"The checkpoint has parameters that a Llama2 {source} checkpoint does not have: {shown}. "
-            f"Check that checkpointer.checkpoint_files name a Llama2 checkpoint in {source} format "
-            f"and that checkpointer.model_type (LLAMA2) matches it."
+            f"The checkpoint has parameters that a Llama (2 or 3.x) {source} checkpoint does not have: "
+            f"{shown}. Check that checkpointer.checkpoint_files name a Llama checkpoint in {source} format "
+            f"and that checkpointer.model_type matches it."
         )
     return converted
 

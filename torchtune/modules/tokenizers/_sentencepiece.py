@@ -7,6 +7,7 @@ from typing import List, Optional, Sequence, Union
 
 from torchtune._assets import missing_path_hint
 from torchtune._errors import TuneError
+from torchtune.modules.tokenizers._format import DESCRIPTIONS, HF_TOKENIZER_JSON, TIKTOKEN, sniff_tokenizer_format
 
 # Prepended to a text encoded with ``trim_leading_whitespace=True`` and stripped again. A newline is
 # a byte-fallback piece in Llama2's vocabulary that never merges with what follows, so the text after
@@ -66,6 +67,14 @@ class SentencePieceTokenizer:
         try:
             processor.Load(str(path))
         except (RuntimeError, OSError) as err:
+            fmt = sniff_tokenizer_format(path)
+            if fmt in (TIKTOKEN, HF_TOKENIZER_JSON):
+                raise TuneError(
+                    f"The tokenizer file '{path}' (config key tokenizer.path) is {DESCRIPTIONS[fmt]}, not a "
+                    "SentencePiece model: it belongs to a Llama 3.x model. Set tokenizer._component_="
+                    "torchtune.models.llama3.llama3_tokenizer, or for a Llama 2 model point tokenizer.path "
+                    "at its SentencePiece tokenizer.model."
+                ) from err
             raise TuneError(
                 f"The tokenizer file '{path}' (config key tokenizer.path) is not a valid SentencePiece "
                 f"model ({err}). Point tokenizer.path at the tokenizer.model that came with the "

@@ -9,6 +9,7 @@ folder is loaded again to resume.
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,11 +22,15 @@ from torchtune._assets import missing_path_hint
 from torchtune._errors import TuneError
 from torchtune.models.llama2._convert_weights import hf_to_tune, meta_to_tune, tune_to_hf, tune_to_meta
 from torchtune.utils._checkpointing._atomic import write_folder_atomically
+from torchtune.utils._checkpointing._hf_config import MODEL_TYPES, HFModelConfig
 from torchtune.utils._checkpointing._hf_side_files import write_hf_side_files
 from torchtune.utils._checkpointing._manifest import RECIPE_STATE_NAME, verify_manifest
 from torchtune.utils._checkpointing._safe_load import load_safetensors_weights, load_torch_weights
 
-SUPPORTED_MODEL_TYPES = ("LLAMA2",)
+log = logging.getLogger("torchtune")
+
+# LLAMA3 is Llama 3 and 3.1 (one format); LLAMA3_2 the tied 3.2 text models. All convert alike.
+SUPPORTED_MODEL_TYPES = tuple(MODEL_TYPES)
 MODEL_KEY = "model"
 # Files of a HF model folder that are not weights but belong with them (written by _hf_side_files).
 HF_SIDE_FILES = (
@@ -74,6 +79,20 @@ def validate_state_dict(model: nn.Module, state_dict: dict[str, torch.Tensor]) -
     ]
     if not (missing or unexpected or mismatched):
         return
+    tie_hint = ""
+    if "output.weight" in missing:
+        tie_hint = (
+            " The checkpoint has no output projection (lm_head.weight), as models with tied embeddings "
+            "(tie_word_embeddings: true in config.json, as Llama 3.2 1B/3B) have none: build the model with "
+            "tied embeddings (the llama3_2 builders, or model.tie_word_embeddings=True), or check that "
+            "checkpointer.checkpoint_files lists every file."
+        )
+    elif "output.weight" in unexpected:
+        tie_hint = (
+            " The checkpoint has its own output projection (lm_head.weight, tie_word_embeddings: false) but "
+            "the model ties it to the token embedding: set model.tie_word_embeddings=False, or use the "
+            "builder for these weights."
+        )
     problems = []
     if missing:
         problems.append(f"missing from the checkpoint: {_shorten(missing)}")
@@ -85,7 +104,7 @@ def validate_state_dict(model: nn.Module, state_dict: dict[str, torch.Tensor]) -
         "The checkpoint does not fit the model: " + "; ".join(problems) + ". The model builder in the "
         "config (model._component_) probably does not match the checkpoint's config.json / params.json "
         "(size, vocab_size, heads): choose the builder for these weights, or point "
-        "checkpointer.checkpoint_dir at the weights of this model."
+        "checkpointer.checkpoint_dir at the weights of this model." + tie_hint
     )
 
 
@@ -111,8 +130,12 @@ class _FullModelCheckpointer:
                 "(download them with `tune download`)."
             )
         if str(model_type).upper() not in SUPPORTED_MODEL_TYPES:
+            alias = ""
+            if str(model_type).upper() == "LLAMA3_1":
+                alias = " (Llama 3.1 is LLAMA3: Llama 3 and 3.1 share one format)"
             raise TuneError(
-                f"checkpointer.model_type={model_type} is not supported; use one of {', '.join(SUPPORTED_MODEL_TYPES)}."
+                f"checkpointer.model_type={model_type} is not supported{alias}; use one of "
+                f"{', '.join(SUPPORTED_MODEL_TYPES)}."
             )
         self._model_type = str(model_type).upper()
         if output_dir is None:
@@ -177,13 +200,20 @@ class _FullModelCheckpointer:
 
 
 class FullModelHFCheckpointer(_FullModelCheckpointer):
-    """Load and save a Hugging Face Llama2 folder (``config.json`` + safetensors or ``.bin`` shards).
+    """Load and save a Hugging Face Llama 2 / 3.x folder (``config.json`` + safetensors or ``.bin`` shards).
+
+    ``model_type`` must match what ``config.json`` describes (checked at construction, before any
+    weight is read): ``LLAMA2``; ``LLAMA3`` for Llama 3 / 3.1 (``rope_theta`` 500000, ``rope_scaling``
+    of type ``llama3``); ``LLAMA3_2`` for the tied Llama 3.2 1B/3B. With ``tie_word_embeddings: true``
+    the folder has no ``lm_head.weight`` (an ``lm_head.weight`` that is there anyway is dropped, as
+    transformers ties over it), the model gets no ``output.weight`` (it uses ``TiedLinear``), and saves
+    write no ``lm_head.weight``, as transformers expects of a tied model.
 
     Args:
         checkpoint_dir: the model folder.
         checkpoint_files: weight file names, or the name of an index (``model.safetensors.index.json`` /
             ``pytorch_model.bin.index.json``) whose ``weight_map`` lists the shards.
-        model_type: ``"LLAMA2"``.
+        model_type: ``"LLAMA2"``, ``"LLAMA3"`` or ``"LLAMA3_2"``.
         output_dir: where ``step_N`` / ``epoch_N`` folders are written; must be outside ``checkpoint_dir``.
         recipe_checkpoint: the ``recipe_state.pt`` a resumed run continues from; read by
             ``torchtune.training.resolve_resume``, which also points ``checkpoint_dir`` at its folder.
@@ -223,20 +253,18 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
                 f"{config_path} does not exist; a Hugging Face checkpoint folder needs its "
                 f"config.json. Check checkpointer.checkpoint_dir."
             )
-        self._config = json.loads(config_path.read_text())
-        try:
-            self._num_heads = int(self._config["num_attention_heads"])
-            self._dim = int(self._config["hidden_size"])
-        except KeyError as exc:
-            raise TuneError(f"{config_path} has no {exc} entry; is this a Llama2 config.json?") from exc
-        self._num_kv_heads = int(self._config.get("num_key_value_heads") or self._num_heads)
-        self._head_dim = self._config.get("head_dim") or self._dim // self._num_heads
-        self._tied = bool(self._config.get("tie_word_embeddings", False))
-        # Shapes cannot tell a wrong head count (same hidden size, other split into heads), but the
-        # q/k permutation depends on it: the recipe compares these with the model it built.
-        self.attention_heads = (self._num_heads, self._num_kv_heads)
+        self._model_config = HFModelConfig.from_file(config_path)
+        self._model_config.check_model_type(self._model_type)
+        self._num_heads = self._model_config.num_heads
+        self._dim = self._model_config.dim
+        self._num_kv_heads = self._model_config.num_kv_heads
+        self._head_dim = self._model_config.head_dim
+        self._tied = self._model_config.tied
         self._key_to_file: dict[str, str] = {}
-        self._output_missing_in_input = False
+
+    def check_model(self, model: nn.Module) -> None:
+        """Raise ``TuneError`` if ``model``'s heads or RoPE differ from ``config.json`` (see ``HFModelConfig``)."""
+        self._model_config.check_model(model)
 
     def load_checkpoint(self) -> dict[str, Any]:
         """Read the weights (memory-mapped) and return ``{"model": state_dict in torchtune names, ...recipe state}``."""
@@ -248,10 +276,15 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
             for key, value in shard.items():
                 merged[key] = value
                 self._key_to_file[key] = name
-        if "lm_head.weight" not in merged and self._tied and "model.embed_tokens.weight" in merged:
-            # Tied embeddings: the file has no lm_head; our model keeps a separate output projection.
-            merged["lm_head.weight"] = merged["model.embed_tokens.weight"].clone()
-            self._output_missing_in_input = True
+        if self._tied and "lm_head.weight" in merged:
+            lm_head, embed = merged.pop("lm_head.weight"), merged.get("model.embed_tokens.weight")
+            if embed is not None and not torch.equal(lm_head, embed):
+                log.warning(
+                    "%s says tie_word_embeddings: true but lm_head.weight differs from model.embed_tokens.weight; "
+                    "using model.embed_tokens.weight for both, as transformers does.",
+                    self._checkpoint_dir / "config.json",
+                )
+            self._key_to_file.pop("lm_head.weight", None)
         try:
             model_sd = hf_to_tune(
                 merged,
@@ -273,8 +306,6 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
         hf_sd = tune_to_hf(
             model_sd, num_heads=self._num_heads, num_kv_heads=self._num_kv_heads, dim=self._dim, head_dim=self._head_dim
         )
-        if self._output_missing_in_input:
-            hf_sd.pop("lm_head.weight", None)
         default_file = self._shard_names[-1]
         by_file: dict[str, list[str]] = {name: [] for name in self._shard_names}
         weight_map = {}
@@ -299,7 +330,8 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
             index = {"metadata": {"total_size": total_size}, "weight_map": dict(sorted(weight_map.items()))}
             (folder / index_name).write_text(json.dumps(index, indent=2) + "\n")
         written = next((t.dtype for t in hf_sd.values() if t.is_floating_point()), None)
-        write_hf_side_files(self._checkpoint_dir, folder, config=self._config, dtype=written)
+        config = json.loads((self._checkpoint_dir / "config.json").read_text())
+        write_hf_side_files(self._checkpoint_dir, folder, config=config, dtype=written)
 
     def save_checkpoint(
         self, state_dict: dict[str, Any], epoch: int, step: int = 0, intermediate: bool = False
@@ -313,7 +345,8 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
 
 
 class FullModelMetaCheckpointer(_FullModelCheckpointer):
-    """Load and save Meta's Llama2 format (``consolidated.00.pth`` + ``params.json``).
+    """Load and save Meta's format (``consolidated.00.pth`` + ``params.json``) of Llama 2 and Llama 3 / 3.1
+    (``model_type`` ``LLAMA2`` / ``LLAMA3``; the tied Llama 3.2 is read from its Hugging Face folder).
 
     Arguments as for :class:`FullModelHFCheckpointer`; ``checkpoint_files`` names the one ``.pth`` file
     (model-parallel shards ``consolidated.01.pth`` ... of the 13B/70B releases are not supported).
@@ -328,6 +361,12 @@ class FullModelMetaCheckpointer(_FullModelCheckpointer):
         recipe_checkpoint: Optional[str] = None,
     ) -> None:
         super().__init__(checkpoint_dir, checkpoint_files, model_type, output_dir, recipe_checkpoint)
+        if self._model_type == "LLAMA3_2":
+            raise TuneError(
+                "checkpointer.model_type=LLAMA3_2 (tied embeddings) is read from Hugging Face folders only: set "
+                "checkpointer._component_=torchtune.utils.FullModelHFCheckpointer and "
+                "checkpointer.checkpoint_dir to the downloaded folder (config.json + model.safetensors)."
+            )
         if len(self._checkpoint_files) != 1:
             raise TuneError(
                 f"checkpointer.checkpoint_files lists {len(self._checkpoint_files)} files; the Meta "

@@ -49,7 +49,7 @@ def _sentencepiece_tokens(path: Path) -> Optional[Dict[str, Any]]:
         import sentencepiece as spm
 
         sp = spm.SentencePieceProcessor(model_file=str(path))
-    except (ImportError, OSError, RuntimeError):
+    except Exception:  # not SentencePiece (Llama 3's tiktoken file), or sentencepiece missing
         return None
 
     def piece(i: int) -> Optional[str]:

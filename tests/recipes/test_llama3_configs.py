@@ -1,0 +1,57 @@
+"""The shipped Llama 3.x configs: their header's memory figure is what `tune estimate-memory` prints, and
+their model, tokenizer and checkpointer belong together."""
+
+import re
+import subprocess
+
+import pytest
+from omegaconf import OmegaConf
+
+from tests._helpers.tiny_run import REPO_ROOT, TUNE
+from torchtune import _recipe_registry as registry
+
+# config -> the header's phrase stating the estimate at 512 tokens
+CONFIGS = {
+    "llama3_2/1B_full_single_device": r"batch 4: ([\d.]+) GB at 512 tokens",
+    "llama3_2/3B_full_single_device": r"shipped \(torch AdamW in backward\): ([\d.]+) GB at 512 tokens",
+    "llama3_1/8B_full_low_memory": r"shipped \(PagedAdamW8bit\): ([\d.]+) GB at 512 tokens",
+}
+
+
+@pytest.fixture(scope="module")
+def estimates():
+    """`tune estimate-memory --seq-len 512` of every config, started together (each takes 10-20 s)."""
+    procs = {
+        name: subprocess.Popen(
+            [TUNE, "estimate-memory", "--config", name, "--seq-len", "512"],
+            cwd=REPO_ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name in CONFIGS
+    }
+    out = {}
+    for name, proc in procs.items():
+        stdout, stderr = proc.communicate(timeout=600)
+        assert proc.returncode == 0, stderr
+        out[name] = float(re.search(r"total \(device peak\)\s+([\d.]+) GB", stdout).group(1))
+    return out
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_header_states_the_estimate(name, estimates):
+    header = registry.get_config(name).path.read_text()
+    stated = float(re.search(CONFIGS[name], header.replace("\n#", "")).group(1))
+    assert stated == pytest.approx(estimates[name], abs=0.011), f"{name}: header says {stated} GB"
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_model_tokenizer_and_checkpointer_belong_together(name):
+    cfg = OmegaConf.load(registry.get_config(name).path)
+    tied = name.startswith("llama3_2")
+    assert cfg.model._component_.startswith("torchtune.models.llama3_2." if tied else "torchtune.models.llama3_1.")
+    assert cfg.checkpointer.model_type == ("LLAMA3_2" if tied else "LLAMA3")
+    assert cfg.tokenizer._component_ == "torchtune.models.llama3.llama3_tokenizer"
+    assert cfg.tokenizer.path == f"{cfg.checkpointer.checkpoint_dir}/original/tokenizer.model"
+    assert f"--output-dir {cfg.checkpointer.checkpoint_dir} " in registry.get_config(name).path.read_text()

@@ -1,0 +1,160 @@
+"""chat_dataset: OpenAI and ShareGPT files formatted exactly as transformers' Llama 3 chat template,
+loss on assistant turns only by default, truncation, packing, malformed rows named; alpaca with the
+Llama 3 tokenizer."""
+
+import json
+
+import pytest
+
+from torchtune import TuneError
+from torchtune.datasets import PackedDataset, alpaca_dataset, chat_dataset
+from torchtune.models.llama3 import llama3_tokenizer
+
+transformers = pytest.importorskip("transformers")
+
+CONVERSATIONS = [
+    [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "What is two plus three?"},
+        {"role": "assistant", "content": "Two plus three is five."},
+        {"role": "user", "content": "Reverse the word apple."},
+        {"role": "assistant", "content": " elppa\n"},
+    ],
+    [{"role": "user", "content": "Name a colour of the sky."}, {"role": "assistant", "content": "Blue."}],
+]
+SHAREGPT_SPEAKER = {"system": "system", "user": "human", "assistant": "gpt"}
+
+
+@pytest.fixture(scope="module")
+def tok(llama3_tokenizer_dir):
+    return llama3_tokenizer(str(llama3_tokenizer_dir / "original" / "tokenizer.model"))
+
+
+@pytest.fixture(scope="module")
+def hf(llama3_tokenizer_dir):
+    return transformers.AutoTokenizer.from_pretrained(str(llama3_tokenizer_dir))
+
+
+def _jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture
+def openai_file(tmp_path):
+    return _jsonl(tmp_path / "chats.jsonl", [{"messages": c} for c in CONVERSATIONS])
+
+
+@pytest.fixture
+def sharegpt_file(tmp_path):
+    rows = [
+        {"conversations": [{"from": SHAREGPT_SPEAKER[m["role"]], "value": m["content"]} for m in c]}
+        for c in CONVERSATIONS
+    ]
+    path = tmp_path / "sharegpt.json"
+    path.write_text(json.dumps(rows))
+    return path
+
+
+def _assistant_ids(tok, conversation):
+    ids = []
+    for m in conversation:
+        if m["role"] == "assistant":
+            ids += tok.encode(m["content"].strip(), add_bos=False, add_eos=False) + [tok.eot_id]
+    return ids
+
+
+@pytest.mark.parametrize("style", ["openai", "sharegpt"])
+def test_tokens_equal_transformers_chat_template_and_labels_are_assistant_turns(
+    tok, hf, openai_file, sharegpt_file, tmp_path, style
+):
+    path = openai_file if style == "openai" else sharegpt_file
+    ds = chat_dataset(tok, source=str(path), cache_dir=str(tmp_path / "cache"))
+    assert len(ds) == 2 and ds.conversation_column == ("messages" if style == "openai" else "conversations")
+    for conversation, item in zip(CONVERSATIONS, (ds[0], ds[1])):
+        assert item["tokens"] == hf.apply_chat_template(conversation, tokenize=True, return_dict=False)
+        assert len(item["labels"]) == len(item["tokens"])
+        assert [t for t in item["labels"] if t != -100] == _assistant_ids(tok, conversation)
+        # each learnt token is the token at that position
+        assert all(lab in (-100, t) for lab, t in zip(item["labels"], item["tokens"]))
+    assert item["labels"][-1] == tok.eot_id and item["tokens"][0] == tok.bos_id
+
+
+def test_train_on_input_learns_everything(tok, openai_file, tmp_path):
+    ds = chat_dataset(tok, source=str(openai_file), train_on_input=True, cache_dir=str(tmp_path / "cache"))
+    assert ds[0]["labels"] == ds[0]["tokens"]
+
+
+def test_truncation_keeps_the_closing_eot(tok, openai_file, tmp_path):
+    full = chat_dataset(tok, source=str(openai_file), cache_dir=str(tmp_path / "c1"))[0]
+    cut = chat_dataset(tok, source=str(openai_file), max_seq_len=20, cache_dir=str(tmp_path / "c2"))[0]
+    assert len(cut["tokens"]) == 20
+    assert cut["tokens"] == full["tokens"][:19] + [tok.eot_id]
+    assert cut["labels"] == full["labels"][:19] + [tok.eot_id]
+
+
+def test_packed(tok, openai_file, tmp_path):
+    ds = chat_dataset(tok, source=str(openai_file), packed=True, max_seq_len=128, cache_dir=str(tmp_path / "c"))
+    assert isinstance(ds, PackedDataset) and len(ds) == 1
+    pack = ds[0]
+    assert pack["tokens"].shape == (128,) and int(pack["tokens"][-1]) == tok.pad_id
+    lengths = [
+        len(chat_dataset(tok, source=str(openai_file), cache_dir=str(tmp_path / "d"))[i]["tokens"]) for i in (0, 1)
+    ]
+    assert pack["seq_lens"].tolist() == [*lengths, 128 - sum(lengths)]
+
+
+def test_needs_a_tokenizer_with_a_chat_format(tokenizer, openai_file, tmp_path):
+    with pytest.raises(TuneError, match="needs a tokenizer with a chat format.*llama3_tokenizer.*alpaca_dataset"):
+        chat_dataset(tokenizer, source=str(openai_file), cache_dir=str(tmp_path / "c"))
+
+
+def test_missing_column_and_style(tok, tmp_path):
+    path = _jsonl(tmp_path / "rows.jsonl", [{"dialog": CONVERSATIONS[1]}])
+    with pytest.raises(TuneError, match="no 'messages'.*'conversations'.*'dialog'.*dataset.conversation_column"):
+        chat_dataset(tok, source=str(path), cache_dir=str(tmp_path / "c"))
+    ds = chat_dataset(tok, source=str(path), conversation_column="dialog", cache_dir=str(tmp_path / "c"))
+    assert len(ds) == 1
+    with pytest.raises(TuneError, match="no column 'chat'"):
+        chat_dataset(tok, source=str(path), conversation_column="chat", cache_dir=str(tmp_path / "c"))
+    with pytest.raises(TuneError, match="conversation_style='chatml' is not one of auto, openai, sharegpt"):
+        chat_dataset(tok, source=str(path), conversation_style="chatml", cache_dir=str(tmp_path / "c"))
+
+
+def test_malformed_rows_are_listed_before_training(tok, tmp_path):
+    rows = [
+        {"messages": CONVERSATIONS[1]},
+        {"messages": [{"role": "user", "content": "hi"}, {"role": "bot", "content": "hello"}]},
+        {"messages": [{"role": "user", "content": "only a question"}]},
+        {"messages": [{"role": "user", "content": None}, {"role": "assistant", "content": "x"}]},
+        {"messages": []},
+    ]
+    path = _jsonl(tmp_path / "bad.jsonl", rows)
+    with pytest.raises(TuneError) as err:
+        chat_dataset(tok, source=str(path), cache_dir=str(tmp_path / "c"))
+    msg = str(err.value)
+    assert "row 1: message 1 has role 'bot'" in msg
+    assert "row 2: the conversation has no assistant message" in msg
+    assert "row 3: message 0 has content None, not text" in msg
+    assert "row 4: the conversation is [], not a non-empty list" in msg
+    assert "row 0" not in msg and str(path) in msg
+
+
+def test_unknown_sharegpt_speaker(tok, tmp_path):
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps([{"conversations": [{"from": "human", "value": "a"}, {"from": "bard", "value": "b"}]}]))
+    with pytest.raises(TuneError, match="row 0: message 1 is from 'bard'"):
+        chat_dataset(tok, source=str(path), cache_dir=str(tmp_path / "c"))
+
+
+def test_alpaca_with_the_llama3_tokenizer(tok, hf, alpaca_json, alpaca_rows, tmp_path):
+    from torchtune.datasets import AlpacaInstructTemplate
+
+    ds = alpaca_dataset(tok, source="json", data_files=str(alpaca_json), train_on_input=False, cache_dir=str(tmp_path))
+    for row, i in zip(alpaca_rows, range(len(ds))):
+        prompt = AlpacaInstructTemplate().format(row)
+        item = ds[i]
+        assert item["tokens"] == hf(prompt + row["output"])["input_ids"] + [tok.eos_id]
+        n_prompt = len(hf(prompt)["input_ids"])
+        assert item["labels"] == [-100] * n_prompt + item["tokens"][n_prompt:]
+        assert tok.decode(item["labels"][n_prompt:]) == row["output"]

@@ -1,0 +1,233 @@
+"""Chat datasets: conversations (OpenAI ``messages`` or ShareGPT ``conversations``) -> tokens and labels
+through the tokenizer's chat format (Llama 3's for ``Llama3Tokenizer``)."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
+
+from torch.utils.data import Dataset
+
+from torchtune._errors import TuneError
+from torchtune.datasets._collate import CROSS_ENTROPY_IGNORE_IDX
+from torchtune.datasets._loading import describe_source, load_hf_dataset
+
+ROLES = ("system", "user", "assistant", "ipython")
+# ShareGPT's speaker names -> roles. "ipython" is Llama 3.1's role for tool output.
+SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant"}
+STYLES = ("auto", "openai", "sharegpt")
+_COLUMNS = ("messages", "conversations")  # the OpenAI and the ShareGPT column names, looked for in this order
+_SHOWN_ERRORS = 5
+
+
+class ChatTokenizer(Protocol):
+    """What a chat dataset needs: a tokenizer with a chat format (``Llama3Tokenizer`` has one)."""
+
+    eot_id: int
+    pad_id: int
+
+    def tokenize_messages(self, messages: Sequence[Mapping[str, str]]) -> Tuple[List[int], List[bool]]: ...
+
+
+class ChatDataset(Dataset):
+    """Conversations as ``{"tokens": list[int], "labels": list[int]}``, formatted by the tokenizer.
+
+    Each row holds one conversation, a list of messages in either style:
+
+    - OpenAI: ``{"messages": [{"role": "system" | "user" | "assistant" | "ipython", "content": "..."}]}``;
+    - ShareGPT: ``{"conversations": [{"from": "system" | "human" | "gpt", "value": "..."}]}``.
+
+    The column is ``messages`` or ``conversations``, whichever the data has (``conversation_column``
+    names another); the style is told from the first message's keys (``conversation_style`` fixes it).
+    Every row is checked when the dataset is built, so a malformed conversation stops the run before
+    training, with its row number, rather than at the step that reaches it.
+
+    Labels: by default only what the assistant writes is learnt, the content of each assistant message
+    and its closing ``<|eot_id|>``; system and user messages and every header are -100
+    (``train_on_input=True`` learns every token). Past ``max_seq_len`` tokens (default
+    ``tokenizer.max_seq_len``) a conversation is cut, keeping its last token (the closing
+    ``<|eot_id|>``) and that token's label.
+
+    Args:
+        tokenizer: a tokenizer with ``tokenize_messages`` (``torchtune.models.llama3.llama3_tokenizer``).
+        source: dataset name or builder (``json`` with ``data_files=...``), or the path of one data file.
+        conversation_column: the column with the conversations; default ``messages`` or ``conversations``.
+        conversation_style: ``auto``, ``openai`` or ``sharegpt``.
+        train_on_input: also learn the system/user messages and the headers.
+        max_seq_len: longest example in tokens (None: no limit).
+        split: the split to load.
+        **load_dataset_kwargs: passed to ``datasets.load_dataset`` (``data_files``, ``cache_dir``, ...).
+
+    Raises:
+        TuneError: a tokenizer without a chat format; no conversation column; a conversation that is not
+            a list of messages, a message without its role/content keys, an unknown role, content that is
+            not text, or a conversation with no assistant message (nothing to learn) -- naming the rows.
+    """
+
+    def __init__(
+        self,
+        tokenizer: ChatTokenizer,
+        source: str,
+        conversation_column: Optional[str] = None,
+        conversation_style: str = "auto",
+        train_on_input: bool = False,
+        max_seq_len: Optional[int] = None,
+        split: str = "train",
+        **load_dataset_kwargs: Any,
+    ) -> None:
+        if not callable(getattr(tokenizer, "tokenize_messages", None)):
+            raise TuneError(
+                f"dataset._component_ is a chat dataset, which needs a tokenizer with a chat format, but "
+                f"{type(tokenizer).__name__} has none. Use the Llama 3 tokenizer "
+                "(tokenizer._component_=torchtune.models.llama3.llama3_tokenizer) with a Llama 3.x model; "
+                "for a Llama 2 model use instruction data (torchtune.datasets.alpaca_dataset or "
+                "instruct_dataset)."
+            )
+        if conversation_style not in STYLES:
+            raise TuneError(
+                f"dataset.conversation_style={conversation_style!r} is not one of {', '.join(STYLES)}: "
+                "'openai' for messages of {role, content}, 'sharegpt' for {from, value}, 'auto' to tell."
+            )
+        if max_seq_len is None:
+            max_seq_len = getattr(tokenizer, "max_seq_len", None)
+        if max_seq_len is not None and max_seq_len < 2:
+            raise TuneError(f"dataset.max_seq_len must be at least 2, got {max_seq_len}.")
+        self._tokenizer = tokenizer
+        self.train_on_input = bool(train_on_input)
+        self.max_seq_len = max_seq_len
+        self.conversation_style = conversation_style
+        self._described = describe_source(source, load_dataset_kwargs.get("data_files"))
+        self._data = load_hf_dataset(source, split=split, **load_dataset_kwargs)
+        self.conversation_column = self._find_column(conversation_column, list(self._data.column_names))
+        self._check_all_rows()
+
+    def _find_column(self, column: Optional[str], available: List[str]) -> str:
+        if column is not None:
+            if column not in available:
+                raise TuneError(
+                    f"{self._described} has no column '{column}' (config key dataset.conversation_column); its "
+                    f"columns are {', '.join(repr(c) for c in available)}."
+                )
+            return column
+        for name in _COLUMNS:
+            if name in available:
+                return name
+        raise TuneError(
+            f"{self._described} has no 'messages' (OpenAI style) or 'conversations' (ShareGPT style) column; "
+            f"its columns are {', '.join(repr(c) for c in available)}. Name the column that holds the "
+            "conversations with dataset.conversation_column=<column> (on the command line "
+            "+dataset.conversation_column=<column> when the config has no such key)."
+        )
+
+    def _check_all_rows(self) -> None:
+        problems: List[str] = []
+        count = 0
+        # Batches of the one column: bounded memory however large the dataset is.
+        for start, batch in _column_batches(self._data, self.conversation_column):
+            for offset, conversation in enumerate(batch):
+                try:
+                    self.to_messages(conversation)
+                except TuneError as err:
+                    count += 1
+                    if len(problems) < _SHOWN_ERRORS:
+                        problems.append(f"row {start + offset}: {err}")
+        if problems:
+            more = f" (and {count - len(problems)} more rows)" if count > len(problems) else ""
+            raise TuneError(
+                f"{self._described} has malformed conversations in column '{self.conversation_column}': "
+                + "; ".join(problems)
+                + f"{more}. Each row needs a list of messages, OpenAI style {{role, content}} with roles "
+                f"{', '.join(ROLES)}, or ShareGPT style {{from, value}} with from system/human/gpt, and at "
+                "least one assistant message. Fix or drop those rows."
+            )
+
+    def to_messages(self, conversation: Any) -> List[Dict[str, str]]:
+        """``[{"role", "content"}]`` of one row's conversation, in either style; raises ``TuneError``."""
+        if not isinstance(conversation, (list, tuple)) or not conversation:
+            raise TuneError(f"the conversation is {_short(conversation)}, not a non-empty list of messages")
+        style = self.conversation_style
+        if style == "auto":
+            first = conversation[0]
+            style = "sharegpt" if isinstance(first, Mapping) and "from" in first and "role" not in first else "openai"
+        role_key, content_key = ("from", "value") if style == "sharegpt" else ("role", "content")
+        messages = []
+        for i, message in enumerate(conversation):
+            if not isinstance(message, Mapping) or role_key not in message or content_key not in message:
+                raise TuneError(f"message {i} is {_short(message)}, without '{role_key}' and '{content_key}'")
+            role, content = message[role_key], message[content_key]
+            if style == "sharegpt":
+                if role not in SHAREGPT_ROLES:
+                    raise TuneError(f"message {i} is from {role!r}; ShareGPT speakers are {', '.join(SHAREGPT_ROLES)}")
+                role = SHAREGPT_ROLES[role]
+            elif role not in ROLES:
+                raise TuneError(f"message {i} has role {role!r}; roles are {', '.join(ROLES)}")
+            if not isinstance(content, str):
+                raise TuneError(f"message {i} has content {_short(content)}, not text")
+            messages.append({"role": role, "content": content})
+        if not any(m["role"] == "assistant" for m in messages):
+            raise TuneError("the conversation has no assistant message, so there is nothing to learn")
+        return messages
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __getitem__(self, index: int) -> Dict[str, List[int]]:
+        return self.tokenize_row(self._data[index])
+
+    def tokenize_row(self, row: Mapping[str, Any]) -> Dict[str, List[int]]:
+        """Tokens and labels of one row (see the class docstring)."""
+        tokens, is_assistant = self._tokenizer.tokenize_messages(self.to_messages(row[self.conversation_column]))
+        if self.train_on_input:
+            labels = list(tokens)
+        else:
+            labels = [t if learn else CROSS_ENTROPY_IGNORE_IDX for t, learn in zip(tokens, is_assistant)]
+        if self.max_seq_len is not None and len(tokens) > self.max_seq_len:
+            tokens = tokens[: self.max_seq_len - 1] + tokens[-1:]
+            labels = labels[: self.max_seq_len - 1] + labels[-1:]
+        return {"tokens": tokens, "labels": labels}
+
+
+def _column_batches(data: Any, column: str, batch_size: int = 1000):
+    column_only = data.select_columns([column])
+    for start in range(0, len(column_only), batch_size):
+        yield start, column_only[start : start + batch_size][column]
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def chat_dataset(
+    tokenizer: ChatTokenizer,
+    source: str,
+    conversation_column: Optional[str] = None,
+    conversation_style: str = "auto",
+    train_on_input: bool = False,
+    max_seq_len: Optional[int] = None,
+    packed: bool = False,
+    split: str = "train",
+    **load_dataset_kwargs: Any,
+) -> Dataset:
+    """Config builder: a ``ChatDataset``, or with ``packed=True`` a ``PackedDataset`` of it (then
+    ``max_seq_len`` is required: it is the length of every pack).
+
+    Offline, point it at a local file: ``source: json``, ``data_files: chats.jsonl`` (one conversation
+    per line) or the file's path as ``source``.
+    """
+    if packed and max_seq_len is None and getattr(tokenizer, "max_seq_len", None) is None:
+        raise TuneError("dataset.packed=True needs dataset.max_seq_len (the length of each packed sequence).")
+    ds = ChatDataset(
+        tokenizer,
+        source,
+        conversation_column=conversation_column,
+        conversation_style=conversation_style,
+        train_on_input=train_on_input,
+        max_seq_len=max_seq_len,
+        split=split,
+        **load_dataset_kwargs,
+    )
+    if packed:
+        from torchtune.datasets._packed import PackedDataset
+
+        return PackedDataset(ds, max_seq_len=ds.max_seq_len, padding_idx=max(int(tokenizer.pad_id), 0))
+    return ds
