@@ -54,6 +54,27 @@ def test_dtype_spellings_accepted(spelling):
     assert result.returncode == 0, result.stderr
 
 
+def _shipped_configs():
+    """(recipe, YAML) for every file under recipes/configs: registered ones with their recipe, the
+    others (recipes/configs/NAME.yaml) with the recipe of that name."""
+    pairs = [(r, c.path) for r in registry.get_all_recipes() for c in r.configs]
+    registered = {path.resolve() for _, path in pairs}
+    for path in sorted((registry.builtin_recipes_dir() / "configs").rglob("*.yaml")):
+        if path.resolve() not in registered:
+            recipe = registry.get_recipe(path.stem)
+            assert recipe is not None, f"{path} is shipped but belongs to no recipe"
+            pairs.append((recipe, path))
+    return pairs
+
+
+@pytest.mark.parametrize("recipe, path", _shipped_configs(), ids=lambda x: getattr(x, "name", str(x)))
+def test_every_shipped_config_passes_its_recipes_checks(recipe, path):
+    from torchtune._cli.validate import load_recipe_module
+    from torchtune.config import load_config
+
+    load_recipe_module(recipe.path).validate_config(load_config(str(path)))
+
+
 def test_own_yaml_needs_recipe_option(tmp_path):
     mine = tmp_path / "mine.yaml"
     mine.write_text(registry.get_config("llama2/tiny_full").path.read_text() + "batch_sizee: 2\n")
