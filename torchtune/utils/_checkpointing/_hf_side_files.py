@@ -1,8 +1,8 @@
 """The files of a saved Hugging Face folder that are not weights, written so the folder tells the truth
 and loads on its own with ``AutoModelForCausalLM`` / ``AutoTokenizer`` / ``GenerationConfig``.
 
-* ``config.json``: the input's, with ``torch_dtype`` (and ``dtype``, where the input has that newer
-  key) set to the dtype of the tensors written -- a bf16 finetune of a float16 download says bfloat16.
+* ``config.json``: the input's, with ``torch_dtype`` (or ``dtype``, the newer name, where the input
+  uses it) set to the dtype of the tensors written -- a bf16 finetune of a float16 download says bfloat16.
 * tokenizer files: copied from the input folder; when the input has a SentencePiece ``tokenizer.model``
   but no ``tokenizer_config.json`` / ``special_tokens_map.json`` (the demo bundle, a converted Meta
   download), they are written from it: BOS added, EOS not, as the recipes encode a prompt.
@@ -37,9 +37,10 @@ def model_config(config: Dict[str, Any], dtype: Optional[torch.dtype]) -> Dict[s
     """``config`` with the dtype entries set to ``dtype`` (left as they are when ``dtype`` is unknown)."""
     out = dict(config)
     if dtype in DTYPE_NAMES:
-        out["torch_dtype"] = DTYPE_NAMES[dtype]
-        if "dtype" in out:
-            out["dtype"] = DTYPE_NAMES[dtype]
+        # transformers < 4.56 writes torch_dtype, later versions dtype: set the ones the input has.
+        keys = [k for k in ("torch_dtype", "dtype") if k in out] or ["torch_dtype"]
+        for key in keys:
+            out[key] = DTYPE_NAMES[dtype]
     return out
 
 
