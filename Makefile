@@ -4,8 +4,17 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed.stamp
-# The CPU build of torch that lies on this machine's disk; an unpinned torch pulls a CUDA build.
-TORCH_VERSION := 2.13.0
+# Pinned so every machine trains with the same torch. Which build `torch==2.13.0` is depends on where
+# pip looks: the package index serves the CUDA 13.0 build for Linux x86_64 (it bundles the CUDA
+# runtime; the machine needs an NVIDIA driver for CUDA 13.0, and a Turing or newer GPU), so on a
+# GPU machine `make setup` installs a CUDA build. On our build and CI machines a CPU wheel of the
+# same version lies in pip's local wheel folder, and pip prefers it there.
+TORCH_VERSION ?= 2.13.0
+# Another variant (an older driver, another CUDA version, or CPU only): set TORCH_INDEX to PyTorch's
+# own wheel index for it, the URL PyTorch's install selector shows, ending in /whl/cu126, /whl/cu130,
+# /whl/cpu ...:   make setup TORCH_INDEX=<that URL>
+TORCH_INDEX ?=
+TORCH_INDEX_ARGS := $(if $(strip $(TORCH_INDEX)),--index-url $(TORCH_INDEX),)
 
 .PHONY: test lint demo setup clean
 
@@ -14,8 +23,13 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet "torch==$(TORCH_VERSION)"
+	$(PY) -m pip install --quiet $(TORCH_INDEX_ARGS) "torch==$(TORCH_VERSION)"
+	@# This project was distributed as "torchtune" before; that name is PyTorch's torchtune, which must
+	@# not share an environment with it (same import package, same `tune`). Removing it is a no-op when absent.
+	$(PY) -m pip uninstall --quiet --yes torchtune 2>/dev/null || true
+	rm -rf torchtune.egg-info
 	$(PY) -m pip install --quiet -e ".[dev]" "torch==$(TORCH_VERSION)"
+	$(PY) -c "import torch; print('Installed torch', torch.__version__, '-', 'CUDA ' + torch.version.cuda if torch.version.cuda else 'CPU-only build', '- GPU visible:', torch.cuda.is_available())"
 	touch $(STAMP)
 
 lint: $(STAMP)

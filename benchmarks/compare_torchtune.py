@@ -134,6 +134,8 @@ def config(impl: str, assets: Dict[str, Path], out: Path, args: argparse.Namespa
             "save_every_n_steps": None,
             "keep_last_n_checkpoints": None,
             "metric_logger": {"_component_": "torchtune.utils.metric_logging.DiskLogger", "log_dir": str(out / "logs")},
+            "validation_dataset": None,
+            "eval_every_n_steps": None,
         }
     return {
         **common,

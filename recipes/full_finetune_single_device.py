@@ -54,7 +54,29 @@ RECIPE_KEYS = (
     "metric_logger",
     "log_every_n_steps",
     "log_peak_memory_stats",
+    "validation_dataset",
+    "eval_every_n_steps",
 )
+
+
+def validate_config(cfg: DictConfig) -> None:
+    """Every check of ``cfg`` that needs no model, data, device or file: keys, value ranges, device and
+    dtype spellings, conflicting settings. ``__init__`` runs it first; ``tune validate`` runs it alone.
+
+    Raises:
+        ConfigError: naming the key to change.
+    """
+    config.check_recipe_keys(cfg, RECIPE_KEYS, RECIPE_NAME, "llama2/7B_full_low_memory")
+    utils.parse_device(cfg.device)
+    utils.dtype_name(cfg.dtype)
+    training.check_optimizer_settings(cfg)
+    for key in ("batch_size", "epochs", "log_every_n_steps"):
+        training.positive_int(cfg, key)
+    for key in ("max_steps_per_epoch", "save_every_n_steps", "keep_last_n_checkpoints"):
+        training.positive_int(cfg, key, allow_none=True)
+    training.check_resume_keys(cfg)
+    training.check_validation_settings(cfg)
+    training.check_metric_logger(cfg)
 
 
 class FullFinetuneRecipeSingleDevice:
@@ -70,6 +92,8 @@ class FullFinetuneRecipeSingleDevice:
         - step and epoch checkpoints written atomically; exact resume, also mid-epoch;
         - SIGINT/SIGTERM save a resumable checkpoint and print the resume command; a NaN loss stops
           the run without saving those weights.
+        - metrics to output_dir/logs/metrics.jsonl and the loggers of ``metric_logger`` at once; a
+          validation loss every ``eval_every_n_steps`` and at each epoch end; a run summary at the end.
 
     Raises (as ``TuneError``, printed as one paragraph by ``tune``): unknown or missing keys and
     values out of range; a device or dtype this machine cannot run; conflicting optimizer settings;
@@ -79,7 +103,7 @@ class FullFinetuneRecipeSingleDevice:
     """
 
     def __init__(self, cfg: DictConfig) -> None:
-        config.check_recipe_keys(cfg, RECIPE_KEYS, RECIPE_NAME, "llama2/7B_full_low_memory")
+        validate_config(cfg)
         self._cfg = cfg
         if str(cfg.device).startswith("cuda"):
             memory.set_cuda_alloc_conf()  # before the first CUDA allocation
@@ -127,7 +151,7 @@ class FullFinetuneRecipeSingleDevice:
             self.progress = self._resume.progress
             self.max_steps_per_epoch = self._resume.max_steps_per_epoch  # keeps the epoch length
             utils.set_rng_state(self._resume.rng_state)
-        self._metric_logger = config.instantiate(cfg.metric_logger)
+        self._metric_logger = training.build_metric_logger(cfg)  # metrics.jsonl + the loggers listed in the config
 
         self._checkpointer = training.build_checkpointer(cfg.checkpointer, self._resume)
         self._model = training.build_model(
@@ -153,6 +177,12 @@ class FullFinetuneRecipeSingleDevice:
         self._loss_fn = config.instantiate(cfg.loss)
         self._data = training.build_dataloader(
             cfg.dataset, self._tokenizer, batch_size=self._settings.batch_size, shuffle=cfg.shuffle, seed=self.seed
+        )
+        self._validation = training.build_validation(
+            cfg.validation_dataset,
+            self._tokenizer,
+            batch_size=self._settings.batch_size,
+            every_n_steps=cfg.eval_every_n_steps,
         )
         self._steps_per_epoch = self._count_steps_per_epoch()
         self._lr_scheduler = training.build_lr_scheduler(
@@ -248,10 +278,12 @@ class FullFinetuneRecipeSingleDevice:
 
                     if will_log:
                         tokens_per_second = interval_tokens / max(time.perf_counter() - interval_start, 1e-9)
-                        self._log_step(epoch, step_loss, lr, tokens_per_second, pbar)
+                        self._log_step(epoch, step_loss, lr, interval_tokens, tokens_per_second, pbar)
                         interval_tokens, interval_start = 0, time.perf_counter()
                     pbar.update(1)
                     step_loss = torch.zeros((), device=self._device)
+                    if self._validation is not None and self._validation.due(progress.global_step):
+                        interval_start += self._log_validation_loss(pbar)  # not training time: not in tok/s
 
                     if self._checkpoint_policy.step_checkpoint_due(
                         progress.global_step, progress.steps_run_in_epoch, self._steps_per_epoch
@@ -259,6 +291,8 @@ class FullFinetuneRecipeSingleDevice:
                         self.save_checkpoint(epoch=epoch, step_checkpoint=True)
                     if self._stop.signum is not None:
                         self._stop_and_exit(epoch)
+                if self._validation is not None and self._validation.due(progress.global_step, end_of_epoch=True):
+                    self._log_validation_loss(pbar)
                 pbar.close()
                 progress.epochs_run += 1
                 progress.steps_run_in_epoch = 0
@@ -267,14 +301,18 @@ class FullFinetuneRecipeSingleDevice:
                     self._stop_and_exit(epoch)
         if self._log_peak_memory_stats:
             self._log_memory("end of training (peaks)")
+        log.info(self._metric_logger.summary.report(checkpoint=self._last_checkpoint, device=self._device))
 
-    def _log_step(self, epoch: int, step_loss: torch.Tensor, lr: float, tokens_per_second: float, pbar: tqdm) -> None:
+    def _log_step(
+        self, epoch: int, step_loss: torch.Tensor, lr: float, tokens: int, tokens_per_second: float, pbar: tqdm
+    ) -> None:
         loss_value = step_loss.item()  # the one sync per logged step
         self._nan_guard.check(epoch, self._last_checkpoint)
         payload = {
             "epoch": epoch,
             "loss": loss_value,
             "lr": lr,
+            "tokens": tokens,  # non-padding tokens since the last logged step
             "tokens_per_second": tokens_per_second,
             "grad_norm": self._grad_norm.pop(),
         }
@@ -283,6 +321,14 @@ class FullFinetuneRecipeSingleDevice:
         self._metric_logger.log_dict(payload, step=self.global_step)
         pbar.set_description(f"{epoch + 1}|{self.global_step}|Loss: {loss_value:.4f}")
         pbar.set_postfix(lr=f"{lr:.2e}", tok_s=f"{tokens_per_second:.0f}", refresh=False)
+
+    def _log_validation_loss(self, pbar: tqdm) -> float:
+        """Log the validation loss; returns the seconds it took."""
+        start = time.perf_counter()
+        val_loss = self._validation.loss(self._model, self._loss_fn, device=self._device, global_step=self.global_step)
+        self._metric_logger.log_dict({"val_loss": val_loss}, step=self.global_step)
+        pbar.write(f"Step {self.global_step} | validation loss {val_loss:.4f}", file=sys.stderr)
+        return time.perf_counter() - start
 
     # ------------------------------------------------------------------------------------------
     # checkpointing, stopping
@@ -347,7 +393,8 @@ class FullFinetuneRecipeSingleDevice:
 @config.parse
 def recipe_main(cfg: DictConfig) -> None:
     """Entry point: ``tune run full_finetune_single_device --config ...``."""
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    # Log lines go through tqdm.write: they appear above the progress bar instead of breaking it.
+    logging.basicConfig(level=logging.INFO, handlers=[training.ProgressBarLogHandler(sys.stderr)])
     recipe = FullFinetuneRecipeSingleDevice(cfg=cfg)
     recipe.setup()
     try:

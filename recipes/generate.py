@@ -37,6 +37,46 @@ RECIPE_KEYS = (
 )
 
 
+def validate_config(cfg: DictConfig) -> None:
+    """Every check of ``cfg`` that needs no model, file or device: keys, the decoding values, the prompt,
+    the template, device and dtype spellings. ``__init__`` runs it first; ``tune validate`` runs it alone.
+
+    Raises:
+        ConfigError: naming the key to change.
+    """
+    config.check_recipe_keys(cfg, RECIPE_KEYS, "generate", "generate.yaml")
+    utils.parse_device(cfg.device)
+    utils.dtype_name(cfg.dtype)
+    if isinstance(cfg.max_new_tokens, bool) or not isinstance(cfg.max_new_tokens, int) or cfg.max_new_tokens < 1:
+        raise ConfigError(f"max_new_tokens must be a whole number of at least 1, got {cfg.max_new_tokens!r}.")
+    if isinstance(cfg.temperature, bool) or not isinstance(cfg.temperature, (int, float)) or cfg.temperature < 0:
+        raise ConfigError(f"temperature must be a number >= 0 (0 is greedy), got {cfg.temperature!r}.")
+    if cfg.top_k is not None and (isinstance(cfg.top_k, bool) or not isinstance(cfg.top_k, int) or cfg.top_k < 1):
+        raise ConfigError(f"top_k must be a whole number of at least 1, or null, got {cfg.top_k!r}.")
+    format_prompt(cfg)  # an empty prompt, an unknown template or an input the template has no field for
+
+
+def format_prompt(cfg: DictConfig) -> str:
+    """``cfg.prompt`` as-is, or filled into ``cfg.instruction_template``."""
+    if cfg.prompt is None or str(cfg.prompt) == "":
+        raise ConfigError('prompt is empty: pass one on the command line, e.g. prompt="What is 7 plus 5?".')
+    if cfg.instruction_template is None:
+        return str(cfg.prompt)
+    from torchtune.datasets import resolve_template
+
+    template = resolve_template(cfg.instruction_template)
+    fields = template.columns + template.optional_columns
+    sample: Dict[str, Any] = {fields[0]: str(cfg.prompt)}
+    if cfg.input is not None and str(cfg.input) != "":
+        if len(fields) < 2:
+            raise ConfigError(
+                f"input={cfg.input!r} was given, but instruction_template "
+                f"{template!r} has no input field; set input=null."
+            )
+        sample[fields[1]] = str(cfg.input)
+    return template.format(sample)
+
+
 class InferenceRecipe:
     """Load a model from ``cfg.checkpointer``, format ``cfg.prompt`` and print the completion.
 
@@ -56,15 +96,9 @@ class InferenceRecipe:
     """
 
     def __init__(self, cfg: DictConfig) -> None:
-        config.check_recipe_keys(cfg, RECIPE_KEYS, "generate", "generate.yaml")
+        validate_config(cfg)
         self._device = utils.get_device(cfg.device)
         self._dtype = utils.get_dtype(cfg.dtype, self._device)
-        if isinstance(cfg.max_new_tokens, bool) or not isinstance(cfg.max_new_tokens, int) or cfg.max_new_tokens < 1:
-            raise ConfigError(f"max_new_tokens must be a whole number of at least 1, got {cfg.max_new_tokens!r}.")
-        if not isinstance(cfg.temperature, (int, float)) or cfg.temperature < 0:
-            raise ConfigError(f"temperature must be a number >= 0 (0 is greedy), got {cfg.temperature!r}.")
-        if cfg.top_k is not None and (isinstance(cfg.top_k, bool) or not isinstance(cfg.top_k, int) or cfg.top_k < 1):
-            raise ConfigError(f"top_k must be a whole number of at least 1, or null, got {cfg.top_k!r}.")
         self._seed = utils.set_seed(cfg.seed)
 
     def setup(self, cfg: DictConfig) -> None:
@@ -76,29 +110,9 @@ class InferenceRecipe:
         self._model = model.eval()
         self._tokenizer = config.instantiate(cfg.tokenizer)
 
-    def format_prompt(self, cfg: DictConfig) -> str:
-        """``cfg.prompt`` as-is, or filled into ``cfg.instruction_template``."""
-        if cfg.prompt is None or str(cfg.prompt) == "":
-            raise ConfigError('prompt is empty: pass one on the command line, e.g. prompt="What is 7 plus 5?".')
-        if cfg.instruction_template is None:
-            return str(cfg.prompt)
-        from torchtune.datasets import resolve_template
-
-        template = resolve_template(cfg.instruction_template)
-        fields = template.columns + template.optional_columns
-        sample: Dict[str, Any] = {fields[0]: str(cfg.prompt)}
-        if cfg.input is not None and str(cfg.input) != "":
-            if len(fields) < 2:
-                raise ConfigError(
-                    f"input={cfg.input!r} was given, but instruction_template "
-                    f"{template!r} has no input field; set input=null."
-                )
-            sample[fields[1]] = str(cfg.input)
-        return template.format(sample)
-
     def generate(self, cfg: DictConfig) -> str:
         """Generate the completion of the formatted prompt, print it and return it."""
-        prompt = self.format_prompt(cfg)
+        prompt = format_prompt(cfg)
         tokens = self._tokenizer.encode(prompt, add_bos=True, add_eos=False)
         generator = torch.Generator(device=self._device).manual_seed(self._seed)
         start = time.perf_counter()

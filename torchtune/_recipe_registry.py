@@ -1,7 +1,7 @@
 """The built-in recipes and their configs, as a plain list.
 
 Paths are relative to the installed ``recipes`` package (``recipes/`` in a checkout, ``site-packages/
-recipes/`` in a wheel), so ``tune run`` / ``tune cp`` find them wherever torchtune is installed. To
+recipes/`` in a wheel), so ``tune run`` / ``tune cp`` find them wherever plaintune is installed. To
 ship a new recipe or config, add one line here and the file under ``recipes/``.
 """
 
@@ -81,12 +81,27 @@ def get_config(name: str) -> Optional[Config]:
     return next((c for r in _RECIPES for c in r.configs if c.name == name), None)
 
 
+def recipe_for_config(name_or_path: str) -> Optional[Recipe]:
+    """The built-in recipe a built-in config belongs to: by name (``llama2/tiny_full``) or by the path of
+    its file inside the installed package; None for any other file."""
+    config = get_config(str(name_or_path))
+    if config is None:
+        candidate = Path(str(name_or_path)).expanduser()
+        if not candidate.is_file():
+            return None
+        resolved = candidate.resolve()
+        config = next((c for r in _RECIPES for c in r.configs if c.path.resolve() == resolved), None)
+        if config is None:
+            return None
+    return next(r for r in _RECIPES if config in r.configs)
+
+
 def builtin_recipes_dir() -> Path:
     """Folder of the installed ``recipes`` package, found without importing anything heavy."""
     spec = importlib.util.find_spec("recipes")
     if spec is None or not spec.submodule_search_locations:
         raise TuneError(
             "The 'recipes' package that ships the built-in recipes and configs is not installed "
-            "alongside torchtune; reinstall torchtune (pip install -e . in a checkout)."
+            "alongside torchtune; reinstall plaintune (pip install -e . in a checkout)."
         )
     return Path(next(iter(spec.submodule_search_locations))).resolve()

@@ -163,6 +163,8 @@ def base_config(tmp_path: Path, ckpt: Path, tokenizer: Path, data: Path, vocab: 
         "metric_logger": {"_component_": "torchtune.utils.metric_logging.DiskLogger", "log_dir": "${output_dir}/logs"},
         "log_every_n_steps": 1,
         "log_peak_memory_stats": False,
+        "validation_dataset": None,
+        "eval_every_n_steps": None,
     }
 
 

@@ -438,7 +438,7 @@ def test_pruning_and_host_memory_stay_bounded(tiny, tmp_path, components):
     cfg.epochs, cfg.save_every_n_steps, cfg.keep_last_n_checkpoints = 4, 2, 2
     cfg.metric_logger = {"_component_": f"{components}.RssLogger", "log_dir": "${output_dir}/logs"}
     recipe = run_recipe(cfg)
-    rss = recipe._metric_logger.rss
+    rss = next(logger.rss for logger in recipe._metric_logger.loggers if hasattr(logger, "rss"))
     assert sorted(rss) == list(range(1, 25))
     # Between steps 5-7 and 18-20 lie 5 step saves and 2 epoch saves. Measured: < 1.1 MB of growth;
     # keeping each step's loss with its autograd graph (about 0.3 MB a step here) gives ~5 MB.

@@ -53,7 +53,7 @@ def find_source(name: str) -> Path:
     if not found.path.is_file():
         raise TuneError(
             f"The built-in '{found.name}' is registered but its file {found.path} is missing "
-            "from this installation; reinstall torchtune."
+            "from this installation; reinstall plaintune."
         )
     return found.path
 

@@ -13,9 +13,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser = subparsers.add_parser(
         "plot",
         help="plot a run's loss and learning rate into a PNG",
-        description="Draw loss and learning rate against step from OUTPUT_DIR/logs/metrics.jsonl (what "
-        "a recipe's DiskLogger writes) into a PNG. Needs matplotlib: "
-        "pip install 'torchtune[plot]'.",
+        description="Draw loss (and validation loss, when logged) and learning rate against step from "
+        "OUTPUT_DIR/logs/metrics.jsonl (what every run writes) into a PNG. Needs matplotlib: "
+        "pip install matplotlib.",
     )
     parser.add_argument(
         "output_dir",
@@ -52,11 +52,11 @@ def find_metrics_file(path: Path) -> Path:
 
 def plot_command(args: argparse.Namespace) -> int:
     """Handler of ``tune plot``."""
-    from torchtune.utils.plotting import plot_metrics
+    from torchtune.utils.plotting import plot_metrics, plotted_series
 
     metrics = find_metrics_file(args.output_dir)
     default_dir = metrics.parent.parent if metrics.parent.name == "logs" else metrics.parent
     out = args.out if args.out is not None else default_dir / "metrics.png"
     written = plot_metrics(metrics, out)
-    print(f"Wrote {written}")
+    print(f"Wrote {written} ({', '.join(plotted_series(metrics))} against step)")
     return 0

@@ -49,7 +49,7 @@ def resolve_recipe_path(name_or_path: str) -> Path:
         if not recipe.path.is_file():
             raise TuneError(
                 f"The built-in recipe '{recipe.name}' is registered but its file {recipe.path} is missing "
-                "from this installation; reinstall torchtune or pass a path to a recipe .py file."
+                "from this installation; reinstall plaintune or pass a path to a recipe .py file."
             )
         return recipe.path
     path = Path(name_or_path).expanduser()

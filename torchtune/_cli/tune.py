@@ -16,7 +16,9 @@ import sys
 from typing import Optional, Sequence
 
 from torchtune import __version__
+from torchtune._distribution import DISTRIBUTION, warn_if_other_torchtune
 from torchtune._errors import TuneError, report_error
+from torchtune._quiet import silence_known_noise
 
 SUBCOMMANDS: tuple[str, ...] = ("run", "ls", "cp", "validate", "download", "estimate_memory", "plot")
 
@@ -30,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Set TUNE_DEBUG=1 to see Python tracebacks of errors.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("--version", action="version", version=f"%(prog)s ({DISTRIBUTION}) {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
     for name in SUBCOMMANDS:
         module_name = f"{__package__}.{name}"
@@ -50,6 +52,8 @@ def _is_recipe(arg: str) -> bool:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run ``tune`` with ``argv`` (default ``sys.argv[1:]``) and return the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    warn_if_other_torchtune()
+    silence_known_noise()
     parser = build_parser()
     if argv and argv[0] not in parser.get_default("command_names") and _is_recipe(argv[0]):
         argv = ["run", *argv]  # short form: `tune RECIPE --config ...`

@@ -1,8 +1,29 @@
-"""``tune validate CONFIG [key=value ...]``: check a config without running anything."""
+"""``tune validate CONFIG [--recipe RECIPE] [key=value ...]``: check a config without running anything.
+
+Two kinds of checks, both without building a model, reading data or touching a device:
+
+* generic ones (``torchtune.config.validate``): YAML, overrides, every ``_component_`` exists and its
+  keys are arguments of that callable, every ``${...}`` resolves;
+* the recipe's own: its module-level ``validate_config(cfg)`` (keys the recipe reads, value ranges,
+  settings that conflict, dtype and device spellings), the same function its ``__init__`` runs first.
+
+A built-in config knows its recipe (``torchtune/_recipe_registry.py``); for another YAML file name it
+with ``--recipe``, or only the generic checks run (and the output says so).
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Optional
+
+from torchtune import _recipe_registry as registry
+from torchtune._errors import TuneError
+
+RECIPE_CHECK = "validate_config"
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -10,19 +31,77 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser = subparsers.add_parser(
         "validate",
         help="check a config",
-        description="Check a config: YAML syntax, overrides, every _component_ imports and its keys match "
-        "the callable's arguments, every ${...} resolves. Nothing is built or downloaded.",
+        description="Check a config without running it: YAML syntax, overrides, every _component_ exists and "
+        "its keys match the callable's arguments, every ${...} resolves; then the recipe's own checks "
+        "(its validate_config: keys, value ranges, conflicting settings, dtype). Nothing is built or downloaded.",
+        epilog="A built-in config is checked with its own recipe. For your own YAML name the recipe with "
+        "--recipe (a built-in name or a .py file), e.g.\n"
+        "  tune validate ./my_config.yaml --recipe full_finetune_single_device",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("config", metavar="CONFIG", help="built-in config name or path to a YAML file")
+    parser.add_argument(
+        "--recipe",
+        metavar="RECIPE",
+        default=None,
+        help="the recipe whose checks to run: a built-in recipe name or a recipe .py file "
+        "(default: the recipe of a built-in config)",
+    )
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides to check too")
     parser.set_defaults(func=validate_command, accepts_overrides=True)
     return parser
 
 
-def validate_command(args: argparse.Namespace) -> int:
-    """Handler of ``tune validate``: raises ConfigError (exit 2) listing every problem."""
-    from torchtune.config import load_config, validate  # omegaconf and the components: only when used
+def load_recipe_module(path: Path) -> ModuleType:
+    """Import the recipe file at ``path`` as a module (its ``__main__`` block does not run)."""
+    spec = importlib.util.spec_from_file_location(f"_tune_validate_{path.stem}", path)
+    if spec is None or spec.loader is None:
+        raise TuneError(f"Cannot load the recipe file {path} as Python.")
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(path.parent))  # as `tune run` does: sibling imports of a copied recipe work
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(path.parent))
+    return module
 
-    validate(load_config(args.config, args.overrides))
-    print("Config is well-formed!")
+
+def _recipe_path(args: argparse.Namespace) -> tuple[Optional[Path], Optional[str]]:
+    """(the recipe file whose checks to run, its name), or (None, None) when no recipe is known."""
+    from torchtune._cli.run import resolve_recipe_path
+
+    if args.recipe:
+        path = resolve_recipe_path(args.recipe)
+        return path, registry.get_recipe(args.recipe).name if registry.get_recipe(args.recipe) else path.name
+    recipe = registry.recipe_for_config(args.config)
+    if recipe is None:
+        return None, None
+    return recipe.path, recipe.name
+
+
+def validate_command(args: argparse.Namespace) -> int:
+    """Handler of ``tune validate``: raises ConfigError (exit 2) naming every problem found."""
+    from torchtune.config import load_config, validate  # omegaconf: only when used
+
+    cfg = load_config(args.config, args.overrides)
+    path, name = _recipe_path(args)  # before the checks: a wrong --recipe is reported first
+    validate(cfg, import_components=False)
+    if path is None:
+        names = ", ".join(r.name for r in registry.get_all_recipes())
+        print(
+            "Config is well-formed (generic checks: YAML, overrides, components and their keys).\n"
+            f"Not run: a recipe's own checks (the keys it reads, value ranges, conflicting settings, dtype), "
+            f"because {args.config} is not a built-in config. Name its recipe to run them: "
+            f"--recipe NAME ({names}) or --recipe path/to/recipe.py."
+        )
+        return 0
+    check = getattr(load_recipe_module(path), RECIPE_CHECK, None)
+    if check is None:
+        print(
+            f"Config is well-formed (generic checks). Not run: recipe checks, because the recipe {path} has no "
+            f"module-level {RECIPE_CHECK}(cfg) function."
+        )
+        return 0
+    check(cfg)
+    print(f"Config is well-formed, and passes the checks of the {name} recipe ({RECIPE_CHECK}).")
     return 0

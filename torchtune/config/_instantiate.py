@@ -10,22 +10,11 @@ from typing import Any, Callable, Optional
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from torchtune._distribution import install_hint
 from torchtune._errors import ConfigError
 
 # The key whose value names the object a config node builds; the one place it is spelled.
 COMPONENT_KEY = "_component_"
-
-
-# Optional dependencies that are extras of this package: the hint names the extra.
-_EXTRAS = {"bitsandbytes": "bitsandbytes", "torchao": "torchao", "matplotlib": "plot", "tensorboard": "tensorboard"}
-
-
-def install_hint(module: str) -> str:
-    """The pip command that provides ``module``."""
-    package = module.split(".")[0]
-    if package in _EXTRAS:
-        return f"pip install 'torchtune[{_EXTRAS[package]}]', or pip install {package}"
-    return f"pip install {package}"
 
 
 def import_component(path: str, key: Optional[str] = None) -> Any:

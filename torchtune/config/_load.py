@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from torchtune import _recipe_registry as registry
+from torchtune._assets import register_resolver
 from torchtune._errors import ConfigError
 from torchtune.config._overrides import apply_overrides
 
@@ -51,6 +52,7 @@ def load_yaml_file(path: Path) -> DictConfig:
         raise ConfigError(f"Cannot read config file {path}: {exc.strerror or exc}.") from exc
     except UnicodeDecodeError as exc:
         raise ConfigError(f"Cannot read config file {path}: it is not UTF-8 text ({exc.reason}).") from exc
+    register_resolver()  # ${asset:...}: resolved when a value is read, so before any config exists
     try:
         cfg = OmegaConf.load(io.StringIO(text))
     except yaml.YAMLError as exc:
@@ -99,7 +101,7 @@ def resolve_config_path(name_or_path: str) -> Path:
         if not builtin.path.is_file():
             raise ConfigError(
                 f"The built-in config '{builtin.name}' is registered but its file {builtin.path} is "
-                "missing from this installation; reinstall torchtune or pass a path to a YAML file."
+                "missing from this installation; reinstall plaintune or pass a path to a YAML file."
             )
         return builtin.path
     # Unregistered YAMLs shipped under recipes/configs resolve by the same naming convention.

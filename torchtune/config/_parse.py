@@ -12,6 +12,7 @@ from omegaconf import DictConfig
 
 from torchtune import _recipe_registry as registry
 from torchtune._errors import TuneError, UsageError, report_error
+from torchtune._quiet import silence_known_noise
 from torchtune.config._load import load_config, missing_config_message
 from torchtune.config._validate import validate
 
@@ -66,6 +67,7 @@ def parse(recipe_main: Callable[[DictConfig], Any]) -> Callable[..., Any]:
 
     @functools.wraps(recipe_main)
     def wrapper(argv: Union[None, Sequence[str], DictConfig] = None) -> Any:
+        silence_known_noise()  # also when the recipe runs as `python recipe.py`, not through `tune`
         try:
             if isinstance(argv, DictConfig):
                 cfg = argv

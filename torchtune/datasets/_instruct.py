@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from typing import Any, Dict, List, Mapping, Optional, Protocol
 
 from torch.utils.data import Dataset
@@ -93,12 +94,16 @@ class InstructDataset(Dataset):
                 f"does not use; its fields are {_names(needed + list(self.template.optional_columns))}. "
                 "column_map maps a template field to a dataset column: {field: column}."
             )
-        # Suggest pairing each missing field with a column no field uses yet, in order.
-        used = {self._column(f) for f in needed if f not in missing}
+        # Suggest a column of the file for each missing field, among those no field reads yet (an
+        # optional field such as Alpaca's input reads its column when the file has it).
+        fields = needed + list(self.template.optional_columns)
+        used = {self._column(f) for f in fields if f not in missing and self._column(f) in available}
         spare = [c for c in available if c not in used]
         pairs = {**self.column_map}
-        for i, field in enumerate(missing):
-            pairs[field] = spare[i] if i < len(spare) else "<your_column>"
+        for field in missing:
+            pairs[field] = _likely_column(field, spare)
+            if pairs[field] in spare:
+                spare.remove(pairs[field])
         example = "{" + ", ".join(f"{k}: {v}" for k, v in pairs.items()) + "}"
         missing_cols = [self._column(f) for f in missing]
         raise TuneError(
@@ -135,6 +140,26 @@ class InstructDataset(Dataset):
             tokens = tokens[: self.max_seq_len - 1] + [eos]
             labels = labels[: self.max_seq_len - 1] + [eos]
         return {"tokens": tokens, "labels": labels}
+
+
+# Column names datasets commonly use for a template field, best first.
+_COLUMN_SYNONYMS = {
+    "instruction": ("prompt", "question", "query", "instruct"),
+    "input": ("context", "inputs"),
+    "output": ("response", "answer", "completion", "target", "outputs", "label"),
+}
+
+
+def _likely_column(field: str, spare: List[str]) -> str:
+    """The spare column most likely meant for ``field``: a common synonym, a close spelling, else the first."""
+    lowered = {c.lower(): c for c in spare}
+    for name in _COLUMN_SYNONYMS.get(field, ()):
+        if name in lowered:
+            return lowered[name]
+    close = difflib.get_close_matches(field, spare, n=1, cutoff=0.6)
+    if close:
+        return close[0]
+    return spare[0] if spare else "<your_column>"
 
 
 def _as_column_map(column_map: Any) -> Dict[str, str]:

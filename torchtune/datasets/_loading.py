@@ -12,7 +12,9 @@ import os
 from pathlib import Path
 from typing import Any, List, Optional
 
+from torchtune._assets import missing_path_hint
 from torchtune._errors import TuneError
+from torchtune._quiet import quiet_datasets
 
 # Builders that read local files given as data_files.
 _FILE_BUILDERS = {"json", "csv", "parquet", "text", "arrow"}
@@ -36,7 +38,7 @@ def load_hf_dataset(source: str, split: str = "train", **load_dataset_kwargs: An
     if suffix in _SUFFIX_TO_BUILDER and "data_files" not in load_dataset_kwargs:
         if not Path(source).expanduser().is_file():
             raise TuneError(
-                f"The dataset file '{source}' (config key dataset.source) does not exist. "
+                f"The dataset file '{source}' (config key dataset.source) does not exist.{missing_path_hint(source)} "
                 f"Fix the path, or name a Hugging Face Hub dataset. {_LOCAL_HINT}"
             )
         load_dataset_kwargs["data_files"] = str(Path(source).expanduser())
@@ -57,7 +59,8 @@ def load_hf_dataset(source: str, split: str = "train", **load_dataset_kwargs: An
         else f"dataset.source='{source}'"
     )
     try:
-        dataset = datasets.load_dataset(source, split=split, **load_dataset_kwargs)
+        with quiet_datasets():
+            dataset = datasets.load_dataset(source, split=split, **load_dataset_kwargs)
     except TuneError:
         raise
     except (ConnectionError, TimeoutError) as err:
@@ -152,9 +155,8 @@ def _check_data_files(data_files: Any) -> List[str]:
         existing = [m for m in matches if os.path.isfile(m)]
         if not existing:
             raise TuneError(
-                f"The data file '{entry}' (config key dataset.data_files) does not exist. "
-                "Fix the path (relative paths are resolved from the current directory: "
-                f"{os.getcwd()})."
+                f"The data file '{entry}' (config key dataset.data_files) does not exist."
+                f"{missing_path_hint(entry) or ''} Fix the path."
             )
         for m in existing:
             if _is_blank(m):

@@ -25,6 +25,14 @@ from torchtune.training._activations import (
 )
 from torchtune.training._checks import check_optimizer_settings, positive_int
 from torchtune.training._data import TrainingData, build_dataloader, num_tokens, padding_id
+from torchtune.training._metrics import (
+    MetricLoggers,
+    ProgressBarLogHandler,
+    RunSummary,
+    build_metric_logger,
+    check_metric_logger,
+    metrics_path,
+)
 from torchtune.training._model import (
     build_model,
     check_model_matches_checkpoint,
@@ -45,6 +53,7 @@ from torchtune.training._resume import (
     RunSettings,
     TrainingProgress,
     build_checkpointer,
+    check_resume_keys,
     recipe_state,
     resolve_resume,
     resume_command,
@@ -52,33 +61,44 @@ from torchtune.training._resume import (
 from torchtune.training._run_control import CheckpointPolicy, NonFiniteLossGuard, StopSignals
 from torchtune.training._sampler import ResumableSampler
 from torchtune.training._step import TrainStep, forward_backward, shift_labels
+from torchtune.training._validation import Validation, build_validation, check_validation_settings
 from torchtune.training.lr_schedulers import build_lr_scheduler
 
 __all__ = [
-    "RECIPE_STATE_NAME",
     "CheckpointPolicy",
     "GradNormTracker",
+    "MetricLoggers",
+    "ProgressBarLogHandler",
     "NonFiniteLossGuard",
     "OffloadActivations",
+    "RECIPE_STATE_NAME",
     "ResumableSampler",
     "ResumePlan",
     "RunSettings",
+    "RunSummary",
     "StopSignals",
     "TrainStep",
     "TrainingData",
     "TrainingProgress",
+    "Validation",
     "build_checkpointer",
     "build_dataloader",
     "build_lr_scheduler",
+    "build_metric_logger",
     "build_model",
     "build_optimizer",
+    "build_validation",
+    "check_metric_logger",
     "check_model_matches_checkpoint",
     "check_optimizer_settings",
+    "check_resume_keys",
     "check_tokenizer_fits_model",
+    "check_validation_settings",
     "forward_backward",
     "get_act_offloading_ctx_manager",
     "load_optimizer_state",
     "memory",
+    "metrics_path",
     "model_fingerprint",
     "num_tokens",
     "padding_id",

@@ -143,6 +143,29 @@ def _recipe_state_path(cfg: Any, recipe_checkpoint: Any) -> Path:
     return path.resolve()
 
 
+def check_resume_keys(cfg: Any) -> None:
+    """``resume_from_checkpoint`` and ``checkpointer.recipe_checkpoint`` agree: both set, or neither.
+    Reads no file, so ``tune validate`` runs it too.
+
+    Raises:
+        ConfigError: naming both keys and the two ways to make them agree.
+    """
+    resume = bool(cfg.resume_from_checkpoint)
+    recipe_checkpoint = cfg.checkpointer.get("recipe_checkpoint")
+    if not resume and recipe_checkpoint:
+        raise ConfigError(
+            f"checkpointer.recipe_checkpoint={recipe_checkpoint} is set but resume_from_checkpoint is False, "
+            "so it would be ignored. Set resume_from_checkpoint=True to continue that run, or "
+            "checkpointer.recipe_checkpoint=null to start a new one."
+        )
+    if resume and not recipe_checkpoint:
+        raise ConfigError(
+            f"resume_from_checkpoint=True needs checkpointer.recipe_checkpoint: the path of the {RECIPE_STATE_NAME} "
+            "saved by the run to resume (e.g. checkpointer.recipe_checkpoint=OUTPUT_DIR/step_100/"
+            f"{RECIPE_STATE_NAME})."
+        )
+
+
 def resolve_resume(cfg: Any, settings: RunSettings) -> Optional[ResumePlan]:
     """The resume plan of ``cfg``, or ``None`` for a new run.
 
@@ -152,23 +175,10 @@ def resolve_resume(cfg: Any, settings: RunSettings) -> Optional[ResumePlan]:
             ``optimizer_in_bwd`` / ``batch_size`` / ``gradient_accumulation_steps`` that differs from
             this run's (the saved optimizer state or data position would mean something else).
     """
-    resume = bool(cfg.resume_from_checkpoint)
-    recipe_checkpoint = cfg.checkpointer.get("recipe_checkpoint")
-    if not resume:
-        if recipe_checkpoint:
-            raise ConfigError(
-                f"checkpointer.recipe_checkpoint={recipe_checkpoint} is set but resume_from_checkpoint is False, "
-                "so it would be ignored. Set resume_from_checkpoint=True to continue that run, or "
-                "checkpointer.recipe_checkpoint=null to start a new one."
-            )
+    check_resume_keys(cfg)
+    if not cfg.resume_from_checkpoint:
         return None
-    if not recipe_checkpoint:
-        raise ConfigError(
-            f"resume_from_checkpoint=True needs checkpointer.recipe_checkpoint: the path of the {RECIPE_STATE_NAME} "
-            "saved by the run to resume (e.g. checkpointer.recipe_checkpoint=OUTPUT_DIR/step_100/"
-            f"{RECIPE_STATE_NAME})."
-        )
-    path = _recipe_state_path(cfg, recipe_checkpoint)
+    path = _recipe_state_path(cfg, cfg.checkpointer.get("recipe_checkpoint"))
     verify_manifest(path.parent, only=[path.name])
     state = load_recipe_state(path)
     missing = [k for k in _REQUIRED if k not in state]

@@ -6,15 +6,17 @@ from torchtune.utils._checkpointing._checkpoint_utils import (
     is_standard_optimizer_state,
     keep_optimizer_state_paged,
 )
-from torchtune.utils._device import get_device, get_dtype, set_default_dtype
+from torchtune.utils._device import dtype_name, get_device, get_dtype, parse_device, set_default_dtype
 from torchtune.utils._seed import get_rng_state, set_rng_state, set_seed
 
 __all__ = [
     "FullModelHFCheckpointer",
     "FullModelMetaCheckpointer",
     "OptimInBackwardWrapper",
+    "dtype_name",
     "get_device",
     "get_dtype",
+    "parse_device",
     "set_default_dtype",
     "get_rng_state",
     "is_standard_optimizer_state",

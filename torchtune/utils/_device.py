@@ -3,13 +3,26 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 
 from torchtune._errors import ConfigError, TuneError
 
-_DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32}
+# Every spelling of the ``dtype`` key, in one table. A value is matched after lower-casing and dropping
+# "torch.", "-", "_" and spaces, so bf16, BF16, bfloat16, torch.bfloat16 and bf-16 are one dtype, and
+# fp-16 is refused for the same reason as fp16.
+_DTYPE_SPELLINGS = {
+    "bf16": "bf16",
+    "bfloat16": "bf16",
+    "fp32": "fp32",
+    "float32": "fp32",
+    "float": "fp32",
+    "fp16": "fp16",
+    "float16": "fp16",
+    "half": "fp16",
+}
+_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
 def get_device(device: Optional[str] = None) -> torch.device:
@@ -20,13 +33,7 @@ def get_device(device: Optional[str] = None) -> torch.device:
     """
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        dev = torch.device(device)
-    except RuntimeError as exc:
-        raise ConfigError(
-            f"device={device!r} is not a device name PyTorch knows. Use device=cuda, device=cuda:N, "
-            "device=cpu or device=mps."
-        ) from exc
+    dev = parse_device(device)
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             raise TuneError(
@@ -44,30 +51,67 @@ def get_device(device: Optional[str] = None) -> torch.device:
     elif dev.type == "mps":
         if not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
             raise TuneError(f"device={device} was asked for, but MPS is not available here. Use device=cpu.")
-    elif dev.type != "cpu":
+    return dev
+
+
+def parse_device(device: Any) -> torch.device:
+    """``device`` as a ``torch.device`` of a supported type, without asking whether this machine has it.
+
+    Raises:
+        ConfigError: a name PyTorch does not know, or a device type other than cuda, cpu and mps.
+    """
+    try:
+        dev = torch.device(str(device))
+    except RuntimeError as exc:
+        raise ConfigError(
+            f"device={device!r} is not a device name PyTorch knows. Use device=cuda, device=cuda:N, "
+            "device=cpu or device=mps."
+        ) from exc
+    if dev.type not in ("cuda", "cpu", "mps"):
         raise ConfigError(f"device={device} is not supported by this recipe. Use cuda, cpu or mps.")
     return dev
 
 
-def get_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """Resolve the ``dtype`` key: bf16 or fp32.
+def dtype_name(dtype: Any) -> str:
+    """The canonical name (``bf16`` or ``fp32``) of a ``dtype`` config value, whatever its spelling.
+
+    Raises:
+        ConfigError: fp16 in any spelling (see ``get_dtype``), or a value that is no known dtype.
+    """
+    key = str(dtype).strip().lower().removeprefix("torch.")
+    key = key.replace("-", "").replace("_", "").replace(" ", "")
+    name = _DTYPE_SPELLINGS.get(key)
+    if name == "fp16":
+        raise ConfigError(
+            f"dtype={dtype}{'' if key == 'fp16' else ' (fp16)'} is not supported: fp16 training needs a "
+            "gradient scaler, and with optimizer in backward gradients are used the moment they are computed, "
+            "so overflowing steps cannot be unscaled or skipped. Use dtype=bf16 (or dtype=fp32)."
+        )
+    if name is None:
+        raise ConfigError(
+            f"dtype={dtype!r} is not a dtype this recipe trains in. Set dtype=bf16 (also spelled bfloat16) "
+            "or dtype=fp32 (float32)."
+        )
+    return name
+
+
+def get_dtype(dtype: Any, device: torch.device) -> torch.dtype:
+    """Resolve the ``dtype`` key (any spelling ``dtype_name`` accepts) to bf16 or fp32 on ``device``.
 
     fp16 is refused: it needs loss scaling, and with optimizer in backward each gradient is
     consumed by its optimizer the moment it exists, so there is no point at which gradients could
     be unscaled or skipped on overflow.
+
+    Raises:
+        ConfigError: as ``dtype_name``.
+        TuneError: bf16 on a GPU without bfloat16 support.
     """
-    key = str(dtype).lower()
-    if key in {"fp16", "float16", "half"}:
-        raise ConfigError(
-            "dtype=fp16 is not supported: fp16 training needs a gradient scaler, and with "
-            "optimizer in backward gradients are used the moment they are computed, so overflowing "
-            "steps cannot be unscaled or skipped. Use dtype=bf16 (or dtype=fp32)."
-        )
-    if key not in _DTYPES:
-        raise ConfigError(f"dtype={dtype!r} is not one of bf16, fp32. Set dtype=bf16 or dtype=fp32.")
-    result = _DTYPES[key]
+    result = _DTYPES[dtype_name(dtype)]
     if result == torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise TuneError("dtype=bf16 was asked for, but this GPU does not support bfloat16. Use dtype=fp32.")
+        raise TuneError(
+            "dtype=bf16 was asked for, but this GPU does not support bfloat16 (it needs an NVIDIA Ampere or "
+            "newer GPU). Use dtype=fp32."
+        )
     return result
 
 

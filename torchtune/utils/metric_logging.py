@@ -1,7 +1,9 @@
-"""Metric loggers, chosen in YAML with ``metric_logger._component_``.
+"""Metric loggers. A recipe always writes ``DiskLogger``'s JSONL file and, at the same time, the loggers
+listed in its config's ``metric_logger`` (``torchtune.training.build_metric_logger``).
 
-Every logger has ``log_dict(payload, step)`` and ``close()``. ``DiskLogger`` writes one JSON object
-per line, so a run's metrics can be read back with a line-by-line parser even after a crash.
+Every logger has ``log_dict(payload, step)`` and ``close()`` (and optionally ``log_config(dict)``).
+``DiskLogger`` writes one JSON object per line, so a run's metrics can be read back with a
+line-by-line parser even after a crash.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import Any, Dict, Mapping, Union
+from typing import Any, Dict, Mapping, Optional, Union
 
 from torchtune._errors import TuneError
 
@@ -63,14 +65,21 @@ class DiskLogger:
 
 
 class StdoutLogger:
-    """Prints ``Step N | key:value ...`` lines."""
+    """Prints ``Step N | key:value ...`` lines to stdout.
+
+    Lines go through ``tqdm.write``, which clears a progress bar on the terminal, prints the line and
+    draws the bar again below it, so log lines and the recipe's bar do not break each other.
+    """
 
     def __init__(self, **_: Any) -> None:
         pass
 
     def log_dict(self, payload: Mapping[str, Any], step: int) -> None:
+        from tqdm import tqdm
+
         parts = " ".join(f"{k}:{v:.6g}" if isinstance(v, float) else f"{k}:{v}" for k, v in _clean(payload).items())
-        print(f"Step {step} | {parts}", file=sys.stdout, flush=True)
+        tqdm.write(f"Step {step} | {parts}", file=sys.stdout)
+        sys.stdout.flush()
 
     def log(self, name: str, value: Scalar, step: int) -> None:
         self.log_dict({name: value}, step)
@@ -80,16 +89,19 @@ class StdoutLogger:
 
 
 class TensorBoardLogger:
-    """Writes scalars for TensorBoard (needs ``pip install 'torchtune[tensorboard]'``)."""
+    """Writes scalars for TensorBoard into ``log_dir`` (needs ``pip install tensorboard``).
+
+    Args:
+        log_dir: folder of the event files; ``tensorboard --logdir LOG_DIR`` shows them.
+    """
 
     def __init__(self, log_dir: str, **_: Any) -> None:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as exc:  # tensorboard is an optional extra
             raise TuneError(
-                "metric_logger is TensorBoardLogger but tensorboard is not installed. Install it "
-                "with `pip install 'torchtune[tensorboard]'`, or set "
-                "metric_logger._component_=torchtune.utils.metric_logging.DiskLogger."
+                "metric_logger lists TensorBoardLogger but tensorboard is not installed: pip install tensorboard "
+                "(or remove that logger from metric_logger)."
             ) from exc
         self._writer = SummaryWriter(log_dir=log_dir)
 
@@ -103,6 +115,48 @@ class TensorBoardLogger:
 
     def close(self) -> None:
         self._writer.close()
+
+
+class WandBLogger:
+    """Logs metrics to a Weights & Biases run (needs ``pip install wandb``).
+
+    Without ``wandb login`` (or ``WANDB_API_KEY``) set ``mode: offline``, or ``WANDB_MODE=offline`` in
+    the environment: the run is written under ``log_dir`` and ``wandb sync`` uploads it later.
+
+    Args:
+        project: the W&B project.
+        log_dir: folder for W&B's local files (``wandb.init(dir=...)``); None: the current directory.
+        mode: ``online``, ``offline`` or ``disabled``; None: W&B's default (``WANDB_MODE``).
+        **init_kwargs: passed on to ``wandb.init`` (``entity``, ``name``, ``group``, ``tags`` ...).
+    """
+
+    def __init__(
+        self, project: str, log_dir: Optional[str] = None, mode: Optional[str] = None, **init_kwargs: Any
+    ) -> None:
+        try:
+            import wandb
+        except ImportError as exc:
+            raise TuneError(
+                "metric_logger lists WandBLogger but wandb is not installed: pip install wandb "
+                "(or remove that logger from metric_logger)."
+            ) from exc
+        if log_dir is not None:
+            Path(log_dir).mkdir(parents=True, exist_ok=True)
+        self._wandb = wandb
+        self._run = wandb.init(project=project, dir=log_dir, mode=mode, **init_kwargs)
+
+    def log_config(self, config: Mapping[str, Any]) -> None:
+        """Store the run's resolved config with the W&B run."""
+        self._run.config.update(dict(config), allow_val_change=True)
+
+    def log_dict(self, payload: Mapping[str, Any], step: int) -> None:
+        self._run.log({k: v for k, v in _clean(payload).items() if isinstance(v, (int, float))}, step=step)
+
+    def log(self, name: str, value: Scalar, step: int) -> None:
+        self.log_dict({name: value}, step)
+
+    def close(self) -> None:
+        self._run.finish()
 
 
 def read_metrics(path: Union[str, Path]) -> list:

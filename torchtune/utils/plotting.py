@@ -1,6 +1,6 @@
 """Plot a run's ``metrics.jsonl`` (loss and learning rate against step) into a PNG.
 
-matplotlib is an optional extra (``pip install 'torchtune[plot]'``), imported only when a plot is drawn.
+matplotlib is optional (``pip install matplotlib``, or the ``plot`` extra), imported only when a plot is drawn.
 """
 
 from __future__ import annotations
@@ -25,14 +25,19 @@ def _series(rows: list[dict], key: str) -> tuple[list[float], list[float]]:
     return steps, [by_step[s] for s in steps]
 
 
+def plotted_series(metrics_jsonl_path: Union[str, Path]) -> list[str]:
+    """The curves ``plot_metrics`` draws from this file: ``loss``, any held-out losses, ``lr``."""
+    from torchtune.utils.metric_logging import read_metrics
+
+    rows = read_metrics(Path(metrics_jsonl_path).expanduser())
+    return [key for key in ("loss", *_EVAL_LOSS_KEYS, "lr") if _series(rows, key)[1]]
+
+
 def _import_pyplot():
     try:
         import matplotlib
     except ImportError as exc:
-        raise TuneError(
-            "Plotting needs matplotlib, which is not installed. Install the plot extra: "
-            "pip install 'torchtune[plot]'  (or: pip install matplotlib)."
-        ) from exc
+        raise TuneError("Plotting needs matplotlib, which is not installed: pip install matplotlib") from exc
     matplotlib.use("Agg")  # files only: works without a display and never opens a window
     import matplotlib.pyplot as plt
 

@@ -228,7 +228,7 @@ def test_cp_bad_names(files):
 
 def test_validate(files):
     result = tune("validate", "my_config.yaml", cwd=files)
-    assert result.returncode == 0 and "Config is well-formed!" in result.stdout
+    assert result.returncode == 0 and "Config is well-formed" in result.stdout
     (files / "bad.yaml").write_text(
         textwrap.dedent("""\
         thing:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import List, Optional, Sequence, Union
 
+from torchtune._assets import missing_path_hint
 from torchtune._errors import TuneError
 from torchtune.modules.tokenizers._format import DESCRIPTIONS, HF_TOKENIZER_JSON, TIKTOKEN, sniff_tokenizer_format
 
@@ -58,7 +59,10 @@ class SentencePieceTokenizer:
                 f"not a tokenizer.model file.{more} {hint}"
             )
         if not path.is_file():
-            raise TuneError(f"The tokenizer file '{path}' (config key tokenizer.path) does not exist. {hint}")
+            raise TuneError(
+                f"The tokenizer file '{path}' (config key tokenizer.path) does not exist."
+                f"{missing_path_hint(path)} {hint}"
+            )
         processor = spm.SentencePieceProcessor()
         try:
             processor.Load(str(path))

@@ -18,10 +18,12 @@ from typing import Any, Optional, Union
 import torch
 from torch import nn
 
+from torchtune._assets import missing_path_hint
 from torchtune._errors import TuneError
 from torchtune.models.llama2._convert_weights import hf_to_tune, meta_to_tune, tune_to_hf, tune_to_meta
 from torchtune.utils._checkpointing._atomic import write_folder_atomically
 from torchtune.utils._checkpointing._hf_config import MODEL_TYPES, HFModelConfig
+from torchtune.utils._checkpointing._hf_side_files import write_hf_side_files
 from torchtune.utils._checkpointing._manifest import RECIPE_STATE_NAME, verify_manifest
 from torchtune.utils._checkpointing._safe_load import load_safetensors_weights, load_torch_weights
 
@@ -30,7 +32,7 @@ log = logging.getLogger("torchtune")
 # LLAMA3 is Llama 3 and 3.1 (one format); LLAMA3_2 the tied 3.2 text models. All convert alike.
 SUPPORTED_MODEL_TYPES = tuple(MODEL_TYPES)
 MODEL_KEY = "model"
-# Files of a HF model folder that are not weights but belong with them.
+# Files of a HF model folder that are not weights but belong with them (written by _hf_side_files).
 HF_SIDE_FILES = (
     "config.json",
     "generation_config.json",
@@ -122,9 +124,10 @@ class _FullModelCheckpointer:
         self._checkpoint_dir = Path(checkpoint_dir).expanduser()
         if not self._checkpoint_dir.is_dir():
             raise TuneError(
-                f"The checkpoint folder {self._checkpoint_dir} does not exist. Set "
-                f"checkpointer.checkpoint_dir to the folder that holds the model weights "
-                f"(download them with `tune download`)."
+                f"The checkpoint folder {self._checkpoint_dir} does not exist."
+                f"{missing_path_hint(self._checkpoint_dir)} "
+                "Set checkpointer.checkpoint_dir to the folder that holds the model weights "
+                "(download them with `tune download`)."
             )
         if str(model_type).upper() not in SUPPORTED_MODEL_TYPES:
             alias = ""
@@ -326,7 +329,9 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
             )
             index = {"metadata": {"total_size": total_size}, "weight_map": dict(sorted(weight_map.items()))}
             (folder / index_name).write_text(json.dumps(index, indent=2) + "\n")
-        self._copy_side_files(HF_SIDE_FILES, folder)
+        written = next((t.dtype for t in hf_sd.values() if t.is_floating_point()), None)
+        config = json.loads((self._checkpoint_dir / "config.json").read_text())
+        write_hf_side_files(self._checkpoint_dir, folder, config=config, dtype=written)
 
     def save_checkpoint(
         self, state_dict: dict[str, Any], epoch: int, step: int = 0, intermediate: bool = False

@@ -59,7 +59,13 @@ def test_save_writes_manifest_and_recipe_state(tmp_path, hf_dir):
     )
     manifest = json.loads((folder / "manifest.json").read_text())
     assert (manifest["step"], manifest["epoch"], manifest["intermediate"]) == (3, 0, True)
-    assert set(manifest["files"]) == {"model.safetensors", "config.json", "tokenizer.model", "recipe_state.pt"}
+    assert set(manifest["files"]) == {
+        "model.safetensors",
+        "config.json",
+        "generation_config.json",  # written when the input has none
+        "tokenizer.model",
+        "recipe_state.pt",
+    }
     assert manifest["files"]["model.safetensors"]["size"] == (folder / "model.safetensors").stat().st_size
     verify_manifest(folder)
     # no recipe state keys -> no recipe_state.pt

@@ -1,0 +1,61 @@
+"""Known messages of other libraries that mislead a user of ``tune``, silenced one by one.
+
+Only the exact messages listed here are dropped; everything else those libraries log still shows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Iterator
+
+# (logger name, start of the message). bitsandbytes logs the first on every import on a CPU with
+# AVX512-BF16 when the optional `kernels` package is missing; it concerns only its 4-bit CPU matmul,
+# which no recipe here uses, yet it looks like a failure on every command.
+KNOWN_NOISE = (("bitsandbytes.backends.cpu.ops", "Failed to load CPU gemm_4bit_forward from kernels-community"),)
+
+
+class _DropMessage(logging.Filter):
+    """Drops the records whose unformatted message starts with ``prefix``."""
+
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self.prefix = prefix
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.prefix)
+
+
+def silence_known_noise() -> None:
+    """Install a filter for each ``KNOWN_NOISE`` message on its logger (before that library is imported).
+
+    A logger's filters apply to the records it creates; the logger object is the one the library gets
+    from ``logging.getLogger(__name__)`` later. Calling this twice installs nothing more.
+    """
+    for name, prefix in KNOWN_NOISE:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropMessage) and f.prefix == prefix for f in logger.filters):
+            logger.addFilter(_DropMessage(prefix))
+
+
+@contextlib.contextmanager
+def quiet_datasets() -> Iterator[None]:
+    """Inside: no ``datasets`` progress bars, and none of its log lines below CRITICAL.
+
+    Loading a local file shows a "Generating train split" bar, and a file that does not parse makes
+    ``datasets`` log the same pyarrow error twice before it raises; the caller turns that exception into
+    one message, so the lines before it only repeat it. Both settings are restored on exit.
+    """
+    import datasets
+    from datasets.utils import logging as datasets_logging
+
+    bars_were_on = datasets.is_progress_bar_enabled()
+    verbosity = datasets_logging.get_verbosity()
+    datasets.disable_progress_bars()
+    datasets_logging.set_verbosity(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        datasets_logging.set_verbosity(verbosity)
+        if bars_were_on:
+            datasets.enable_progress_bars()
