@@ -82,10 +82,7 @@ def test_in_backward_hooks_fire_on_sharded_parameters(world_of_one):
     reference = _tiny_model()
     model = training.shard_model(copy.deepcopy(reference), mesh=world_of_one.mesh)
     cfg = {"_component_": "torch.optim.SGD", "lr": 0.1}
-    optimizers = [
-        training.build_optimizer(cfg, m, optimizer_in_bwd=True)
-        for m in (reference, model)
-    ]
+    optimizers = [training.build_optimizer(cfg, m, optimizer_in_bwd=True) for m in (reference, model)]
     tokens = torch.randint(0, TINY["vocab_size"], (2, 8), generator=torch.Generator().manual_seed(2))
     for m in (reference, model):
         m(tokens).sum().backward()
