@@ -281,26 +281,24 @@ def _simulated_cpu_offload(tracker: _Tracker) -> Iterator[None]:
 
 
 def fsdp_settings(cfg: Any) -> dict[str, Any]:
-    """``shard_model``'s keyword arguments from the config's FSDP keys."""
+    """``shard_model``'s keyword arguments from the config's FSDP keys, as the distributed recipe reads them."""
     from torchtune.utils import get_dtype
 
-    def dtype_or_none(key: str) -> Optional[torch.dtype]:
-        value = cfg.get(key)
-        return None if value is None else get_dtype(value, torch.device("cpu"))
-
+    param_dtype = cfg.fsdp_param_dtype
     return {
-        "param_dtype": dtype_or_none("fsdp_param_dtype"),
-        "reduce_dtype": dtype_or_none("fsdp_reduce_dtype"),
-        "reshard_after_forward": cfg.fsdp_reshard_after_forward,
+        "param_dtype": None if param_dtype is None else get_dtype(param_dtype, torch.device("cpu")),
+        "reduce_dtype": torch.float32 if cfg.fsdp_reduce_dtype == "fp32" else None,
+        "reshard_after_forward": bool(cfg.fsdp_reshard_after_forward),
         "cpu_offload": bool(cfg.fsdp_cpu_offload),
     }
 
 
 def _describe(settings: dict[str, Any]) -> str:
-    def name(dtype: Optional[torch.dtype]) -> str:
-        return "the storage dtype" if dtype is None else str(dtype).replace("torch.", "")
-
+    param = settings["param_dtype"]
+    compute = "the storage dtype" if param is None else str(param).replace("torch.", "")
+    reduce = "fp32" if settings["reduce_dtype"] is not None else "the compute dtype"
     return (
-        f"param_dtype={name(settings['param_dtype'])}, reduce_dtype={name(settings['reduce_dtype'])}, "
-        f"reshard_after_forward={settings['reshard_after_forward']}, cpu_offload={settings['cpu_offload']}"
+        f"parameters gathered in {compute}, gradients reduced in {reduce}, "
+        f"reshard_after_forward={settings['reshard_after_forward']}, "
+        f"cpu_offload={settings['cpu_offload']}"
     )
