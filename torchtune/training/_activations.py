@@ -12,6 +12,7 @@ GPU memory with sequence length.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 from typing import Any, Callable, ContextManager, Iterable, Iterator, Optional, Union
@@ -138,6 +139,10 @@ class CudaCopies:
     def wait_stream(self, stream: Any, other: Any) -> None:
         stream.wait_stream(other)
 
+    def synchronize(self, event: Any) -> None:
+        """The CPU waits until ``event`` has happened on the GPU."""
+        event.synchronize()
+
     def host_buffer(self, t: torch.Tensor) -> torch.Tensor:
         # pinned: the copy can run asynchronously; the caching host allocator keeps the block until
         # the copies that use it have finished
@@ -181,6 +186,9 @@ class SimulatedCopies:
         pass
 
     def wait_stream(self, stream: Any, other: Any) -> None:
+        pass
+
+    def synchronize(self, event: Any) -> None:
         pass
 
     def host_buffer(self, t: torch.Tensor) -> torch.Tensor:
@@ -228,7 +236,12 @@ class OffloadActivations(saved_tensors_hooks):
     Backward copies each tensor back on another side stream into memory of that stream, together
     with the next ``prefetch`` tensors backward will ask for: the copy stream waits only for the
     forward copy of the same tensor, and compute waits only for the copy of the tensor it uses now,
-    so bringing back the next layer's input overlaps the current layer's backward.
+    so bringing back the next layer's input overlaps the current layer's backward. A copy's memory
+    is returned to the copy stream only once compute is done with it (``record_stream``), which the
+    allocator can only see when the GPU gets there; so before new copies are made the CPU waits
+    until the GPU has reached the use of the tensor ``prefetch + 1`` unpacks back. That bounds the
+    device copies alive to about ``prefetch + 3`` however far the CPU runs ahead, and costs no GPU
+    time while the CPU is that far ahead (it stays one layer ahead with checkpointing).
 
     On CPU there is no device memory to save, so packing is a no-op by design; the tensors that would
     move are still counted (``offloaded_bytes``, ``offloaded_tensors``), which keeps the code path
@@ -270,6 +283,8 @@ class OffloadActivations(saved_tensors_hooks):
         self._in_flight: dict[int, tuple[Any, torch.Tensor, Any, Any]] = {}
         self._by_index: dict[int, _Offloaded] = {}  # packed and not yet unpacked
         self._back: dict[int, tuple[torch.Tensor, Any]] = {}  # prefetched: (device copy, ready event)
+        # compute-stream events at the last unpacks, where compute starts using each copy, newest last
+        self._in_use: collections.deque = collections.deque()
         self._streams: dict[tuple[str, torch.device], Any] = {}
         super().__init__(self._pack, self._unpack)
 
@@ -281,6 +296,7 @@ class OffloadActivations(saved_tensors_hooks):
         self._release_in_flight(keep=0)
         self._by_index.clear()
         self._back.clear()
+        self._in_use.clear()
         if self._model is not None:
             # at each step: a weight replaced since (load_state_dict(assign=True), to_empty) has a new storage
             self._param_keys = {_storage_key(p) for p in self._model.parameters()}
@@ -379,20 +395,31 @@ class OffloadActivations(saved_tensors_hooks):
         self._release_in_flight(keep=0)  # backward has started: forward's copies are all queued
         engine = packed.engine
         entry = self._back.pop(packed.index, None)
+        if entry is None and self.use_streams:
+            self._catch_up(engine)
         tensor, ready = entry if entry is not None else self._bring_back(packed)
-        # backward runs in reverse order of saving: start bringing back the next ones now
-        for ahead in range(packed.index - 1, packed.index - 1 - self.prefetch, -1):
-            nxt = self._by_index.get(ahead)
-            if nxt is not None and ahead not in self._back:
-                self._back[ahead] = self._bring_back(nxt)
         if ready is not None:
             compute = engine.current_stream(packed.device)
             engine.wait(compute, ready)  # this tensor's copy only, not the prefetches behind it
             # the block belongs to the copy stream's pool: when autograd frees it, it must not be reused
             # before the compute work using it has run
             engine.record_stream(tensor, compute)
+            self._in_use.append(engine.record(compute))
+        # backward runs in reverse order of saving: start bringing back the next ones now
+        ahead = [i for i in range(packed.index - 1, packed.index - 1 - self.prefetch, -1) if i in self._by_index]
+        ahead = [i for i in ahead if i not in self._back]
+        if ahead and self.use_streams:
+            self._catch_up(engine)
+        for index in ahead:
+            self._back[index] = self._bring_back(self._by_index[index])
         self._by_index.pop(packed.index, None)
         return _observe(tensor)
+
+    def _catch_up(self, engine: Any) -> None:
+        """Before new device copies: the CPU waits until the GPU uses the copy ``prefetch + 1`` unpacks
+        back, so the copies compute has finished with are free again (see the class docstring)."""
+        while len(self._in_use) > self.prefetch + 1:
+            engine.synchronize(self._in_use.popleft())
 
 
 class NoOpManager(contextlib.nullcontext):

@@ -153,6 +153,9 @@ class _Recorder(SimulatedCopies):
     def wait_stream(self, stream, other):
         self.log.append(("wait_stream", stream, other))
 
+    def synchronize(self, event):
+        self.log.append(("sync", event))
+
     def device_buffer(self, host, device):
         self.log.append(("alloc", self._current[-1]))
         return super().device_buffer(host, device)
@@ -182,7 +185,9 @@ def _recorded_step(max_in_flight=1, prefetch=1):
     engine = _Recorder()
     ctx = OffloadActivations(model=model, copies=engine, max_in_flight=max_in_flight, prefetch=prefetch)
     engine.offloader = ctx
-    loss, grads = _grads(model, ctx)
+    # the observer hears each saved tensor handed to autograd: in backward, the end of an unpack
+    with simulate_offloading(contextlib.nullcontext, on_saved=lambda t: engine.log.append(("handed over",))):
+        loss, grads = _grads(model, ctx)
     return model, engine, ctx, loss, grads
 
 
@@ -195,7 +200,7 @@ def test_cuda_bookkeeping_keeps_gradients_exact():
         torch.testing.assert_close(got[name], want[name], rtol=0, atol=0)
     # the 4 layer inputs went to the host and came back
     assert ctx.offloaded_tensors >= 4
-    assert sum(e[:3] == ("copy", e[1], "d2h") for e in engine.log) == ctx.offloaded_tensors
+    assert sum(e[0] == "copy" and e[2] == "d2h" for e in engine.log) == ctx.offloaded_tensors
     assert sum(e[0] == "copy" and e[2] == "h2d" for e in engine.log) == ctx.offloaded_tensors
 
 
@@ -236,9 +241,18 @@ def test_backward_copies_overlap_compute():
     waited = [e[2] for e in backward if e[0] == "wait" and e[1] == "compute"]
     assert waited == ready  # one wait per tensor, on its own copy, in the order they are used
     assert sum(e == ("record_stream", "compute") for e in backward) == len(ready)
+    handed_over = [i for i, e in enumerate(log) if e == ("handed over",)]
     for k in range(len(ready) - 1):
-        # the copy of the tensor used next was queued before compute waits for this one
-        assert log.index(("record", h2d, ready[k + 1])) < log.index(("wait", "compute", ready[k]))
+        # the copy of the tensor used next is queued before this one is handed to autograd, so before
+        # the compute work that uses this one is: it runs behind that work, not after it
+        use = log.index(("wait", "compute", ready[k]))
+        assert log.index(("record", h2d, ready[k + 1])) < min(i for i in handed_over if i > use)
+    # the CPU never runs more than prefetch + 1 unpacks ahead of the GPU's use of the copies
+    syncs = [(i, e[1]) for i, e in enumerate(log) if e[0] == "sync"]
+    uses = [e[2] for e in backward if e[0] == "record" and e[1] == "compute"]
+    assert [event for _, event in syncs] == uses[: len(syncs)] and len(syncs) >= len(uses) - 3
+    for k, (at, _) in enumerate(syncs):  # the wait for use k comes once use k + 2 is queued, not sooner
+        assert log.index(("record", "compute", uses[k + 2])) < at
 
 
 def test_parameter_storage_is_never_offloaded_with_the_model_given():
