@@ -145,11 +145,11 @@ class CudaCopies:
 
     def host_buffer(self, t: torch.Tensor) -> torch.Tensor:
         # pinned: the copy can run asynchronously; the caching host allocator keeps the block until
-        # the copies that use it have finished
-        return torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=True)
+        # the copies that use it have finished. empty_like keeps the strides autograd saved.
+        return torch.empty_like(t, device="cpu", pin_memory=True)
 
     def device_buffer(self, host: torch.Tensor, device: torch.device) -> torch.Tensor:
-        return torch.empty(host.shape, dtype=host.dtype, device=device)
+        return torch.empty_like(host, device=device)
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = True) -> None:
         dst.copy_(src, non_blocking=non_blocking)

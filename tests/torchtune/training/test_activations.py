@@ -300,3 +300,17 @@ def test_compiled_layer_offloads_activations_only():
     copied = [ref for ref in ctx._copies.packed]
     assert copied and not any(ref() is not None and ref().untyped_storage()._cdata in params for ref in copied)
     assert ctx.offloaded_bytes < sum(p.numel() * 4 for p in model.parameters())
+
+
+def test_the_recipes_offloader_knows_the_model(tmp_path):
+    """The recipe builds its offloader with the model it trains, so the parameter-storage guard is on."""
+    from tests._helpers.tiny_run import build_recipe, make_tiny_run
+
+    recipe = build_recipe(make_tiny_run(tmp_path), enable_activation_offloading=True)
+    try:
+        ctx = recipe._activations
+        assert isinstance(ctx, OffloadActivations) and ctx._model is recipe._model
+        with ctx:
+            assert ctx._param_keys == {p.untyped_storage()._cdata for p in recipe._model.parameters()}
+    finally:
+        recipe.cleanup()
