@@ -153,6 +153,15 @@ class StorageCounter(TorchDispatchMode):
             weakref.finalize(storage, self._free, key)
         self._add(table, key, nbytes - table[key])
 
+    @property
+    def in_host(self) -> bool:
+        """True inside ``host()``."""
+        return self._in_host > 0
+
+    def host_keys(self) -> set[int]:
+        """Keys of the live storages counted as host memory."""
+        return set(self._host_live)
+
     def reset_window(self) -> None:
         self.window_peak = self.current
 
@@ -348,6 +357,7 @@ class MemoryEstimate:
     fake: bool = True
     peak_op: str = ""
     notes: list[str] = dataclasses.field(default_factory=list)
+    host_label: str = "offloaded activations"  # what host_offload_peak_bytes holds
 
     @property
     def host_bytes_needed(self) -> int:
@@ -374,9 +384,8 @@ class MemoryEstimate:
             f"{'  optimizer state, paged/managed':<34}{self.paged_optimizer_bytes / GB:>9.2f} GB"
             "  (CUDA managed memory; needs that much host RAM when paged out)"
         )
-        lines.append(
-            f"{'  offloaded activations (host)':<34}{self.host_offload_peak_bytes / GB:>9.2f} GB  (pinned host memory)"
-        )
+        host_label = f"  {self.host_label} (host)"
+        lines.append(f"{host_label:<34}{self.host_offload_peak_bytes / GB:>9.2f} GB  (pinned host memory)")
         lines.append(f"{'  host RAM needed for these':<34}{self.host_bytes_needed / GB:>9.2f} GB")
         lines += [f"Note: {note}" for note in self.notes]
         return "\n".join(lines)
