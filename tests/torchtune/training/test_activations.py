@@ -314,3 +314,40 @@ def test_the_recipes_offloader_knows_the_model(tmp_path):
             assert ctx._param_keys == {p.untyped_storage()._cdata for p in recipe._model.parameters()}
     finally:
         recipe.cleanup()
+
+
+def test_a_tensor_saved_by_several_ops_moves_once_each_way():
+    """Without checkpointing, q, k and v projections all save the same normed input: one copy to the
+    host and one back serve the three of them."""
+    torch.manual_seed(0)
+    model = llama2(vocab_size=64, num_layers=1, num_heads=2, num_kv_heads=2, embed_dim=32, max_seq_len=32)
+    want_loss, want = _grads(model)
+    model.zero_grad(set_to_none=True)
+    engine = _Recorder()
+    ctx = OffloadActivations(model=model, copies=engine, min_offload_bytes=1024)
+    engine.offloader = ctx
+    loss, got = _grads(model, ctx)
+    torch.testing.assert_close(loss, want_loss, rtol=0, atol=0)
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=0, atol=0)
+    to_host = sum(e[0] == "copy" and e[2] == "d2h" for e in engine.log)
+    back = sum(e[0] == "copy" and e[2] == "h2d" for e in engine.log)
+    assert to_host == back == ctx.offloaded_tensors
+    with OffloadActivations(min_offload_bytes=1024) as counting:  # CPU: counts every saved slot
+        model(torch.randint(0, 64, (2, 12))).logsumexp(-1).mean().backward()
+    assert counting.offloaded_tensors == ctx.offloaded_tensors + 3  # each of the 3 RMSNorms saves its input twice
+
+
+def test_a_tensor_changed_in_place_after_saving_is_copied_again():
+    x = torch.randn(16, 64, requires_grad=True)
+    w = nn.Parameter(torch.randn(64, 64))
+    engine = _Recorder()
+    ctx = OffloadActivations(min_offload_bytes=1, copies=engine)
+    engine.offloader = ctx
+    with ctx:
+        h = x * 1.0
+        (h @ w).sum()  # saves h; never back-propagated
+        h.mul_(2.0)  # the same tensor object, new values: the next save must not reuse the first copy
+        (h @ w).sum().backward()
+    torch.testing.assert_close(w.grad, (2 * x.detach()).sum(0)[:, None].expand(64, 64), rtol=1e-5, atol=1e-5)
+    assert sum(e[0] == "copy" and e[2] == "d2h" for e in engine.log) == 2
