@@ -42,7 +42,10 @@ def cuda_kernel(q: torch.Tensor, attn_mask: Optional[torch.Tensor], dropout_p: f
     head_dim = q.shape[-1]
     if q.dtype in (torch.bfloat16, torch.float16) and attn_mask is None and head_dim <= 256 and head_dim % 8 == 0:
         return _FLASH
-    if q.dtype in (torch.bfloat16, torch.float16, torch.float32) and head_dim % (4 if q.dtype == torch.float32 else 8) == 0:
+    if (
+        q.dtype in (torch.bfloat16, torch.float16, torch.float32)
+        and head_dim % (4 if q.dtype == torch.float32 else 8) == 0
+    ):
         return _EFFICIENT
     return _MATH
 
@@ -51,7 +54,9 @@ class _FlashAttention(torch.autograd.Function):
     """The CUDA flash kernel's forward and backward ops, with the backward's workspaces allocated."""
 
     @staticmethod
-    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: Any) -> torch.Tensor:
+    def forward(
+        ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: Any
+    ) -> torch.Tensor:
         out, lse, _, _, max_q, max_k, seed, offset, _ = torch.ops.aten._scaled_dot_product_flash_attention(
             q, k, v, 0.0, is_causal, False, scale=scale
         )

@@ -5,13 +5,15 @@ tensors.
 The device is simulated by fake *meta* tensors and the host by fake *CPU* tensors
 (``StorageCounter(cpu_is_host=True)``), so a device-to-host copy (``.to("cpu")``) and a host-to-device
 copy (an optimizer's ``load_state_dict`` moving its state to the parameter's device) are counted on
-the side they land on. Only the bytes of files are not real: ``safetensors.torch.save_file`` /
-``load_file`` and ``torch.save`` / ``torch.load`` are replaced, while a phase runs, by
-``_FakeFiles``: a save writes a small placeholder file and keeps the structure (names, shapes, dtypes)
-of what it was given, holding in host memory what the real writer holds (safetensors: the bytes of
-the whole file at once, after a host copy of each device tensor; ``torch.save``: a host copy of one
-device storage at a time); a load gives that structure back as fake host tensors, counted as file
-pages when memory-mapped (``mmap=True``, safetensors) and as host RAM otherwise.
+the side they land on. Only the bytes of files are not real: while a phase runs, ``_FakeFiles``
+stands in for the checkpointer's safetensors writer (``_write_safetensors_file``: it consumes the
+converted tensors one at a time, as the streaming writer does), for ``torch.save`` (one device
+storage at a time copied to the host, as torch does) and for ``torch.load`` / ``safetensors.torch.load_file``,
+and for the kernel's side of memory-mapped files (``FileMappings.holds`` / ``release``). A save writes
+a small placeholder file (so manifests and atomic renames run for real) and keeps the structure
+(names, shapes, dtypes) of what it was given; a load gives that structure back as fake host tensors,
+counted as file pages when memory-mapped (``mmap=True``, safetensors) and as host RAM otherwise, and
+pages given back with ``FileMappings.release`` stop counting.
 
 Two deliberate differences from the recipe, both without effect on the figures: the model is built
 with random weights on the device and then loaded with ``load_state_dict`` (``build_model``'s
@@ -27,6 +29,7 @@ import contextlib
 import copy
 import dataclasses
 import gc
+import hashlib
 import json
 import tempfile
 import warnings
@@ -52,11 +55,17 @@ class PhaseMemory:
     managed_peak: int  # CUDA managed memory of paged optimizers (host RAM when paged out)
     mapped_peak: int  # file pages of memory-mapped loads (page cache the kernel can drop)
     host_ram_peak: int  # host + managed at their joint peak: the host RAM the phase needs
-    note: str = ""
+    device_start: int = 0  # device bytes live when the phase starts and when it ends
+    device_end: int = 0
 
     @property
     def above_weights(self) -> int:
         return self.device_peak - self.weights
+
+    @property
+    def transient(self) -> int:
+        """Device bytes the phase needs above what is live before and after it (weights, device state)."""
+        return self.device_peak - max(self.device_start, self.device_end)
 
 
 # --- files that keep only their structure -------------------------------------------------------------
@@ -111,13 +120,15 @@ class _FakeFiles:
         self.specs: list[Any] = []
 
     # the placeholder names the structure it stands for, so it survives renames (atomic saves)
-    def _write_placeholder(self, f: Any, spec: Any) -> None:
+    def _write_placeholder(self, f: Any, spec: Any) -> str:
+        """Write the placeholder; returns its sha256 (what the manifest records)."""
         self.specs.append(spec)
         data = _PLACEHOLDER + str(len(self.specs) - 1).encode()
         if hasattr(f, "write"):
             f.write(data)
         else:
             Path(f).write_bytes(data)
+        return hashlib.sha256(data).hexdigest()
 
     def _spec_of(self, f: Any) -> Optional[Any]:
         if hasattr(f, "read"):
@@ -134,18 +145,11 @@ class _FakeFiles:
         """A placeholder file at ``path`` holding ``tensors`` (specs or tensors)."""
         self._write_placeholder(path, _to_spec(tensors))
 
-    def _host_copy(self, t: torch.Tensor) -> torch.Tensor:
-        return t if t.device.type == "cpu" else t.detach().to("cpu")
-
-    def save_file(self, tensors: dict[str, torch.Tensor], filename: Any, metadata: Any = None) -> None:
-        # safetensors serialises from one dict of bytes: every tensor's bytes exist at once
-        held = []
-        for t in tensors.values():
-            host = self._host_copy(t)
-            held.append(torch.empty(host.numel() * host.element_size(), dtype=torch.uint8, device="cpu"))
-            del host
-        self._write_placeholder(filename, _to_spec(dict(tensors)))
-        del held
+    def write_safetensors_file(self, path: Path, specs: list, tensors: Iterator[torch.Tensor]) -> str:
+        # the streaming writer holds one converted host tensor at a time (its bytes are a view of it)
+        for t in tensors:
+            del t
+        return self._write_placeholder(path, {name: _TensorSpec(tuple(shape), dtype) for name, dtype, shape in specs})
 
     def torch_save(self, obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
         # torch.save copies one device storage at a time to the host while writing it
@@ -155,8 +159,9 @@ class _FakeFiles:
             if key in seen:
                 continue
             seen.add(key)
-            host = self._host_copy(t)
-            del host
+            if t.device.type != "cpu":
+                host = t.detach().to("cpu")
+                del host
         self._write_placeholder(f, _to_spec(obj))
 
     def load_file(self, filename: Any, device: Any = "cpu") -> dict[str, torch.Tensor]:
@@ -173,24 +178,49 @@ class _FakeFiles:
         with self.counter.mapped() if mmap else self.counter.host():
             return _from_spec(spec)
 
+    # mapped pages: what the checkpoint code asks the kernel about and gives back (madvise)
+    def holds(self, mappings: Any, t: torch.Tensor) -> bool:
+        return isinstance(t, torch.Tensor) and self.counter.counts_as(t, "mapped")
+
+    def release(self, mappings: Any, tree: Any) -> None:
+        for t in _tensors(tree):
+            self.counter.release(t, "mapped")
+
     @contextlib.contextmanager
     def installed(self) -> Iterator["_FakeFiles"]:
+        """Replace the file I/O of the checkpoint code by this object's, for as long as it is inside."""
         import safetensors.torch
 
-        self._real = {
-            "save_file": safetensors.torch.save_file,
-            "load_file": safetensors.torch.load_file,
-            "torch_save": torch.save,
-            "torch_load": torch.load,
-        }
-        safetensors.torch.save_file, safetensors.torch.load_file = self.save_file, self.load_file
-        torch.save, torch.load = self.torch_save, self.torch_load
+        from torchtune.utils._checkpointing import _checkpoint_utils, _checkpointer
+
+        replaced = [
+            (safetensors.torch, "load_file", self.load_file),
+            (torch, "save", self.torch_save),
+            (torch, "load", self.torch_load),
+            (_checkpointer, "_write_safetensors_file", self.write_safetensors_file),
+            (_checkpoint_utils.FileMappings, "holds", self.holds),
+            (_checkpoint_utils.FileMappings, "release", self.release),
+        ]
+        originals = [(owner, name, getattr(owner, name)) for owner, name, _ in replaced]
+        self._real = {"load_file": safetensors.torch.load_file, "torch_load": torch.load}
+        for owner, name, value in replaced:
+            if isinstance(owner, type):
+                value = _bound(value)
+            setattr(owner, name, value)
         try:
             yield self
         finally:
-            safetensors.torch.save_file = self._real["save_file"]
-            safetensors.torch.load_file = self._real["load_file"]
-            torch.save, torch.load = self._real["torch_save"], self._real["torch_load"]
+            for owner, name, value in originals:
+                setattr(owner, name, value)
+
+
+def _bound(method: Any) -> Any:
+    """``method`` (of a _FakeFiles) as a function that takes the patched class's ``self`` first."""
+
+    def function(instance: Any, *args: Any, **kwargs: Any) -> Any:
+        return method(instance, *args, **kwargs)
+
+    return function
 
 
 # --- a checkpoint folder that looks like the config's weights -----------------------------------------
@@ -224,7 +254,7 @@ def _write_source_checkpoint(cfg: Any, folder: Path, files: _FakeFiles, dtype: t
     """config.json and placeholder weight files named as ``cfg.checkpointer`` names them, filled in order
     to equal sizes (as Hugging Face shards a model)."""
     from torchtune import config as tt_config
-    from torchtune.models.llama2._convert_weights import tune_to_hf
+    from torchtune.models.llama2._convert_weights import tune_to_hf_names
     from torchtune.utils import set_default_dtype
 
     if not str(cfg.checkpointer._component_).endswith("FullModelHFCheckpointer"):
@@ -240,13 +270,8 @@ def _write_source_checkpoint(cfg: Any, folder: Path, files: _FakeFiles, dtype: t
     hf_config = _hf_config(model)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(hf_config, indent=2))
-    hf = tune_to_hf(
-        model.state_dict(),
-        num_heads=hf_config["num_attention_heads"],
-        num_kv_heads=hf_config["num_key_value_heads"],
-        dim=hf_config["hidden_size"],
-        head_dim=hf_config["head_dim"],
-    )
+    tune_sd = model.state_dict()
+    hf = {hf_key: tune_sd[key] for key, hf_key in tune_to_hf_names(tune_sd).items()}  # same shapes
     names = list(cfg.checkpointer.checkpoint_files)
     if len(names) == 1 and str(names[0]).endswith(".index.json"):
         names = ["model.safetensors"]
@@ -333,7 +358,7 @@ def _weights_bytes(model: nn.Module) -> int:
     return sum(seen.values())
 
 
-def _phase(name: str, counter: Any, weights: int, note: str = "") -> PhaseMemory:
+def _phase(name: str, counter: Any, weights: int, start: int) -> PhaseMemory:
     return PhaseMemory(
         name=name,
         device_peak=counter.window_peak_bytes("device"),
@@ -342,7 +367,8 @@ def _phase(name: str, counter: Any, weights: int, note: str = "") -> PhaseMemory
         managed_peak=counter.window_peak_bytes("managed"),
         mapped_peak=counter.window_peak_bytes("mapped"),
         host_ram_peak=counter.window_peak_bytes("host_ram"),
-        note=note,
+        device_start=start,
+        device_end=counter.current,
     )
 
 
@@ -367,15 +393,25 @@ def estimate_checkpoint_phases(cfg: Any, dtype: torch.dtype) -> list[PhaseMemory
         cfg.checkpointer.output_dir = str(output)
         cfg.output_dir = str(output)
         _write_source_checkpoint(cfg, source, files, dtype)
-        with FakeTensorMode(allow_non_fake_inputs=True), counter, _active(counter), files.installed():
+        with (
+            FakeTensorMode(allow_non_fake_inputs=True),
+            counter,
+            _active(counter),
+            files.installed(),
+            warnings.catch_warnings(),
+        ):
+            # bitsandbytes deep-copies the state it loads; copying a fake tensor reads its (null) data pointer
+            warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
             counter.reset_window()
+            start = counter.current
             checkpointer, model, optimizer = _setup(cfg, device, dtype)
-            phases.append(_phase("set-up (load weights)", counter, _weights_bytes(model)))
+            phases.append(_phase("set-up (load weights)", counter, _weights_bytes(model), start))
 
             _make_optimizer_state(model, optimizer)
             counter.reset_window()
+            start = counter.current
             _save_step_checkpoint(checkpointer, model, optimizer, cfg)
-            phases.append(_phase("step checkpoint save", counter, _weights_bytes(model)))
+            phases.append(_phase("step checkpoint save", counter, _weights_bytes(model), start))
             folder = _latest(output)
             _release(optimizer)
             del checkpointer, model, optimizer
@@ -385,8 +421,9 @@ def estimate_checkpoint_phases(cfg: Any, dtype: torch.dtype) -> list[PhaseMemory
             cfg.resume_from_checkpoint = True
             cfg.checkpointer.recipe_checkpoint = str(folder / "recipe_state.pt")
             counter.reset_window()
+            start = counter.current
             checkpointer, model, optimizer = _setup(cfg, device, dtype)
-            phases.append(_phase("resume load", counter, _weights_bytes(model)))
+            phases.append(_phase("resume load", counter, _weights_bytes(model), start))
             _release(optimizer)
             del checkpointer, model, optimizer
             gc.collect()

@@ -73,14 +73,17 @@ def _storage_key(t: torch.Tensor) -> Optional[int]:
 
 def _inner_tensors(t: torch.Tensor) -> list[torch.Tensor]:
     """The plain tensors holding ``t``'s data (unwraps torchao-style tensor subclasses)."""
-    if hasattr(t, "__tensor_flatten__") and type(t) is not torch.Tensor and not isinstance(t, nn.Parameter):
+    # a plain Parameter is not a wrapper; a Parameter of a subclass (FSDP2's DTensor shards) is
+    if hasattr(t, "__tensor_flatten__") and type(t) not in (torch.Tensor, nn.Parameter):
         try:
             names, _ = t.__tensor_flatten__()
         except Exception:  # not a wrapper subclass after all
             return [t]
         out: list[torch.Tensor] = []
         for name in names:
-            out.extend(_inner_tensors(getattr(t, name)))
+            inner = getattr(t, name)
+            if isinstance(inner, torch.Tensor):  # DTensor also names its (opaque) device mesh
+                out.extend(_inner_tensors(inner))
         return out
     return [t]
 
@@ -96,7 +99,9 @@ class StorageCounter(TorchDispatchMode):
     ``cpu_is_host=True`` (set-up, save, resume) has meta fake tensors stand for the device and CPU
     tensors for the host, so device-to-host copies are seen as what they are.
     ``classify`` (optional) is called at every new device peak and returns ``{storage key: category}``
-    for the storages it recognises; the rest are temporaries.
+    for the storages it recognises (one of ``categories``); the rest are temporaries. Storages resized in
+    place (FSDP2 frees and re-allocates its all-gather buffers with ``untyped_storage().resize_``, which
+    no dispatch mode sees) are followed inside ``resizes()``.
     """
 
     def __init__(
@@ -104,12 +109,14 @@ class StorageCounter(TorchDispatchMode):
         classify: Optional[Callable[[], dict[int, str]]] = None,
         on_free: Optional[Callable[[int], None]] = None,
         cpu_is_host: bool = False,
+        categories: tuple[str, ...] = CATEGORIES,
     ) -> None:
         super().__init__()
         self.classify = classify
         self.on_free = on_free
         self.cpu_is_host = cpu_is_host
-        self.peak_breakdown: dict[str, int] = {c: 0 for c in CATEGORIES}
+        self.categories = categories
+        self.peak_breakdown: dict[str, int] = {c: 0 for c in categories}
         self.peak_op = ""  # the op whose output made the peak
         self._op = ""
         self._tables: dict[str, dict[int, int]] = {kind: {} for kind in MEMORY_KINDS}
@@ -179,6 +186,42 @@ class StorageCounter(TorchDispatchMode):
         """Allocations made inside count as file pages of a memory-mapped load."""
         return self._kind("mapped")
 
+    @contextlib.contextmanager
+    def resizes(self) -> Iterator[None]:
+        """Count in-place storage resizes (``UntypedStorage.resize_``) made inside."""
+        original = torch.UntypedStorage.resize_
+
+        def resize_(storage: torch.UntypedStorage, size: int) -> Any:
+            out = original(storage, size)
+            self._resized(storage)
+            return out
+
+        torch.UntypedStorage.resize_ = resize_
+        try:
+            yield
+        finally:
+            torch.UntypedStorage.resize_ = original
+
+    def _resized(self, storage: torch.UntypedStorage) -> None:
+        key = storage._cdata
+        nbytes = _rounded(storage.nbytes())
+        kind = next((k for k, table in self._tables.items() if key in table), None)
+        if kind is None:  # a storage made before the counting started
+            kind = self._context[-1] if self._context else "device"
+            self._tables[kind][key] = 0
+            weakref.finalize(storage, self._free, key)
+        self._add(kind, key, nbytes - self._tables[kind][key])
+
+    def release(self, t: torch.Tensor, kind: str) -> None:
+        """Stop counting ``t``'s storage if it is counted as ``kind`` (its pages were given back)."""
+        for inner in _inner_tensors(t):
+            key = _storage_key(inner)
+            if key in self._tables[kind]:
+                self._current[kind] -= self._tables[kind].pop(key)
+
+    def counts_as(self, t: torch.Tensor, kind: str) -> bool:
+        return _storage_key(t) in self._tables[kind]
+
     def track(self, t: torch.Tensor) -> None:
         """Count ``t``'s storage if it is not counted yet (also for tensors made before the mode)."""
         for inner in _inner_tensors(t):
@@ -192,6 +235,8 @@ class StorageCounter(TorchDispatchMode):
         return "device"
 
     def _track_plain(self, t: torch.Tensor) -> None:
+        if t.device.type == "meta" and not self.cpu_is_host:  # no memory (a model built on meta, then sharded)
+            return
         key = _storage_key(t)
         if key is None:
             return
@@ -235,7 +280,7 @@ class StorageCounter(TorchDispatchMode):
 
     def _snapshot(self) -> None:
         tags = self.classify() if self.classify is not None else {}
-        breakdown = {c: 0 for c in CATEGORIES}
+        breakdown = {c: 0 for c in self.categories}
         for key, nbytes in self._live.items():
             breakdown[tags.get(key, "temporaries")] += nbytes
         self.peak_breakdown = breakdown
@@ -402,11 +447,12 @@ class LayoutOptimizer(torch.optim.Optimizer):
                 p.add_(p.grad, alpha=-group["lr"])
         return None
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+    def load_state_dict(self, state_dict: dict[str, Any], **kwargs: Any) -> None:
         if self.optimizer_component.startswith("bitsandbytes."):
-            self.optimizer_cls.load_state_dict(self, state_dict)  # the real class's loading, on our state
+            # the real class's loading (move_to_device=...), run on this object's state
+            self.optimizer_cls.load_state_dict(self, state_dict, **kwargs)
         else:
-            super().load_state_dict(state_dict)
+            super().load_state_dict(state_dict, **kwargs)
 
 
 def layout_optimizer_config(component: str, kwargs: dict[str, Any]) -> Optional[dict[str, Any]]:
@@ -498,11 +544,11 @@ class _Tracker:
         if self.model is not None:
             for p in self.model.parameters():
                 if p.grad is not None:
-                    tags[_storage_key(p.grad)] = "gradients"
-            for t in self.model.parameters():
-                tags[_storage_key(t)] = "weights"
-            for t in self.model.buffers():
-                tags[_storage_key(t)] = "weights"
+                    for inner in _inner_tensors(p.grad):
+                        tags[_storage_key(inner)] = "gradients"
+            for t in [*self.model.parameters(), *self.model.buffers()]:
+                for inner in _inner_tensors(t):
+                    tags[_storage_key(inner)] = "weights"
         return tags
 
 
@@ -510,6 +556,8 @@ def profile_memory(
     setup: Callable[[], tuple[nn.Module, Callable[[], Any]]],
     steps: int = 2,
     fake: bool = True,
+    tracker: Optional[_Tracker] = None,
+    categories: tuple[str, ...] = CATEGORIES,
     attention_device: str = "cpu",
 ) -> MemoryEstimate:
     """Peak memory of ``steps`` calls of a training step, counted by ``StorageCounter``.
@@ -517,17 +565,17 @@ def profile_memory(
     ``setup()`` runs inside the counting (and, with ``fake=True``, inside ``FakeTensorMode``) and
     returns ``(model, step)``; ``step()`` runs one training step (forward, loss, backward, optimizer).
     Offloaded activations (``OffloadActivations``) are simulated as if CPU tensors were device tensors,
-    their host copies counted separately. ``attention_device="cuda"`` counts attention as the CUDA
-    kernels (``torchtune.training._attention_kernels``); only on fake tensors.
+    their host copies counted separately. ``tracker`` (a ``_Tracker``) and ``categories`` replace the
+    default split into categories (the distributed estimate adds gathered weights). ``attention_device="cuda"``
+    counts attention as the CUDA kernels (``torchtune.training._attention_kernels``); only on fake tensors.
     """
-    from torchtune.training._attention_kernels import describe_attention, target_attention
-
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from torchtune.training._activations import simulate_offloading
+    from torchtune.training._attention_kernels import describe_attention, target_attention
 
-    tracker = _Tracker()
-    counter = StorageCounter(classify=tracker.classify)
+    tracker = tracker if tracker is not None else _Tracker()
+    counter = StorageCounter(classify=tracker.classify, categories=categories)
     tracker.counter = counter
     counter.on_free = lambda key: tracker.saved.pop(key, None)
     LayoutOptimizer.paged_bytes_total = 0
@@ -543,6 +591,7 @@ def profile_memory(
         with (
             fake_mode,
             counter,
+            counter.resizes(),
             _active(counter),
             target_attention(attention_device if fake else "cpu") as kernels,
             simulate_offloading(counter.host, tracker.on_saved),
@@ -590,35 +639,6 @@ def default_seq_len(cfg: Any) -> int:
     )
 
 
-def prepare_config(cfg: Any) -> tuple[Any, list[str]]:
-    """A copy of ``cfg`` the fake run can build, and notes on what was replaced: a bitsandbytes/torchao
-    optimizer becomes ``LayoutOptimizer`` (their kernels do not run on fake tensors)."""
-    from omegaconf import OmegaConf
-
-    from torchtune import training
-
-    cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
-    training.check_optimizer_settings(cfg)
-    notes = [
-        f"simulated on fake tensors standing for device={cfg.device}; sizes rounded to "
-        "512 bytes like the CUDA caching allocator; fragmentation (reserved - allocated) and the "
-        "CUDA context (~0.3-0.5 GB) are not included"
-    ]
-    optimizer_node = OmegaConf.to_container(cfg.optimizer, resolve=True)
-    component = optimizer_node.pop(COMPONENT_KEY)
-    layout = layout_optimizer_config(component, optimizer_node)
-    if layout is not None:
-        _require(component, "bitsandbytes" if component.startswith("bitsandbytes.") else "torchao")
-        cfg.optimizer = layout
-        notes.append(
-            f"{component} state measured per parameter from the real class on small CPU "
-            "tensors and scaled to each parameter's size"
-        )
-    if not cfg.optimizer_in_bwd:
-        notes.append("optimizer_in_bwd=False: a full set of gradients exists after backward")
-    return cfg, notes
-
-
 def _device_type(cfg: Any) -> str:
     return str(cfg.device).split(":", 1)[0]
 
@@ -642,15 +662,12 @@ def estimate_recipe_memory(
     memory-efficient SDPA), ``"native"`` as the CPU's own kernel (what a real CPU run does).
     """
     from torchtune import training
-    from torchtune.utils import get_dtype
 
     if attention not in ("target", "native"):
         raise ValueError(f"attention must be 'target' or 'native', got {attention!r}")
-    cfg, notes = prepare_config(cfg)
     seq_len = int(seq_len) if seq_len is not None else default_seq_len(cfg)
     batch = int(batch_size) if batch_size is not None else training.positive_int(cfg, "batch_size")
-    device = torch.device("cpu")  # fake CPU tensors stand for the device (see the module docstring)
-    dtype = get_dtype(cfg.dtype, device)
+    cfg, device, dtype, notes = prepare_estimate(cfg)
 
     def setup() -> tuple[nn.Module, Callable[[], Any]]:
         # compile does not run on fake tensors; it changes temporaries only
@@ -669,6 +686,44 @@ def estimate_recipe_memory(
     )
     estimate.notes = notes + estimate.notes
     return estimate
+
+
+def prepare_estimate(cfg: Any) -> tuple[Any, torch.device, torch.dtype, list[str]]:
+    """``(cfg, device, dtype, notes)`` for estimating ``cfg``'s step: a copy of the config whose
+    bitsandbytes/torchao optimizer is replaced by ``LayoutOptimizer``, the CPU device the fake tensors
+    stand on, the model dtype, and the notes the estimate prints.
+
+    Raises:
+        ConfigError: conflicting optimizer keys (``check_optimizer_settings``).
+        TuneError: the optimizer's package is not installed.
+    """
+    from omegaconf import OmegaConf
+
+    from torchtune import training
+    from torchtune.utils import get_dtype
+
+    cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
+    training.check_optimizer_settings(cfg)
+    device = torch.device("cpu")  # fake CPU tensors stand for the device (see the module docstring)
+    dtype = get_dtype(cfg.dtype, device)
+    notes = [
+        f"simulated on fake tensors standing for device={cfg.device}; sizes rounded to "
+        "512 bytes like the CUDA caching allocator; fragmentation (reserved - allocated) and the "
+        "CUDA context (~0.3-0.5 GB) are not included"
+    ]
+    optimizer_node = OmegaConf.to_container(cfg.optimizer, resolve=True)
+    component = optimizer_node.pop(COMPONENT_KEY)
+    layout = layout_optimizer_config(component, optimizer_node)
+    if layout is not None:
+        _require(component, "bitsandbytes" if component.startswith("bitsandbytes.") else "torchao")
+        cfg.optimizer = layout
+        notes.append(
+            f"{component} state measured per parameter from the real class on small CPU "
+            "tensors and scaled to each parameter's size"
+        )
+    if not cfg.optimizer_in_bwd:
+        notes.append("optimizer_in_bwd=False: a full set of gradients exists after backward")
+    return cfg, device, dtype, notes
 
 
 # --- the whole run: set-up, steps, step checkpoint save, resume ----------------------------------------
@@ -730,11 +785,10 @@ def estimate_run_memory(
     phases run through the recipe's checkpointer and training-layer code on fake tensors
     (``torchtune.training._checkpoint_memory``)."""
     from torchtune.training._checkpoint_memory import estimate_checkpoint_phases
-    from torchtune.utils import get_dtype
 
     step_estimate = estimate_recipe_memory(cfg, seq_len=seq_len, batch_size=batch_size, steps=steps)
-    prepared, _ = prepare_config(cfg)
-    phases = estimate_checkpoint_phases(prepared, get_dtype(prepared.dtype, torch.device("cpu")))
+    prepared, _, dtype, _ = prepare_estimate(cfg)
+    phases = estimate_checkpoint_phases(prepared, dtype)
     setup, save, resume = phases
     return RunMemoryEstimate(steps=step_estimate, phases=[setup, _steps_phase(step_estimate), save, resume])
 
