@@ -250,6 +250,14 @@ def _hf_config(model: nn.Module) -> dict[str, Any]:
     return config
 
 
+def write_hf_folder(model: nn.Module, folder: Path) -> None:
+    """A Hugging Face folder for ``model`` whose weights are never read: its config.json and an empty
+    ``model.safetensors`` (the checkpointer needs its input folder to save; a resume reads the saved one)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(_hf_config(model), indent=2))
+    (folder / "model.safetensors").write_bytes(b"")
+
+
 def _write_source_checkpoint(cfg: Any, folder: Path, files: _FakeFiles, dtype: torch.dtype) -> None:
     """config.json and placeholder weight files named as ``cfg.checkpointer`` names them, filled in order
     to equal sizes (as Hugging Face shards a model)."""
@@ -305,8 +313,14 @@ def _settings(cfg: Any) -> Any:
     )
 
 
-def _setup(cfg: Any, device: torch.device, dtype: torch.dtype) -> tuple[Any, nn.Module, Any]:
-    """The recipe's set-up of checkpointer, model and optimizer (with restored state on resume)."""
+def setup_run(
+    cfg: Any, device: torch.device, dtype: torch.dtype, *, simulated: bool = True
+) -> tuple[Any, nn.Module, Any]:
+    """The recipe's set-up of checkpointer, model and optimizer (with restored state on resume).
+
+    ``simulated``: on fake tensors, where the model is built with random weights and then loaded (see
+    the module docstring); otherwise exactly as the recipe: ``build_model(state_dict=...)``.
+    """
     from torchtune import training
 
     settings = _settings(cfg)
@@ -317,12 +331,14 @@ def _setup(cfg: Any, device: torch.device, dtype: torch.dtype) -> tuple[Any, nn.
         cfg.model,
         device=device,
         dtype=dtype,
+        state_dict=None if simulated else state_dict,
         enable_activation_checkpointing=bool(cfg.enable_activation_checkpointing),
     )
-    with warnings.catch_warnings():
-        # "copying from a non-meta parameter to a meta parameter is a no-op": meta stands for the device here
-        warnings.filterwarnings("ignore", message=".*non-meta parameter.*")
-        model.load_state_dict(state_dict)  # what build_model(state_dict=...) does after to_empty
+    if simulated:
+        with warnings.catch_warnings():
+            # "copying from a non-meta parameter to a meta parameter is a no-op": meta stands for the device
+            warnings.filterwarnings("ignore", message=".*non-meta parameter.*")
+            model.load_state_dict(state_dict)  # what build_model(state_dict=...) does after to_empty
     del state_dict
     optimizer = training.build_optimizer(cfg.optimizer, model, optimizer_in_bwd=bool(cfg.optimizer_in_bwd))
     if resume is not None:
@@ -335,7 +351,7 @@ def _make_optimizer_state(model: nn.Module, optimizer: Any) -> None:
     """One optimizer step per parameter with a zero gradient: the state of a run in progress."""
     inner = getattr(optimizer, "optim_map", None)
     params = dict(model.named_parameters())
-    with torch.no_grad():
+    with torch.no_grad(), _unfused(optimizer):
         if inner is not None:
             for name, opt in inner.items():
                 p = params[name]
@@ -347,6 +363,20 @@ def _make_optimizer_state(model: nn.Module, optimizer: Any) -> None:
                 p.grad = torch.zeros_like(p)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+
+
+@contextlib.contextmanager
+def _unfused(optimizer: Any) -> Iterator[None]:
+    """torch's fused kernels refuse meta tensors; the unfused step creates the same state tensors (only
+    ``step`` sits on the host instead of the device: 4 bytes per parameter)."""
+    groups = [g for g in optimizer.param_groups if g.get("fused")]
+    for g in groups:
+        g["fused"] = False
+    try:
+        yield
+    finally:
+        for g in groups:
+            g["fused"] = True
 
 
 def _weights_bytes(model: nn.Module) -> int:
@@ -404,16 +434,16 @@ def estimate_checkpoint_phases(cfg: Any, dtype: torch.dtype) -> list[PhaseMemory
             warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
             counter.reset_window()
             start = counter.current
-            checkpointer, model, optimizer = _setup(cfg, device, dtype)
+            checkpointer, model, optimizer = setup_run(cfg, device, dtype)
             phases.append(_phase("set-up (load weights)", counter, _weights_bytes(model), start))
 
             _make_optimizer_state(model, optimizer)
             counter.reset_window()
             start = counter.current
-            _save_step_checkpoint(checkpointer, model, optimizer, cfg)
+            save_step_checkpoint(checkpointer, model, optimizer, cfg)
             phases.append(_phase("step checkpoint save", counter, _weights_bytes(model), start))
-            folder = _latest(output)
-            _release(optimizer)
+            folder = latest_step_folder(output)
+            release(optimizer)
             del checkpointer, model, optimizer
             gc.collect()
 
@@ -422,15 +452,15 @@ def estimate_checkpoint_phases(cfg: Any, dtype: torch.dtype) -> list[PhaseMemory
             cfg.checkpointer.recipe_checkpoint = str(folder / "recipe_state.pt")
             counter.reset_window()
             start = counter.current
-            checkpointer, model, optimizer = _setup(cfg, device, dtype)
+            checkpointer, model, optimizer = setup_run(cfg, device, dtype)
             phases.append(_phase("resume load", counter, _weights_bytes(model), start))
-            _release(optimizer)
+            release(optimizer)
             del checkpointer, model, optimizer
             gc.collect()
     return phases
 
 
-def _release(optimizer: Any) -> None:
+def release(optimizer: Any) -> None:
     """Let the optimizers' state and parameters go: each in-backward hook holds its optimizer and lives on
     its parameter, a cycle only the garbage collector would break."""
     for opt in getattr(optimizer, "optim_map", {"": optimizer}).values():
@@ -438,7 +468,7 @@ def _release(optimizer: Any) -> None:
         opt.param_groups.clear()
 
 
-def _save_step_checkpoint(checkpointer: Any, model: nn.Module, optimizer: Any, cfg: Any) -> None:
+def save_step_checkpoint(checkpointer: Any, model: nn.Module, optimizer: Any, cfg: Any) -> None:
     """What the recipe's ``save_checkpoint(epoch, step_checkpoint=True)`` does."""
     from torchtune import training
 
@@ -458,6 +488,6 @@ def _save_step_checkpoint(checkpointer: Any, model: nn.Module, optimizer: Any, c
     del state
 
 
-def _latest(output: Path) -> Path:
+def latest_step_folder(output: Path) -> Path:
     folders = sorted(p for p in output.iterdir() if p.is_dir() and p.name.startswith("step_"))
     return folders[-1]

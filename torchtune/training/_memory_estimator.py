@@ -749,17 +749,20 @@ class RunMemoryEstimate:
 
     def format(self, title: str = "Estimated peak device memory") -> str:
         lines = [self.steps.format(f"{title}, training steps"), ""]
-        lines.append("Each phase of the run (estimated on fake tensors; host RAM = anonymous + paged state):")
-        header = ("phase", "device peak", "above weights", "host RAM", "paged state", "mapped files")
+        lines.append("Each phase of the run (estimated on fake tensors):")
+        header = ("phase", "device peak", "above weights", "transient", "host RAM", "paged state", "mapped files")
         lines.append(f"  {header[0]:<24}" + "".join(f"{h:>15}" for h in header[1:]))
         for p in self.phases:
-            values = (p.device_peak, p.above_weights, p.host_ram_peak, p.managed_peak, p.mapped_peak)
+            values = (p.device_peak, p.above_weights, p.transient, p.host_ram_peak, p.managed_peak, p.mapped_peak)
             lines.append(f"  {p.name:<24}" + "".join(f"{v / GB:>12.2f} GB" for v in values))
         peak = self.peak_phase
         lines.append(f"  {'whole run (device peak)':<24}{peak.device_peak / GB:>12.2f} GB  (in {peak.name})")
         lines.append(
-            "Note: host RAM excludes the process itself (Python, libraries: a few GB); mapped files are "
-            "memory-mapped checkpoint pages, counted by RSS while touched but dropped by the kernel under pressure"
+            "Note: transient = device memory a phase needs above what is live before and after it (weights, "
+            "device optimizer state); host RAM = anonymous host memory + paged optimizer state (CUDA managed "
+            "memory, in host RAM when paged out), without the process itself (Python, libraries: a few GB); "
+            "mapped files = checkpoint files mapped into memory, resident only as they are read and dropped by "
+            "the kernel under pressure"
         )
         return "\n".join(lines)
 
@@ -775,6 +778,8 @@ def _steps_phase(estimate: MemoryEstimate) -> Any:
         managed_peak=estimate.paged_optimizer_bytes,
         mapped_peak=0,
         host_ram_peak=estimate.host_bytes_needed,
+        device_start=estimate.breakdown["weights"] + estimate.breakdown["optimizer_state"],
+        device_end=estimate.breakdown["weights"] + estimate.breakdown["optimizer_state"],
     )
 
 
