@@ -161,6 +161,11 @@ def estimate_distributed_memory(
     )
     tracker = _ShardedTracker()
 
+    offload = settings["cpu_offload"]
+    # with CPU offload the sharded parameters, their gradients and the optimizer (state and step)
+    # are host memory; without, nullcontext keeps everything on the simulated device
+    on_host = (lambda: tracker.counter.host()) if offload else contextlib.nullcontext
+
     def setup() -> tuple[nn.Module, Callable[[], Any]]:
         # on the meta device first: a rank never holds the whole model, only its shards
         model = training.build_model(
@@ -170,12 +175,17 @@ def estimate_distributed_memory(
             enable_activation_checkpointing=bool(cfg.enable_activation_checkpointing),
         )
         shard_model(model, mesh=mesh, **settings)
-        model.to_empty(device=device)
-        model.init_buffers(device)
+        with on_host():
+            model.to_empty(device=device)
+        model.init_buffers(device)  # RoPE's cache is not offloaded
         tracker.sharded = list(model.parameters())
+        optimizer = training.build_optimizer(cfg.optimizer, model, optimizer_in_bwd=bool(cfg.optimizer_in_bwd))
+        if offload:
+            for opt in getattr(optimizer, "optim_map", {"": optimizer}).values():
+                opt.step = _wrapped(opt.step, on_host)
         step = TrainStep(
             model,
-            training.build_optimizer(cfg.optimizer, model, optimizer_in_bwd=bool(cfg.optimizer_in_bwd)),
+            optimizer,
             config.instantiate(cfg.loss),
             device=device,
             activations_ctx=get_act_offloading_ctx_manager(model, bool(cfg.enable_activation_offloading)),
@@ -188,10 +198,86 @@ def estimate_distributed_memory(
         }
         return model, lambda: step(data)
 
-    with fake_world(world_size) as mesh:
+    with fake_world(world_size) as mesh, _simulated_cpu_offload(tracker) if offload else contextlib.nullcontext():
         estimate = profile_memory(setup, steps=steps, fake=fake, tracker=tracker, categories=DISTRIBUTED_CATEGORIES)
+    if offload:
+        estimate.host_label = "FSDP offload, activations"  # parameters, gradients, optimizer
+        notes.append(
+            "fsdp_cpu_offload=True: sharded parameters, gradients and optimizer state (and the optimizer step) "
+            "are in host memory; each layer's parameters are copied to the device while it computes"
+        )
     estimate.notes = notes + estimate.notes
     return estimate
+
+
+def _wrapped(fn: Callable[..., Any], ctx: Callable[[], Any]) -> Callable[..., Any]:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with ctx():
+            return fn(*args, **kwargs)
+
+    return call
+
+
+@contextlib.contextmanager
+def _simulated_cpu_offload(tracker: _Tracker) -> Iterator[None]:
+    """Make FSDP2's host<->device copies real copies while fake CPU tensors stand for the device.
+
+    With ``CPUOffloadPolicy`` FSDP2 copies each host shard to the device before the all-gather and
+    each reduce-scattered gradient back to the host; here both sides are CPU tensors, so those
+    ``.to()`` calls would return their input and neither copy would be counted. Inside this context
+    (private FSDP2 internals of the pinned torch version): the all-gather input is made from a
+    device copy of the host shard, and in ``foreach_reduce`` a ``.to("cpu")`` of a device tensor
+    becomes a copy counted as host memory.
+    """
+    from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
+
+    param_cls = _fsdp_param.FSDPParam
+    original_inputs = param_cls.all_gather_inputs
+    original_reduce = _fsdp_param_group.foreach_reduce
+    original_to = torch.Tensor.to
+    in_reduce = [False]
+
+    def all_gather_inputs(self: Any) -> list[torch.Tensor]:
+        if not self.offload_to_cpu or self.sharded_state != _fsdp_param.ShardedState.SHARDED:
+            return original_inputs.fget(self)
+        host = self._sharded_param_data
+        self._sharded_param_data = host.clone()  # the H2D copy (freed after the cast to param_dtype)
+        try:
+            return original_inputs.fget(self)
+        finally:
+            self._sharded_param_data = host
+
+    def foreach_reduce(*args: Any, **kwargs: Any) -> Any:
+        in_reduce[0] = True
+        try:
+            return original_reduce(*args, **kwargs)
+        finally:
+            in_reduce[0] = False
+
+    def to(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        target = kwargs.get("device", args[0] if args else None)
+        counter = tracker.counter
+        if (
+            in_reduce[0]
+            and counter is not None
+            and not counter.in_host
+            and isinstance(target, (torch.device, str))
+            and torch.device(target).type == "cpu"
+            and _storage_key(self) not in counter.host_keys()
+        ):
+            with counter.host():
+                return self.clone()  # the D2H copy of the gradient
+        return original_to(self, *args, **kwargs)
+
+    param_cls.all_gather_inputs = property(all_gather_inputs)
+    _fsdp_param_group.foreach_reduce = foreach_reduce
+    torch.Tensor.to = to
+    try:
+        yield
+    finally:
+        param_cls.all_gather_inputs = original_inputs
+        _fsdp_param_group.foreach_reduce = original_reduce
+        torch.Tensor.to = original_to
 
 
 def fsdp_settings(cfg: Any) -> dict[str, Any]:

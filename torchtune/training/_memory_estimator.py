@@ -222,6 +222,15 @@ class StorageCounter(TorchDispatchMode):
     def counts_as(self, t: torch.Tensor, kind: str) -> bool:
         return _storage_key(t) in self._tables[kind]
 
+    @property
+    def in_host(self) -> bool:
+        """True inside ``host()``."""
+        return "host" in self._context
+
+    def host_keys(self) -> set[int]:
+        """Keys of the live storages counted as host memory."""
+        return set(self._tables["host"])
+
     def track(self, t: torch.Tensor) -> None:
         """Count ``t``'s storage if it is not counted yet (also for tensors made before the mode)."""
         for inner in _inner_tensors(t):
@@ -478,6 +487,7 @@ class MemoryEstimate:
     peak_op: str = ""
     notes: list[str] = dataclasses.field(default_factory=list)
     attention: str = ""  # which attention kernel was counted
+    host_label: str = "offloaded activations"  # what host_offload_peak_bytes holds
 
     @property
     def host_bytes_needed(self) -> int:
@@ -504,9 +514,8 @@ class MemoryEstimate:
             f"{'  optimizer state, paged/managed':<34}{self.paged_optimizer_bytes / GB:>9.2f} GB"
             "  (CUDA managed memory; needs that much host RAM when paged out)"
         )
-        lines.append(
-            f"{'  offloaded activations (host)':<34}{self.host_offload_peak_bytes / GB:>9.2f} GB  (pinned host memory)"
-        )
+        host_label = f"  {self.host_label} (host)"
+        lines.append(f"{host_label:<34}{self.host_offload_peak_bytes / GB:>9.2f} GB  (pinned host memory)")
         lines.append(f"{'  host RAM needed for these':<34}{self.host_bytes_needed / GB:>9.2f} GB")
         lines += [f"Note: {note}" for note in self.notes]
         if self.attention:

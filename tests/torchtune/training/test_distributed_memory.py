@@ -117,3 +117,35 @@ def test_parse_world_sizes():
     for bad in ("0", "2,x", "-1", ""):
         with pytest.raises(Exception, match="positive whole number"):
             parse_world_sizes(bad)
+
+
+def test_cpu_offload_keeps_parameters_gradients_and_optimizer_state_on_the_host(estimates):
+    offloaded = estimate_distributed_memory(_cfg("fsdp_cpu_offload=True"), 1, seq_len=SEQ, batch_size=BATCH)
+    on_device = estimates[1]
+    weights, state = _expected_rank0_bytes(1)
+    buffers = weights - sum(_rounded(p) for p in _param_bytes())
+    # on the device: only RoPE's cache of the model's own tensors, no optimizer state ...
+    assert offloaded.breakdown["weights"] == buffers
+    assert offloaded.breakdown["optimizer_state"] == 0
+    # ... but still the gathered layer being computed and its unsharded gradients
+    assert offloaded.breakdown["gathered_weights"] > 0
+    # the device peak drops by (at least) the parameters and optimizer state that moved
+    assert offloaded.peak_bytes <= on_device.peak_bytes - (weights - buffers) - state
+    # on the host: the shards, the optimizer state and the gradients copied back
+    host = offloaded.host_offload_peak_bytes
+    assert weights - buffers + state <= host <= weights - buffers + state + 2 * (weights - buffers)
+    assert "FSDP offload" in offloaded.format()
+    real = estimate_distributed_memory(_cfg("fsdp_cpu_offload=True"), 1, seq_len=SEQ, batch_size=BATCH, fake=False)
+    assert (real.peak_bytes, real.breakdown, real.host_offload_peak_bytes) == (
+        offloaded.peak_bytes,
+        offloaded.breakdown,
+        offloaded.host_offload_peak_bytes,
+    )
+
+
+def _param_bytes():
+    from torchtune.models.llama2 import llama2_tiny
+
+    with torch.device("meta"):
+        model = llama2_tiny(vocab_size=VOCAB, num_layers=LAYERS, embed_dim=DIM, num_heads=HEADS, num_kv_heads=HEADS)
+    return [p.numel() * 4 for p in model.parameters()]
