@@ -30,6 +30,12 @@ def test_estimate_memory_prints_the_split(capsys):
         "total (device peak)",
         "paged/managed",
         "host RAM needed",
+        "set-up (load weights)",
+        "training steps",
+        "step checkpoint save",
+        "resume load",
+        "whole run (device peak)",
+        "attention counted as the CUDA memory-efficient SDPA kernel",  # fp32 on CUDA: no flash
     ):
         assert label in out
     assert "batch 1 x 32 tokens" in out
