@@ -33,6 +33,7 @@ from torchtune._errors import TuneError
 from torchtune.training._memory_estimator import (
     CATEGORIES,
     MemoryEstimate,
+    _device_type,
     _inner_tensors,
     _storage_key,
     _Tracker,
@@ -127,12 +128,15 @@ def estimate_distributed_memory(
     batch_size: Optional[int] = None,
     steps: int = 2,
     fake: bool = True,
+    attention: str = "target",
 ) -> MemoryEstimate:
     """Per-GPU peak memory of ``full_finetune_distributed`` for ``cfg`` on ``world_size`` GPUs.
 
     ``batch_size`` is the global batch (the config's ``batch_size``, split evenly over the ranks);
     each simulated rank runs ``batch_size // world_size`` sequences of ``seq_len`` tokens. With
     ``fake=False`` the same runs on real CPU tensors (to check the estimate on a small model).
+    ``attention`` as in ``estimate_recipe_memory``: ``"target"`` counts the kernel ``cfg.device``
+    runs (CUDA flash / memory-efficient SDPA), ``"native"`` the CPU's own.
 
     Raises:
         TuneError: the batch does not split over ``world_size`` ranks; an optimizer FSDP2 cannot use.
@@ -142,6 +146,8 @@ def estimate_distributed_memory(
     from torchtune.training._distributed import shard_model
     from torchtune.training._step import TrainStep
 
+    if attention not in ("target", "native"):
+        raise ValueError(f"attention must be 'target' or 'native', got {attention!r}")
     if world_size < 1:
         raise TuneError(f"world_size must be at least 1, got {world_size}.")
     seq_len = int(seq_len) if seq_len is not None else default_seq_len(cfg)
@@ -199,7 +205,14 @@ def estimate_distributed_memory(
         return model, lambda: step(data)
 
     with fake_world(world_size) as mesh, _simulated_cpu_offload(tracker) if offload else contextlib.nullcontext():
-        estimate = profile_memory(setup, steps=steps, fake=fake, tracker=tracker, categories=DISTRIBUTED_CATEGORIES)
+        estimate = profile_memory(
+            setup,
+            steps=steps,
+            fake=fake,
+            tracker=tracker,
+            categories=DISTRIBUTED_CATEGORIES,
+            attention_device=_device_type(cfg) if attention == "target" else "cpu",
+        )
     if offload:
         estimate.host_label = "FSDP offload, activations"  # parameters, gradients, optimizer
         notes.append(
