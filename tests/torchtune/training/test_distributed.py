@@ -115,3 +115,17 @@ def test_backend_must_fit_the_device(device, backend, match):
 def test_init_distributed_refuses_a_device_index():
     with pytest.raises(TuneError, match="local rank"):
         training.init_distributed("cuda:1")
+
+
+def test_load_full_state_dict_into_a_meta_model_matches_the_full_model(world_of_one):
+    reference = _tiny_model(seed=3)
+    with torch.device("meta"):
+        model = llama2(**TINY)
+    training.shard_model(model, mesh=world_of_one.mesh)
+    training.load_full_state_dict(model, reference.state_dict(), device=torch.device("cpu"))
+    model.init_buffers(torch.device("cpu"))
+    for (name, p_ref), p in zip(reference.named_parameters(), model.parameters()):
+        assert isinstance(p, DTensor) and p.to_local().device.type == "cpu", name
+        assert torch.equal(p.full_tensor(), p_ref.detach()), name
+    tokens = torch.arange(8).unsqueeze(0)
+    torch.testing.assert_close(model(tokens), reference(tokens), rtol=0, atol=1e-6)

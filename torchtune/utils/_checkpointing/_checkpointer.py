@@ -183,6 +183,12 @@ class _FullModelCheckpointer:
             if src.is_file():
                 shutil.copyfile(src, folder / name)
 
+    def write_model(self, model_sd: dict[str, torch.Tensor], folder: Path) -> None:
+        """Write the weight files (and the side files a save copies) into ``folder`` as a save does, but
+        not atomically: for a caller that assembles the folder and publishes it itself (the distributed
+        recipe adds its sharded training state next to the weights)."""
+        self._write_model(model_sd, folder)
+
     def _save(self, state_dict: dict[str, Any], epoch: int, step: int, intermediate: bool, write_model) -> Path:
         if MODEL_KEY not in state_dict:
             raise ValueError(f"save_checkpoint needs the model weights under '{MODEL_KEY}'")
