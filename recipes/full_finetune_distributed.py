@@ -61,6 +61,7 @@ RECIPE_KEYS = (
     "dist_backend",
     "fsdp_cpu_offload",
     "fsdp_reshard_after_forward",
+    "fsdp_param_dtype",
     "fsdp_reduce_dtype",
     "enable_activation_checkpointing",
     "enable_activation_offloading",
@@ -108,6 +109,8 @@ def validate_config(cfg: DictConfig) -> None:
             f"fsdp_cpu_offload=True keeps parameters, gradients and optimizer state in host memory between their "
             f"uses on the GPU; with device={cfg.device} they are in host memory already. Set fsdp_cpu_offload=False."
         )
+    if cfg.fsdp_param_dtype is not None:
+        utils.dtype_name(cfg.fsdp_param_dtype)  # bf16 or fp32 in any spelling
     if cfg.fsdp_reduce_dtype is not None and cfg.fsdp_reduce_dtype != "fp32":
         raise ConfigError(
             f"fsdp_reduce_dtype={cfg.fsdp_reduce_dtype!r}: use null (reduce gradients in the parameters' dtype) or "
@@ -142,8 +145,9 @@ class FullFinetuneRecipeDistributed:
     """Full finetuning of every parameter of a decoder model, sharded over processes with FSDP2.
 
     Features (each switched in the YAML config; details in docs/distributed.md and docs/recipe.md):
-        - FSDP2 (``fully_shard``) on every decoder layer and the root: bf16 or fp32 parameters,
-          ``fsdp_reduce_dtype: fp32`` to sum gradients in fp32, ``fsdp_reshard_after_forward``,
+        - FSDP2 (``fully_shard``) on every decoder layer and the root: bf16 or fp32 parameters
+          (``dtype``), ``fsdp_param_dtype: bf16`` to compute in bf16 on fp32 weights and optimizer
+          state, ``fsdp_reduce_dtype: fp32`` to sum gradients in fp32, ``fsdp_reshard_after_forward``,
           ``fsdp_cpu_offload`` (parameters, gradients and optimizer state in pinned host memory);
         - weights loaded memory-mapped, each rank copying only its shards;
         - activation checkpointing and offloading, chunked loss and compile as on one device;
@@ -306,9 +310,11 @@ class FullFinetuneRecipeDistributed:
             compile_model=cfg.compile,
         )
         cpu_offload = bool(cfg.fsdp_cpu_offload)
+        param_dtype = cfg.fsdp_param_dtype
         training.shard_model(
             model,
             mesh=self._dist.mesh,
+            param_dtype=None if param_dtype is None else utils.get_dtype(param_dtype, self._device),
             reduce_dtype=torch.float32 if cfg.fsdp_reduce_dtype == "fp32" else None,
             reshard_after_forward=bool(cfg.fsdp_reshard_after_forward),
             cpu_offload=cpu_offload,

@@ -117,11 +117,15 @@ def is_launcher_invocation(argv: list[str]) -> bool:
 
 
 def _fixed_world_size(nnodes: str, nproc_per_node: str) -> int | None:
-    """Processes in all, when torchrun's options fix it (not elastic ``MIN:MAX`` nodes, not ``gpu``/``auto``)."""
+    """Processes in all, when torchrun's options fix it (``N`` or ``N:N`` nodes, a number per node)."""
+    low, _, high = str(nnodes).partition(":")
     try:
-        return int(nnodes) * int(nproc_per_node)
+        nodes, per_node = int(low), int(nproc_per_node)
+        if high and int(high) != nodes:
+            return None  # elastic: the number of nodes is known only at rendezvous
     except ValueError:
-        return None
+        return None  # e.g. --nproc_per_node gpu / auto
+    return nodes * per_node
 
 
 def launch_distributed(argv: list[str]) -> int:

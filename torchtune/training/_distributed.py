@@ -321,8 +321,8 @@ def raise_if_any_rank_failed(error: Optional[BaseException], info: DistributedIn
 
 
 def check_same_config(cfg: Any, info: DistributedInfo) -> None:
-    """All ranks run the same resolved config (a node started with other overrides or another file
-    would train something else and wait in mismatched collectives).
+    """All ranks run the same config (a node started with other overrides or another version of the
+    file would train something else, or wait forever in mismatched collectives).
 
     Raises:
         RankErrors: naming the keys whose values differ, and on which ranks.
@@ -331,7 +331,9 @@ def check_same_config(cfg: Any, info: DistributedInfo) -> None:
         return
     from omegaconf import OmegaConf
 
-    mine = OmegaConf.to_container(cfg, resolve=True)
+    # Unresolved: the config file and the overrides each rank was started with. ${...} values may
+    # resolve differently per node on purpose (${oc.env:...}, install paths of ${asset:...}).
+    mine = OmegaConf.to_container(cfg, resolve=False)
     everyone: list = [None] * info.world_size
     dist.all_gather_object(everyone, mine, group=info.cpu_group)
     differing = sorted({key for other in everyone for key in _differing_keys(everyone[0], other)})

@@ -196,7 +196,8 @@ def test_ls_lists_recipes_and_configs(files):
         ["llama3_2/3B_full_single_device"],
         ["llama3_1/8B_full_low_memory"],
     ]
-    assert lines[7].split() == ["generate", "generate"]
+    assert lines[7].split() == ["full_finetune_distributed", "llama2/tiny_full_distributed"]
+    assert lines[8].split() == ["generate", "generate"]
 
 
 def _a_builtin_config():
