@@ -466,6 +466,7 @@ class FullFinetuneRecipeDistributed:
         """Called on every rank (the gradient norm and token counts are summed over ranks); rank 0 writes."""
         loss_value = step_loss.item()  # the one sync per logged step; already summed over ranks
         self._nan_guard.check(epoch, self._last_checkpoint)
+        self._check_loaded_checksums(wait=False)  # background sha256: no wait
         grad_norm = self._grad_norm.pop()
         if self._dist.world_size > 1:
             totals = torch.tensor([tokens, tokens_per_second], dtype=torch.float64)
@@ -509,6 +510,8 @@ class FullFinetuneRecipeDistributed:
         training is over. The NaN guard is checked first: weights after a NaN/inf loss are never written.
         """
         self._nan_guard.check(epoch, self._last_checkpoint)
+        # Nothing trained from a damaged checkpoint is saved: wait for its background checksums.
+        self._check_loaded_checksums(wait=True)
         final = not step_checkpoint and self.progress.epochs_run >= self._settings.epochs
         full_weights = training.gather_full_state_dict(self._model) if not step_checkpoint else None
         if final:
@@ -538,8 +541,8 @@ class FullFinetuneRecipeDistributed:
             write_weights = None
             if full_weights is not None:
 
-                def write_weights(tmp: Path) -> None:
-                    self._checkpointer.write_model(full_weights, tmp)
+                def write_weights(tmp: Path) -> Dict[str, str]:
+                    return self._checkpointer.write_model(full_weights, tmp)
 
             training.save_sharded_checkpoint(
                 folder,
@@ -559,6 +562,16 @@ class FullFinetuneRecipeDistributed:
                 folder.parent, protected=self._resume.checkpoint_dir if self._resume else None
             )
         return folder
+
+    def _check_loaded_checksums(self, wait: bool) -> None:
+        """The background sha256 checks of what set-up read (``checkpointer.verify_checksums``), agreed
+        by all ranks: a damaged file stops every rank with one message."""
+        error: Optional[BaseException] = None
+        try:
+            training.check_loaded_checksums(self._resume, self._checkpointer, wait=wait)
+        except TuneError as exc:
+            error = exc
+        training.raise_if_any_rank_failed(error, self._dist, "Checking the loaded checkpoint files")
 
     def _stop_and_exit(self, epoch: int) -> None:
         # every rank is here (any_rank agreed); a rank that got no signal itself stops for the others'

@@ -89,7 +89,11 @@ class FullFinetuneRecipeSingleDevice:
           hook, which frees the gradient (torch, bitsandbytes or torchao optimizers); or a standard
           optimizer with gradient accumulation and clipping;
         - an LR schedule; a loss over the final hidden states (chunked: no full fp32 logits);
-        - step and epoch checkpoints written atomically; exact resume, also mid-epoch;
+        - step and epoch checkpoints written atomically, tensor by tensor (no device memory beyond
+          the weights), with sha256 sums computed while writing; exact resume, also mid-epoch, with
+          the optimizer state memory-mapped and restored one parameter at a time;
+        - checkpoint sizes checked on load, sums before it or in the background
+          (``checkpointer.verify_checksums``); a damaged file stops the run before anything is saved;
         - SIGINT/SIGTERM save a resumable checkpoint and print the resume command; a NaN loss stops
           the run without saving those weights.
         - metrics to output_dir/logs/metrics.jsonl and the loggers of ``metric_logger`` at once; a
@@ -121,6 +125,10 @@ class FullFinetuneRecipeSingleDevice:
         self._clip_grad_norm = cfg.clip_grad_norm
         self._log_every_n_steps = training.positive_int(cfg, "log_every_n_steps")
         self._log_peak_memory_stats = bool(cfg.log_peak_memory_stats)
+        # the driver's figure (managed memory, context) at its peak, not a snapshot between steps
+        self._device_peak: Optional[memory.DeviceMemoryPeak] = None
+        if self._log_peak_memory_stats and self._device.type == "cuda":
+            self._device_peak = memory.DeviceMemoryPeak(self._device).start()
         self._checkpoint_policy = training.CheckpointPolicy(
             training.positive_int(cfg, "save_every_n_steps", allow_none=True),
             training.positive_int(cfg, "keep_last_n_checkpoints", allow_none=True),
@@ -308,6 +316,7 @@ class FullFinetuneRecipeSingleDevice:
     ) -> None:
         loss_value = step_loss.item()  # the one sync per logged step
         self._nan_guard.check(epoch, self._last_checkpoint)
+        training.check_loaded_checksums(self._resume, self._checkpointer)  # background sha256: no wait
         payload = {
             "epoch": epoch,
             "loss": loss_value,
@@ -317,7 +326,7 @@ class FullFinetuneRecipeSingleDevice:
             "grad_norm": self._grad_norm.pop(),
         }
         if self._log_peak_memory_stats:
-            payload.update(memory.get_memory_stats(self._device))
+            payload.update(memory.get_memory_stats(self._device, self._device_peak))
         self._metric_logger.log_dict(payload, step=self.global_step)
         pbar.set_description(f"{epoch + 1}|{self.global_step}|Loss: {loss_value:.4f}")
         pbar.set_postfix(lr=f"{lr:.2e}", tok_s=f"{tokens_per_second:.0f}", refresh=False)
@@ -340,6 +349,10 @@ class FullFinetuneRecipeSingleDevice:
         guard is checked first: weights after a NaN/inf loss are never written.
         """
         self._nan_guard.check(epoch, self._last_checkpoint)
+        # Nothing trained from a damaged checkpoint is saved: wait for its background checksums.
+        training.check_loaded_checksums(self._resume, self._checkpointer, wait=True)
+        # state_dict() holds references, not copies; the checkpointer moves one tensor at a time to
+        # the host and converts it there, so a save needs no device memory beyond the weights.
         state: Dict[str, Any] = {"model": self._model.state_dict()}
         final = not step_checkpoint and self.progress.epochs_run >= self._settings.epochs
         if not final:
@@ -383,10 +396,12 @@ class FullFinetuneRecipeSingleDevice:
         raise SystemExit(128 + int(self._stop.signum))
 
     def _log_memory(self, title: str) -> None:
-        stats = memory.get_memory_stats(self._device)
+        stats = memory.get_memory_stats(self._device, self._device_peak)
         log.info("Memory %s: %s", title, ", ".join(f"{k}={v:.2f} GB" for k, v in stats.items()))
 
     def cleanup(self) -> None:
+        if self._device_peak is not None:
+            self._device_peak.stop()
         self._metric_logger.close()
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional
 
 import torch
 import torch.distributed as dist
@@ -92,7 +92,7 @@ def save_sharded_checkpoint(
     step: int,
     epoch: int,
     intermediate: bool,
-    write_rank0_files: Optional[Callable[[Path], None]] = None,
+    write_rank0_files: Optional[Callable[[Path], Optional[Mapping[str, str]]]] = None,
 ) -> Path:
     """Save the sharded model and optimizer state (all ranks, in parallel) with ``recipe_state`` into
     ``destination`` atomically; a collective. Returns ``destination``.
@@ -101,7 +101,8 @@ def save_sharded_checkpoint(
         recipe_state: written by rank 0 as ``recipe_state.pt`` (its ``optimizer`` entry should be
             ``SHARDED_STATE_MARKER``: the state itself is in the DCP folder).
         write_rank0_files: more files rank 0 writes into the folder before it is published (the
-            full HF weights of an epoch checkpoint).
+            full HF weights of an epoch checkpoint); it may return ``{name: sha256}`` of the files it
+            hashed while writing, which are then not read again.
 
     Raises:
         TuneError (``RankErrors``): on every rank when any rank failed; the previous checkpoint is kept.
@@ -134,8 +135,7 @@ def save_sharded_checkpoint(
     if info.is_rank_zero:
         try:
             torch.save(recipe_state, tmp / RECIPE_STATE_NAME)
-            if write_rank0_files is not None:
-                write_rank0_files(tmp)
+            hashed = dict((write_rank0_files(tmp) if write_rank0_files is not None else None) or {})
             files: Dict[str, Any] = {}
             for part in gathered:
                 files.update(part)
@@ -143,7 +143,7 @@ def save_sharded_checkpoint(
                 name = path.relative_to(tmp).as_posix()
                 if name not in files:
                     fsync_file(path)
-                    files[name] = {"size": path.stat().st_size, "sha256": sha256_of(path)}
+                    files[name] = {"size": path.stat().st_size, "sha256": hashed.get(name) or sha256_of(path)}
             manifest = {
                 "format_version": MANIFEST_FORMAT_VERSION,
                 "step": step,

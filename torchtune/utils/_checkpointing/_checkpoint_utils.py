@@ -9,6 +9,8 @@ is keyed by parameter *name*, so a checkpoint does not depend on parameter order
 
 from __future__ import annotations
 
+import os
+from collections import defaultdict
 from typing import Any, Callable, Dict, Mapping, Optional
 
 import torch
@@ -90,9 +92,9 @@ class OptimInBackwardWrapper(Optimizer):
                 "The checkpoint was probably written for another model; resume with the model "
                 "config it was made with, or start a new run without resume_from_checkpoint."
             )
+        mapped = FileMappings()
         for name, opt in self.optim_map.items():
-            opt.load_state_dict(state_dict[name])
-            keep_optimizer_state_paged(opt)
+            load_optimizer_state_dict(opt, state_dict[name], mapped=mapped)
         self.follow_inner_param_groups()
 
     def follow_inner_param_groups(self) -> None:
@@ -105,28 +107,187 @@ class OptimInBackwardWrapper(Optimizer):
         self.param_groups[:] = self._inner_groups()
 
 
+def load_optimizer_state_dict(
+    optimizer: Optimizer, state_dict: Mapping[str, Any], *, mapped: Optional["FileMappings"] = None
+) -> None:
+    """``optimizer.load_state_dict(state_dict)``, one parameter at a time, releasing as it goes.
+
+    A resume's optimizer state comes memory-mapped from ``recipe_state.pt``
+    (``load_recipe_state``). Loading it in one call would hold the whole state twice: the optimizer
+    casts/moves every tensor first (bitsandbytes even deep-copies the whole dict), then the mapping
+    stays resident. Here each parameter's state goes through the optimizer's own
+    ``load_state_dict`` on its own; a mapped tensor the optimizer would keep as it is (CPU, same
+    dtype) is cloned, so training never writes into the file's pages; bitsandbytes' ``state1`` /
+    ``state2`` skip its ``load_state_dict`` and are copied straight into the optimizer's own state
+    buffers (paged where the optimizer pages); and the mapped pages of that parameter are handed
+    back to the kernel before the next one. Host memory: the restored state once plus one
+    parameter's worth. ``state_dict`` itself is not modified.
+
+    Raises:
+        ValueError: from the optimizer, if the parameter groups do not match.
+    """
+    mapped = FileMappings() if mapped is None else mapped
+    saved = state_dict["state"]
+    groups = state_dict["param_groups"]
+    ids = [pid for group in groups for pid in group["params"]]
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    bnb = _is_bitsandbytes(optimizer)
+    if not saved or len(ids) != len(params):
+        optimizer.load_state_dict({"state": dict(saved), "param_groups": groups})  # it checks the groups
+        keep_optimizer_state_paged(optimizer)
+        return
+    loaded = {}
+    for pid, param in zip(ids, params):
+        if pid not in saved:
+            continue
+        small, large = _split_bitsandbytes_state(optimizer, saved[pid]) if bnb else (saved[pid], {})
+        optimizer.load_state_dict({"state": {pid: small}, "param_groups": groups})
+        state = optimizer.state[param]
+        for key, value in large.items():
+            state[key] = _state_buffer(optimizer, param, value)
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and mapped.holds(value):
+                state[key] = value.clone()
+        loaded[param] = state
+        mapped.release(saved[pid])
+    optimizer.state = defaultdict(dict, loaded)
+
+
+def _is_bitsandbytes(optimizer: Optimizer) -> bool:
+    return type(optimizer).__module__.startswith("bitsandbytes.") and hasattr(optimizer, "get_state_buffer")
+
+
+_BNB_LARGE_STATE = ("state1", "state2")
+
+
+def _split_bitsandbytes_state(optimizer: Optimizer, saved: Mapping[str, Any]) -> tuple[dict, dict]:
+    """One parameter's saved bitsandbytes state as (the rest, ``{state1/state2: tensor}``).
+
+    bitsandbytes' ``state_dict`` nests its quantization state under one key (for FSDP); the two
+    large tensors are taken out of either place, without changing ``saved``.
+    """
+    small = dict(saved)
+    wrap_key = getattr(optimizer, "_FSDP_WRAPPED_QUANT_STATE_KEY", None)
+    holder = small
+    if wrap_key is not None and isinstance(small.get(wrap_key), Mapping):
+        holder = small[wrap_key] = dict(small[wrap_key])
+    large = {k: holder.pop(k) for k in _BNB_LARGE_STATE if isinstance(holder.get(k), torch.Tensor)}
+    return small, large
+
+
+def _state_buffer(optimizer: Optimizer, param: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """``value`` copied into a state buffer allocated as bitsandbytes allocates it for ``param``.
+
+    ``get_state_buffer`` gives managed (paged) memory for a paged optimizer on CUDA (a host-side
+    view of it: the copy is a host memcpy and nothing lands in GPU memory), device memory otherwise.
+    """
+    if value.shape == param.shape:
+        buffer = optimizer.get_state_buffer(param, dtype=value.dtype)
+    else:
+        buffer = torch.empty(value.shape, dtype=value.dtype, device=param.device)
+    buffer.copy_(value)
+    return buffer
+
+
+def _place_bitsandbytes_state(optimizer: Optimizer, param: torch.Tensor) -> None:
+    """Move one parameter's restored bitsandbytes ``state1`` / ``state2`` into state buffers."""
+    state = optimizer.state.get(param, {})
+    for key in _BNB_LARGE_STATE:
+        value = state.get(key)
+        if isinstance(value, torch.Tensor) and value.shape == param.shape and not getattr(value, "is_paged", False):
+            state[key] = _state_buffer(optimizer, param, value)
+
+
 def keep_optimizer_state_paged(optimizer: Optimizer) -> None:
     """Move restored state of a paged bitsandbytes optimizer back into paged buffers.
 
-    ``load_state_dict`` leaves loaded state as ordinary tensors, which bitsandbytes then copies
-    onto the GPU at the first step: a resumed paged run would hold its whole optimizer state in
-    GPU memory. Re-allocating through the optimizer's own ``get_state_buffer`` keeps it in
-    managed (paged) memory, exactly as a fresh run allocates it.
+    For state restored by the optimizer's own ``load_state_dict`` (``load_optimizer_state_dict``
+    does this itself, without the detour through the device): bitsandbytes would otherwise copy it
+    onto the GPU at the first step, and a resumed paged run would hold its whole optimizer state in
+    GPU memory. Re-allocating through ``get_state_buffer`` keeps it in managed (paged) memory,
+    exactly as a fresh run allocates it.
     """
     if not getattr(optimizer, "is_paged", False) or not hasattr(optimizer, "get_state_buffer"):
         return
     for group in optimizer.param_groups:
         for param in group["params"]:
-            state = optimizer.state.get(param, {})
-            for key in ("state1", "state2"):
-                value = state.get(key)
-                if not isinstance(value, torch.Tensor) or getattr(value, "is_paged", False):
-                    continue
-                if value.shape != param.shape:
-                    continue
-                buffer = optimizer.get_state_buffer(param, dtype=value.dtype)
-                buffer.copy_(value)
-                state[key] = buffer
+            _place_bitsandbytes_state(optimizer, param)
+
+
+class FileMappings:
+    """The private file mappings of this process (``torch.load(mmap=True)``), read once from
+    ``/proc/self/maps``; elsewhere than Linux it knows none, and ``release`` does nothing.
+
+    ``release`` gives the pages of tensors read from such a mapping back to the kernel
+    (``madvise(MADV_DONTNEED)``): they were only read, so a later access reads the file again, and
+    the resident memory of a resume stays at what the optimizer holds.
+    """
+
+    _MADV_DONTNEED = 4
+
+    def __init__(self) -> None:
+        self._ranges: list[tuple[int, int]] = []
+        try:
+            with open("/proc/self/maps") as f:
+                lines = f.read().splitlines()
+        except OSError:
+            return
+        regular: dict[str, bool] = {}
+        for line in lines:
+            fields = line.split(None, 5)
+            # address perms offset dev inode path. torch.load(mmap=True) maps read-write and private
+            # ("rw-p") a regular file; device mappings (/dev/nvidia-uvm: managed memory) never count.
+            if (
+                len(fields) != 6
+                or fields[1] != "rw-p"
+                or not fields[5].startswith("/")
+                or fields[5].startswith("/dev/")
+            ):
+                continue
+            path = fields[5]
+            if path not in regular:
+                regular[path] = os.path.isfile(path)
+            if regular[path]:
+                start, end = (int(x, 16) for x in fields[0].split("-"))
+                self._ranges.append((start, end))
+
+    def _span(self, t: torch.Tensor) -> Optional[tuple[int, int]]:
+        if not self._ranges or t.device.type != "cpu" or type(t) not in (torch.Tensor, torch.nn.Parameter):
+            return None  # fake tensors, device tensors and tensor subclasses have no host pages to give back
+        if getattr(t, "is_paged", False):
+            return None  # bitsandbytes' managed memory, seen through a host tensor
+        try:
+            start = t.data_ptr()
+        except (RuntimeError, NotImplementedError):
+            return None
+        end = start + t.numel() * t.element_size()
+        return (start, end) if any(lo <= start and end <= hi for lo, hi in self._ranges) else None
+
+    def holds(self, t: torch.Tensor) -> bool:
+        """True if ``t``'s data lies in a file mapping."""
+        return self._span(t) is not None
+
+    def release(self, tree: Any) -> None:
+        """Drop the resident pages of every mapped tensor in ``tree`` (nested dicts/lists).
+
+        Only whole pages inside a tensor's bytes are dropped, so neighbouring tensors keep theirs.
+        """
+        if not self._ranges:
+            return
+        import ctypes
+        import mmap
+
+        from torch.utils._pytree import tree_leaves
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        page = mmap.PAGESIZE
+        for t in tree_leaves(tree):
+            span = self._span(t) if isinstance(t, torch.Tensor) else None
+            if span is None:
+                continue
+            lo, hi = -(-span[0] // page) * page, span[1] // page * page
+            if hi > lo:
+                libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), self._MADV_DONTNEED)
 
 
 def _names(names: list, limit: int = 8) -> str:
