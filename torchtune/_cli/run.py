@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import importlib.util
 import runpy
 import sys
 from pathlib import Path
+from types import ModuleType
 
 from torchtune import _recipe_registry as registry
 from torchtune._errors import TuneError, UsageError, report_error
@@ -49,6 +51,20 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
     parser.set_defaults(func=run_command, accepts_overrides=True)
     return parser
+
+
+def load_recipe_module(path: Path) -> ModuleType:
+    """Import the recipe file at ``path`` as a module (its ``__main__`` block does not run)."""
+    spec = importlib.util.spec_from_file_location(f"_tune_validate_{path.stem}", path)
+    if spec is None or spec.loader is None:
+        raise TuneError(f"Cannot load the recipe file {path} as Python.")
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(path.parent))  # as `tune run` does: sibling imports of a copied recipe work
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(path.parent))
+    return module
 
 
 def resolve_recipe_path(name_or_path: str) -> Path:
@@ -139,7 +155,6 @@ def launch_distributed(argv: list[str]) -> int:
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    from torchtune._cli.validate import load_recipe_module
     from torchtune.config import load_config, validate
     from torchtune.config._load import missing_config_message, resolve_config_path
 
