@@ -231,6 +231,14 @@ def _needs_network(exc: BaseException) -> bool:
     return False
 
 
+class _DropCustomDatasetHint(logging.Filter):
+    """lm-eval warns on every task with a ``custom_dataset`` loader (the bundled tasks) that such loaders
+    can take ``--metadata`` arguments: an lm-eval command-line flag these recipes do not have."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Custom kwargs can be passed to `--metadata`" not in record.getMessage()
+
+
 def run_tasks(lm: Any, tasks: ResolvedTasks, settings: EvalSettings) -> dict[str, Any]:
     """Run ``tasks`` on ``lm`` (an lm-eval ``LM``) with lm-eval's ``simple_evaluate``; returns its results.
 
@@ -241,6 +249,8 @@ def run_tasks(lm: Any, tasks: ResolvedTasks, settings: EvalSettings) -> dict[str
     limit = settings.limit
     if limit is not None and limit >= 1:
         limit = int(limit)
+    task_logger, hint_filter = logging.getLogger("lm_eval.api.task"), _DropCustomDatasetHint()
+    task_logger.addFilter(hint_filter)
     try:
         results = lm_eval.simple_evaluate(
             model=lm,
@@ -263,6 +273,8 @@ def run_tasks(lm: Any, tasks: ResolvedTasks, settings: EvalSettings) -> dict[str
                 "evaluate on a local task such as tasks=[demo_mc]."
             ) from exc
         raise
+    finally:
+        task_logger.removeFilter(hint_filter)
     if results is None:
         raise TuneError("lm-eval returned no results (this process is not rank 0).")
     return results
