@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
+import functools
 import importlib.metadata
 import json
 import logging
@@ -157,8 +158,6 @@ def resolve_tasks(tasks: Sequence[str]) -> ResolvedTasks:
     Raises:
         TuneError: a missing YAML file, or an unknown name (with the closest known names).
     """
-    from lm_eval.tasks import TaskManager
-
     include = [str(asset_path(BUNDLED_TASKS_DIR))]
     specs: list[str] = []
     names: list[str] = []
@@ -177,9 +176,9 @@ def resolve_tasks(tasks: Sequence[str]) -> ResolvedTasks:
         else:
             names.append(task)
             specs.append(task)
-    manager = TaskManager(include_path=include, include_defaults=False)
+    manager = _task_manager(tuple(include), include_defaults=False)
     if any(not _known(name, manager.all_tasks) for name in names):
-        manager = TaskManager(include_path=include)  # with lm-eval's own tasks
+        manager = _task_manager(tuple(include), include_defaults=True)  # with lm-eval's own tasks
     expanded: list[str] = []
     for spec in specs:
         if spec in names and any(c in spec for c in "*?["):
@@ -192,6 +191,16 @@ def resolve_tasks(tasks: Sequence[str]) -> ResolvedTasks:
         else:
             expanded.append(spec)
     return ResolvedTasks(specs=expanded, task_manager=manager, include_paths=include)
+
+
+@functools.lru_cache(maxsize=4)
+def _task_manager(include: tuple[str, ...], include_defaults: bool) -> Any:
+    """lm-eval's index of the task YAMLs under ``include`` (and its own, with ``include_defaults``).
+    Kept for the process: the full index takes 10-20 s to build and the YAML files do not change under
+    a running eval (the finetune checks its tasks at start-up and runs them at the end)."""
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(include_path=list(include), include_defaults=include_defaults)
 
 
 def _known(name: str, known: Sequence[str]) -> bool:
