@@ -170,7 +170,7 @@ def main() -> int:
     for task, metrics in tuned_scores.items():
         for metric, value in metrics.items():
             before = base_scores.get(task, {}).get(metric, float("nan"))
-            print(f"  lm-eval {task:8s} {metric:9s}  {before:.3f} -> {value:.3f}")
+            print(f"  lm-eval {task:8s} {metric:11s} {before:.3f} -> {value:.3f}")
     print(f"  finetuned checkpoint {final}")
     print(f"  loss curve           {png}")
     print(f"  total time           {time.perf_counter() - started:.0f} s")
