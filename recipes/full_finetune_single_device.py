@@ -113,7 +113,11 @@ class FullFinetuneRecipeSingleDevice:
           hook, which frees the gradient (torch, bitsandbytes or torchao optimizers); or a standard
           optimizer with gradient accumulation and clipping;
         - an LR schedule; a loss over the final hidden states (chunked: no full fp32 logits);
-        - step and epoch checkpoints written atomically; exact resume, also mid-epoch;
+        - step and epoch checkpoints written atomically, tensor by tensor (no device memory beyond
+          the weights), with sha256 sums computed while writing; exact resume, also mid-epoch, with
+          the optimizer state memory-mapped and restored one parameter at a time;
+        - checkpoint sizes checked on load, sums before it or in the background
+          (``checkpointer.verify_checksums``); a damaged file stops the run before anything is saved;
         - SIGINT/SIGTERM save a resumable checkpoint and print the resume command; a NaN loss stops
           the run without saving those weights.
         - metrics to output_dir/logs/metrics.jsonl and the loggers of ``metric_logger`` at once; a
@@ -345,6 +349,7 @@ class FullFinetuneRecipeSingleDevice:
     ) -> None:
         loss_value = step_loss.item()  # the one sync per logged step
         self._nan_guard.check(epoch, self._last_checkpoint)
+        training.check_loaded_checksums(self._resume, self._checkpointer)  # background sha256: no wait
         payload = {
             "epoch": epoch,
             "loss": loss_value,
@@ -377,6 +382,10 @@ class FullFinetuneRecipeSingleDevice:
         guard is checked first: weights after a NaN/inf loss are never written.
         """
         self._nan_guard.check(epoch, self._last_checkpoint)
+        # Nothing trained from a damaged checkpoint is saved: wait for its background checksums.
+        training.check_loaded_checksums(self._resume, self._checkpointer, wait=True)
+        # state_dict() holds references, not copies; the checkpointer moves one tensor at a time to
+        # the host and converts it there, so a save needs no device memory beyond the weights.
         state: Dict[str, Any] = {"model": self._model.state_dict()}
         final = not step_checkpoint and self.progress.epochs_run >= self._settings.epochs
         if not final:
