@@ -12,8 +12,10 @@ GPU memory with sequence length.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
+import weakref
 from typing import Any, Callable, ContextManager, Iterable, Iterator, Optional, Union
 
 import torch
@@ -138,13 +140,17 @@ class CudaCopies:
     def wait_stream(self, stream: Any, other: Any) -> None:
         stream.wait_stream(other)
 
+    def synchronize(self, event: Any) -> None:
+        """The CPU waits until ``event`` has happened on the GPU."""
+        event.synchronize()
+
     def host_buffer(self, t: torch.Tensor) -> torch.Tensor:
         # pinned: the copy can run asynchronously; the caching host allocator keeps the block until
-        # the copies that use it have finished
-        return torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=True)
+        # the copies that use it have finished. empty_like keeps the strides autograd saved.
+        return torch.empty_like(t, device="cpu", pin_memory=True)
 
     def device_buffer(self, host: torch.Tensor, device: torch.device) -> torch.Tensor:
-        return torch.empty(host.shape, dtype=host.dtype, device=device)
+        return torch.empty_like(host, device=device)
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = True) -> None:
         dst.copy_(src, non_blocking=non_blocking)
@@ -183,6 +189,9 @@ class SimulatedCopies:
     def wait_stream(self, stream: Any, other: Any) -> None:
         pass
 
+    def synchronize(self, event: Any) -> None:
+        pass
+
     def host_buffer(self, t: torch.Tensor) -> torch.Tensor:
         with self.host_ctx():
             return torch.empty_like(t)
@@ -203,7 +212,7 @@ _CUDA = CudaCopies()
 class _Offloaded:
     """A saved tensor that lives in host memory until backward needs it."""
 
-    __slots__ = ("host", "device", "event", "index", "engine")
+    __slots__ = ("host", "device", "event", "index", "engine", "uses")
 
     def __init__(self, host: torch.Tensor, device: torch.device, event: Any, index: int, engine: Any) -> None:
         self.host = host
@@ -211,6 +220,7 @@ class _Offloaded:
         self.event = event  # the device->host copy; None when it was synchronous
         self.index = index
         self.engine = engine
+        self.uses = 1  # how many saved-tensor slots hold it (one tensor saved by several ops is moved once)
 
 
 class OffloadActivations(saved_tensors_hooks):
@@ -228,7 +238,15 @@ class OffloadActivations(saved_tensors_hooks):
     Backward copies each tensor back on another side stream into memory of that stream, together
     with the next ``prefetch`` tensors backward will ask for: the copy stream waits only for the
     forward copy of the same tensor, and compute waits only for the copy of the tensor it uses now,
-    so bringing back the next layer's input overlaps the current layer's backward.
+    so bringing back the next layer's input overlaps the current layer's backward. A copy's memory
+    is returned to the copy stream only once compute is done with it (``record_stream``), which the
+    allocator can only see when the GPU gets there; so before new copies are made the CPU waits
+    until the GPU has reached the use of the tensor ``prefetch + 1`` unpacks back. That bounds the
+    device copies alive to about ``prefetch + 3`` however far the CPU runs ahead, and costs no GPU
+    time while the CPU is that far ahead (it stays one layer ahead with checkpointing).
+
+    A tensor saved by several ops (an RMSNorm saves its input twice) is moved once each way, unless it
+    was changed in place in between.
 
     On CPU there is no device memory to save, so packing is a no-op by design; the tensors that would
     move are still counted (``offloaded_bytes``, ``offloaded_tensors``), which keeps the code path
@@ -269,7 +287,13 @@ class OffloadActivations(saved_tensors_hooks):
         # forward: index -> (copy event, device tensor, its stream, engine), until compute has waited
         self._in_flight: dict[int, tuple[Any, torch.Tensor, Any, Any]] = {}
         self._by_index: dict[int, _Offloaded] = {}  # packed and not yet unpacked
+        # id(tensor) -> (weak reference, packed) of this forward's offloaded tensors: q/k/v projections
+        # all save the same input; it is copied once each way
+        self._packed_ids: dict[int, tuple[Any, int, _Offloaded]] = {}
+        self._shared: dict[int, torch.Tensor] = {}  # brought back and still to be unpacked by other slots
         self._back: dict[int, tuple[torch.Tensor, Any]] = {}  # prefetched: (device copy, ready event)
+        # compute-stream events at the last unpacks, where compute starts using each copy, newest last
+        self._in_use: collections.deque = collections.deque()
         self._streams: dict[tuple[str, torch.device], Any] = {}
         super().__init__(self._pack, self._unpack)
 
@@ -281,6 +305,9 @@ class OffloadActivations(saved_tensors_hooks):
         self._release_in_flight(keep=0)
         self._by_index.clear()
         self._back.clear()
+        self._in_use.clear()
+        self._packed_ids.clear()
+        self._shared.clear()
         if self._model is not None:
             # at each step: a weight replaced since (load_state_dict(assign=True), to_empty) has a new storage
             self._param_keys = {_storage_key(p) for p in self._model.parameters()}
@@ -332,11 +359,17 @@ class OffloadActivations(saved_tensors_hooks):
         nbytes = t.numel() * t.element_size()
         if nbytes < self.min_offload_bytes or self._is_param_like(t):
             return _observe(t)
-        self.offloaded_bytes += nbytes
-        self.offloaded_tensors += 1
         engine = self._engine(t)
         if engine is None:
-            return t  # CPU: already in host memory; counted as what would move
+            self.offloaded_bytes += nbytes  # CPU: already in host memory; counted as what would move
+            self.offloaded_tensors += 1
+            return t
+        seen = self._packed_ids.get(id(t))
+        if seen is not None and seen[0]() is t and seen[1] == t._version and seen[2].index in self._by_index:
+            seen[2].uses += 1  # the same tensor, unchanged, saved again: it is on its way already
+            return seen[2]
+        self.offloaded_bytes += nbytes
+        self.offloaded_tensors += 1
         index = self._next_index
         self._next_index += 1
         compute = engine.current_stream(t.device)
@@ -354,6 +387,7 @@ class OffloadActivations(saved_tensors_hooks):
             event = None
         packed = _Offloaded(host, t.device, event, index, engine)
         self._by_index[index] = packed
+        self._packed_ids[id(t)] = (weakref.ref(t), t._version, packed)
         return packed
 
     def _bring_back(self, packed: _Offloaded) -> tuple[torch.Tensor, Any]:
@@ -377,22 +411,43 @@ class OffloadActivations(saved_tensors_hooks):
         if not isinstance(packed, _Offloaded):
             return packed  # already reported to the observer when it was packed
         self._release_in_flight(keep=0)  # backward has started: forward's copies are all queued
+        self._packed_ids.clear()
+        shared = self._shared.get(packed.index)
+        if shared is not None:  # brought back for another slot of the same tensor
+            packed.uses -= 1
+            if packed.uses <= 0:
+                del self._shared[packed.index]
+            return _observe(shared)
         engine = packed.engine
         entry = self._back.pop(packed.index, None)
+        if entry is None and self.use_streams:
+            self._catch_up(engine)
         tensor, ready = entry if entry is not None else self._bring_back(packed)
-        # backward runs in reverse order of saving: start bringing back the next ones now
-        for ahead in range(packed.index - 1, packed.index - 1 - self.prefetch, -1):
-            nxt = self._by_index.get(ahead)
-            if nxt is not None and ahead not in self._back:
-                self._back[ahead] = self._bring_back(nxt)
         if ready is not None:
             compute = engine.current_stream(packed.device)
             engine.wait(compute, ready)  # this tensor's copy only, not the prefetches behind it
             # the block belongs to the copy stream's pool: when autograd frees it, it must not be reused
             # before the compute work using it has run
             engine.record_stream(tensor, compute)
+            self._in_use.append(engine.record(compute))
+        # backward runs in reverse order of saving: start bringing back the next ones now
+        ahead = [i for i in range(packed.index - 1, packed.index - 1 - self.prefetch, -1) if i in self._by_index]
+        ahead = [i for i in ahead if i not in self._back]
+        if ahead and self.use_streams:
+            self._catch_up(engine)
+        for index in ahead:
+            self._back[index] = self._bring_back(self._by_index[index])
         self._by_index.pop(packed.index, None)
+        packed.uses -= 1
+        if packed.uses > 0:
+            self._shared[packed.index] = tensor
         return _observe(tensor)
+
+    def _catch_up(self, engine: Any) -> None:
+        """Before new device copies: the CPU waits until the GPU uses the copy ``prefetch + 1`` unpacks
+        back, so the copies compute has finished with are free again (see the class docstring)."""
+        while len(self._in_use) > self.prefetch + 1:
+            engine.synchronize(self._in_use.popleft())
 
 
 class NoOpManager(contextlib.nullcontext):
