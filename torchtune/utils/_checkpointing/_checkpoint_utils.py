@@ -147,7 +147,9 @@ def load_optimizer_state_dict(
 
 
 def _is_bitsandbytes(optimizer: Optimizer) -> bool:
-    return type(optimizer).__module__.startswith("bitsandbytes.") and hasattr(optimizer, "get_state_buffer")
+    # the memory estimator's LayoutOptimizer names the bitsandbytes class it stands in for, and loads like it
+    module = getattr(optimizer, "optimizer_component", type(optimizer).__module__)
+    return str(module).startswith("bitsandbytes.") and hasattr(optimizer, "get_state_buffer")
 
 
 _BNB_LARGE_STATE = ("state1", "state2")
