@@ -136,6 +136,7 @@ def config(impl: str, assets: Dict[str, Path], out: Path, args: argparse.Namespa
             "metric_logger": {"_component_": "torchtune.utils.metric_logging.DiskLogger", "log_dir": str(out / "logs")},
             "validation_dataset": None,
             "eval_every_n_steps": None,
+            "eval_after_training": None,
         }
     return {
         **common,

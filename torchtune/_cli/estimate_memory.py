@@ -151,8 +151,8 @@ def _estimate_distributed(args: argparse.Namespace, cfg: object, seq_len: int, b
         print(f"({args.steps} steps on fake tensors in {time.perf_counter() - start:.0f} s)\n")
         label = f"on {world_size} GPU{'s' if world_size > 1 else ''}:"
         summary.append(
-            f"  {label:<13}{estimate.peak_bytes / 1e9:7.2f} GB per GPU, host RAM "
-            f"{estimate.host_bytes_needed / 1e9:.2f} GB per process"
+            f"  {label:<13}{estimate.peak_bytes / 1e9:7.2f} GB per GPU, plus {estimate.host_bytes_needed / 1e9:.2f} GB "
+            "of pinned/paged host RAM per process"
         )
     print(f"{args.config}, estimated (fake tensors), batch {batch_size} x {seq_len} tokens in all:")
     print("\n".join(summary))
