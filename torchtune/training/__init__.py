@@ -60,7 +60,7 @@ from torchtune.training._resume import (
 )
 from torchtune.training._run_control import CheckpointPolicy, NonFiniteLossGuard, StopSignals
 from torchtune.training._sampler import ResumableSampler
-from torchtune.training._step import TrainStep, forward_backward, shift_labels
+from torchtune.training._step import TrainStep, forward_backward, forward_loss, label_positions, shift_labels
 from torchtune.training._validation import Validation, build_validation, check_validation_settings
 from torchtune.training.lr_schedulers import build_lr_scheduler
 
@@ -95,7 +95,9 @@ __all__ = [
     "check_tokenizer_fits_model",
     "check_validation_settings",
     "forward_backward",
+    "forward_loss",
     "get_act_offloading_ctx_manager",
+    "label_positions",
     "load_optimizer_state",
     "memory",
     "metrics_path",

@@ -502,6 +502,9 @@ def estimate_recipe_memory(
     def setup() -> tuple[nn.Module, Callable[[], Any]]:
         # compile does not run on fake tensors; it changes temporaries only
         step = training.TrainStep.from_config(cfg, device=device, dtype=dtype, compile_model=False)
+        # Every position labelled (the worst case): the step then projects all of them, and fake labels
+        # cannot say which positions a real batch would leave out.
+        step.select_label_positions = False
         vocab = step.model.tok_embeddings.num_embeddings
         # made inside the modes: on the fake run they are fake too (a real input would be copied
         # into a new fake storage when first used, which a real run does not do)
