@@ -25,6 +25,16 @@ from torchtune.training._activations import (
 )
 from torchtune.training._checks import check_optimizer_settings, positive_int
 from torchtune.training._data import TrainingData, build_dataloader, num_tokens, padding_id
+from torchtune.training._distributed import (
+    DistributedInfo,
+    backend_for_device,
+    destroy_distributed,
+    get_world_size_and_rank,
+    init_distributed,
+    is_rank_zero,
+    launched_by_torchrun,
+    shard_model,
+)
 from torchtune.training._metrics import (
     MetricLoggers,
     ProgressBarLogHandler,
@@ -66,6 +76,7 @@ from torchtune.training.lr_schedulers import build_lr_scheduler
 
 __all__ = [
     "CheckpointPolicy",
+    "DistributedInfo",
     "GradNormTracker",
     "MetricLoggers",
     "ProgressBarLogHandler",
@@ -87,6 +98,7 @@ __all__ = [
     "build_metric_logger",
     "build_model",
     "build_optimizer",
+    "backend_for_device",
     "build_validation",
     "check_metric_logger",
     "check_model_matches_checkpoint",
@@ -94,10 +106,15 @@ __all__ = [
     "check_resume_keys",
     "check_tokenizer_fits_model",
     "check_validation_settings",
+    "destroy_distributed",
     "forward_backward",
     "forward_loss",
+    "get_world_size_and_rank",
     "get_act_offloading_ctx_manager",
+    "init_distributed",
+    "is_rank_zero",
     "label_positions",
+    "launched_by_torchrun",
     "load_optimizer_state",
     "memory",
     "metrics_path",
@@ -110,6 +127,7 @@ __all__ = [
     "resolve_resume",
     "resume_command",
     "set_activation_checkpointing",
+    "shard_model",
     "shift_labels",
     "step_optimizer",
     "trainable_parameters",
