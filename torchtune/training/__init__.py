@@ -52,6 +52,7 @@ from torchtune.training._model import (
 from torchtune.training._optimizer import (
     GradNormTracker,
     build_optimizer,
+    in_bwd_groups,
     load_optimizer_state,
     register_optim_in_bwd_hooks,
     step_optimizer,
@@ -110,6 +111,7 @@ __all__ = [
     "forward_backward",
     "forward_loss",
     "get_world_size_and_rank",
+    "in_bwd_groups",
     "get_act_offloading_ctx_manager",
     "init_distributed",
     "is_rank_zero",

@@ -125,10 +125,13 @@ class TrainStep:
         dtype: torch.dtype,
         state_dict: Optional[Dict[str, torch.Tensor]] = None,
         compile_model: Optional[bool] = None,
+        grad_norm: Optional[Any] = None,
     ) -> "TrainStep":
-        """The step of a finetune config (``model``, ``optimizer``, ``optimizer_in_bwd``, ``loss``,
+        """The step of a finetune config (``model``, ``optimizer``, ``optimizer_in_bwd``,
+        ``optimizer_in_bwd_group``, ``loss``,
         ``clip_grad_norm``, activation checkpointing/offloading and ``compile`` keys); random weights
-        unless ``state_dict`` is given; ``compile_model`` overrides the config's ``compile``."""
+        unless ``state_dict`` is given; ``compile_model`` overrides the config's ``compile``; a
+        ``GradNormTracker`` as ``grad_norm`` is fed by the in-backward hooks when armed."""
         from torchtune import config
         from torchtune.training._activations import get_act_offloading_ctx_manager
         from torchtune.training._model import build_model
@@ -144,7 +147,13 @@ class TrainStep:
         )
         return cls(
             model,
-            build_optimizer(cfg.optimizer, model, optimizer_in_bwd=bool(cfg.optimizer_in_bwd)),
+            build_optimizer(
+                cfg.optimizer,
+                model,
+                optimizer_in_bwd=bool(cfg.optimizer_in_bwd),
+                in_bwd_group=cfg.optimizer_in_bwd_group,
+                grad_norm=grad_norm,
+            ),
             config.instantiate(cfg.loss),
             device=device,
             activations_ctx=get_act_offloading_ctx_manager(model, bool(cfg.enable_activation_offloading)),
