@@ -45,8 +45,9 @@ PAD_ID = 0
 #   group:   optimizer_in_bwd_group ("param" unless given)
 #   loss:    the loss node (default: --loss)
 #   select:  select_label_positions of the step (default True, as the recipe)
-#   logged:  after each step do what the recipe's logged step does: read the loss and the gradient
-#            norm (armed before the step, added in the hooks), read the memory stats, write the row
+#   logged:  "all": after each step do what the recipe's logged step does: read the loss and the
+#            gradient norm (armed before the step, added in the hooks), read the memory stats, write
+#            the row; "grad_norm": only the gradient norm (armed, summed in the hooks, read)
 # torch AdamW is fused in both modes: on CPU (and CUDA) the fused kernel is one pass over
 # param/grad/state, several times faster than the default per-tensor loop on CPU (see docs/speed.md),
 # and the comparison is only fair with the same kernel in both modes. The *_unfused variants measure
@@ -62,7 +63,8 @@ VARIANTS: Dict[str, Dict[str, Any]] = {
     "adamw_bwd_unfused": {"optimizer": {"_component_": "torch.optim.AdamW"}, "in_bwd": True},
     "adamw_bwd_layer": {"optimizer": _FUSED, "in_bwd": True, "group": "layer"},
     "adamw_bwd_no_select": {"optimizer": _FUSED, "in_bwd": True, "select": False},
-    "adamw_bwd_logged": {"optimizer": _FUSED, "in_bwd": True, "logged": True},
+    "adamw_bwd_logged": {"optimizer": _FUSED, "in_bwd": True, "logged": "all"},
+    "adamw_bwd_grad_norm": {"optimizer": _FUSED, "in_bwd": True, "logged": "grad_norm"},
     "adamw_bwd_chunked1": {
         "optimizer": _FUSED,
         "in_bwd": True,
@@ -160,11 +162,11 @@ class LoggedStep:
     step and summed in the hooks, then the loss and the norm are read (the syncs), the memory stats
     read and the row written to a metrics.jsonl."""
 
-    def __init__(self, cfg: DictConfig, log_dir: Path) -> None:
+    def __init__(self, cfg: DictConfig, log_dir: Path, what: str = "all") -> None:
         from torchtune.training import memory
         from torchtune.utils.metric_logging import DiskLogger
 
-        self.memory = memory
+        self.memory, self.what = memory, what
         self.grad_norm = training.GradNormTracker()
         self.step = build_step(cfg, grad_norm=self.grad_norm)
         self.logger = DiskLogger(log_dir=str(log_dir))
@@ -174,6 +176,9 @@ class LoggedStep:
         self.grad_norm.arm(self.step.device)
         loss = self.step(batch)
         self.count += 1
+        if self.what == "grad_norm":
+            self.grad_norm.pop()
+            return loss
         payload = {"loss": loss.item(), "grad_norm": self.grad_norm.pop()}
         payload.update(self.memory.get_memory_stats(self.step.device))
         self.logger.log_dict(payload, step=self.count)
@@ -184,7 +189,7 @@ def build_variant(name: str, cfg: DictConfig, log_dir: Path) -> Callable[[Dict[s
     """The callable a variant times: the recipe's ``TrainStep`` as ``VARIANTS[name]`` sets it up."""
     spec = VARIANTS[name]
     if spec.get("logged"):
-        return LoggedStep(cfg, log_dir)
+        return LoggedStep(cfg, log_dir, spec["logged"])
     step = build_step(cfg)
     step.select_label_positions = spec.get("select", True)
     return step

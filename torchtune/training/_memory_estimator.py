@@ -498,6 +498,11 @@ def estimate_recipe_memory(
         )
     if not cfg.optimizer_in_bwd:
         notes.append("optimizer_in_bwd=False: a full set of gradients exists after backward")
+    elif cfg.optimizer_in_bwd_group == "layer":
+        notes.append(
+            "optimizer_in_bwd_group=layer: each decoder layer's gradients stay until its last one is complete "
+            "(counted: the step is simulated with that grouping)"
+        )
 
     def setup() -> tuple[nn.Module, Callable[[], Any]]:
         # compile does not run on fake tensors; it changes temporaries only

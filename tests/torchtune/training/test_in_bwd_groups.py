@@ -158,3 +158,39 @@ def test_bad_grouping_is_a_config_error():
     )
     with pytest.raises(ConfigError, match="optimizer_in_bwd_group='Layer' is not a grouping"):
         training.check_optimizer_settings(cfg)
+
+
+def test_the_memory_estimate_counts_one_layers_gradients():
+    from torchtune.config import load_config
+    from torchtune.training._memory_estimator import estimate_recipe_memory
+
+    def estimate(group):
+        cfg = load_config(
+            "llama2/7B_full_low_memory",
+            [
+                "model._component_=torchtune.models.llama2.llama2_tiny",
+                "+model.vocab_size=256",
+                "+model.num_layers=2",
+                "+model.embed_dim=256",
+                "+model.num_heads=4",
+                "+model.num_kv_heads=4",
+                "optimizer._component_=torch.optim.SGD",
+                "~optimizer.weight_decay",
+                "dtype=fp32",
+                "enable_activation_checkpointing=False",
+                f"optimizer_in_bwd_group={group}",
+            ],
+        )
+        return estimate_recipe_memory(cfg, seq_len=16, batch_size=1)
+
+    per_param, per_layer = estimate("param"), estimate("layer")
+    from torchtune.models.llama2 import llama2_tiny
+
+    layer = llama2_tiny(vocab_size=256, num_layers=2, embed_dim=256, num_heads=4, num_kv_heads=4).layers[0]
+    layer_grad_bytes = sum(-(-p.numel() * 4 // 512) * 512 for p in layer.parameters())
+    # tiny activations: the peak is in a layer's backward, where the layer grouping holds that layer's
+    # gradients and the per-parameter one at most one parameter's
+    assert per_layer.breakdown["gradients"] >= layer_grad_bytes // 2
+    assert per_param.breakdown["gradients"] < layer_grad_bytes // 2
+    assert per_param.peak_bytes < per_layer.peak_bytes <= per_param.peak_bytes + layer_grad_bytes
+    assert any("optimizer_in_bwd_group=layer" in note for note in per_layer.notes)
