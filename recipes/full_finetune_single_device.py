@@ -90,7 +90,11 @@ class FullFinetuneRecipeSingleDevice:
           post-accumulate-grad hooks, which free the gradients (torch, bitsandbytes or torchao
           optimizers); or a standard
           optimizer with gradient accumulation and clipping;
-        - an LR schedule; a loss over the final hidden states (chunked: no full fp32 logits);
+        - an LR schedule; a loss over the final hidden states (chunked: no full fp32 logits), computed
+          only at the positions that have a label (prompt and padding tokens skip the output
+          projection);
+        - packed datasets (best-fit packs, built once and cached next to the dataset); the share of
+          padding is logged per step and per epoch;
         - step and epoch checkpoints written atomically; exact resume, also mid-epoch;
         - SIGINT/SIGTERM save a resumable checkpoint and print the resume command; a NaN loss stops
           the run without saving those weights.

@@ -103,3 +103,15 @@ def test_validation_loss_uses_the_selection_and_matches_the_full_loss():
         selected = training.forward_loss(model, loss_fn, batch, device=torch.device("cpu"))
         full = training.forward_loss(model, loss_fn, batch, device=torch.device("cpu"), select_label_positions=False)
     assert abs(float(selected) - float(full)) <= 1e-6
+
+
+@pytest.mark.parametrize("loss", LOSSES)
+def test_a_batch_without_labels_selects_nothing_and_gives_zero(loss):
+    model = _model()
+    batch = {"tokens": torch.randint(0, VOCAB, (2, 8)), "labels": torch.full((2, 8), IGNORE)}
+    assert training.label_positions(training.shift_labels(batch["labels"])).numel() == 0
+    value = training.forward_backward(
+        model, config.instantiate({"_component_": loss}), batch, device=torch.device("cpu")
+    )
+    assert float(value) == 0.0
+    assert all(float(p.grad.abs().sum()) == 0.0 for p in model.parameters() if p.grad is not None)
