@@ -17,6 +17,7 @@ SentencePiece tokenizer and one Alpaca-format JSON file, each recipe running its
   and each recipe at its best documented settings for it: torchtune with ``dataset.packed: True``,
   ``compile: True`` and its chunked loss; ours with ``dataset.packed: True``, ``compile: True``, its
   chunked loss, ``optimizer_in_bwd_group: layer`` and the label-position selection (always on).
+  ``--no-compile`` leaves compile off for both.
 
 A step's time is measured the same way for both: a forward pre-hook on the model records wall and
 process CPU time at the start of every step's forward, so step i lasts from its forward to the next
@@ -165,7 +166,7 @@ def config(impl: str, assets: Dict[str, Path], out: Path, args: argparse.Namespa
         "optimizer_in_bwd": True,
         "loss": {"_component_": loss},
         "clip_grad_norm": None,
-        "compile": best,
+        "compile": best and args.compile,
         "device": args.device,
         "dtype": args.dtype,
         "enable_activation_checkpointing": False,
@@ -301,6 +302,12 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--no-compile",
+        dest="compile",
+        action="store_false",
+        help="alpaca scenario without compile for both (compiling a 168M model takes CPU-minutes per run)",
+    )
     parser.add_argument("--json", dest="json_out")
     parser.add_argument("--worker", choices=["ours", "torchtune"], help=argparse.SUPPRESS)
     parser.add_argument("--config", help=argparse.SUPPRESS)
@@ -346,6 +353,8 @@ def main() -> None:
             if args.scenario == "identical":
                 assert all(p == args.batch_size * args.seq_len for p in res["positions"]), res["positions"]
             runs[impl].append(res)
+            if args.json_out:  # after every run: a long comparison cut short still has its results
+                Path(args.json_out).write_text(json.dumps({"args": vars(args), "runs": runs}, indent=2))
             for d in out.glob("epoch_*"):
                 shutil.rmtree(d, ignore_errors=True)  # a 168M checkpoint per run: gigabytes
             print(
@@ -357,8 +366,9 @@ def main() -> None:
     shutil.rmtree(work, ignore_errors=True)
     ours, theirs = _summary(runs["ours"], args.skip), _summary(runs["torchtune"], args.skip)
     dims = SIZES[args.size]
+    note = " (no compile)" if args.scenario == "alpaca" and not args.compile else ""
     print(
-        f"\nScenario {args.scenario}: Llama2 {dims}, {args.dtype} on {args.device}, batch {args.batch_size} x "
+        f"\nScenario {args.scenario}{note}: Llama2 {dims}, {args.dtype} on {args.device}, batch {args.batch_size} x "
         f"seq {args.seq_len}, {args.steps} steps per run (first {args.skip} left out), {args.repeats} interleaved "
         f"run(s) per recipe, {time.perf_counter() - started:.0f}s in all\n"
     )
