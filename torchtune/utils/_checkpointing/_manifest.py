@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import threading
 from pathlib import Path
@@ -203,7 +204,8 @@ def _entries(manifest: dict[str, Any], only: Optional[Iterable[str]]) -> dict[st
 
 
 class ChecksumJob:
-    """sha256 sums of a checkpoint's files compared in a background thread.
+    """sha256 sums of a checkpoint's files compared in a background thread (at the lowest CPU
+    priority, so that where cores are scarce set-up and training go first).
 
     ``check()`` raises the ``TuneError`` of the first mismatch once it is known (``wait=True``:
     after waiting for the thread). A recipe calls ``check()`` at every logged step and
@@ -219,6 +221,10 @@ class ChecksumJob:
         self._thread.start()
 
     def _run(self) -> None:
+        try:  # the lowest CPU priority, for this thread only (Linux): training never waits for it
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        except (AttributeError, OSError):
+            pass
         for name, entry in self._entries.items():
             path = self.folder / name
             try:
