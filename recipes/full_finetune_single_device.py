@@ -114,7 +114,7 @@ class FullFinetuneRecipeSingleDevice:
           optimizer with gradient accumulation and clipping;
         - an LR schedule; a loss over the final hidden states (chunked: no full fp32 logits);
         - step and epoch checkpoints written atomically, tensor by tensor (no device memory beyond
-          the weights), with sha256 sums computed while writing; exact resume, also mid-epoch, with
+          the weights), with checksums computed while writing; exact resume, also mid-epoch, with
           the optimizer state memory-mapped and restored one parameter at a time;
         - checkpoint sizes checked on load, sums before it or in the background
           (``checkpointer.verify_checksums``); a damaged file stops the run before anything is saved;
