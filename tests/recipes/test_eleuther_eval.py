@@ -116,13 +116,23 @@ def test_task_yaml_by_path(tmp_path, capsys, monkeypatch):
         (["limit=1.5"], ["limit of 1 or more counts examples and must be whole"]),
         (["max_seq_length=512"], ["max_seq_length=512 does not fit the model, which reads at most 256"]),
         (["+batch_sizee=2"], ["unknown key 'batch_sizee' (did you mean batch_size?)"]),
+        (["results_file=/proc/no/scores.json"], ["results_file=/proc/no/scores.json cannot be written"]),
     ],
-    ids=["unknown-task", "offline-download", "missing-yaml", "no-tasks", "fractional-limit", "too-long", "typo"],
+    ids=[
+        "unknown-task",
+        "offline-download",
+        "missing-yaml",
+        "no-tasks",
+        "fractional-limit",
+        "too-long",
+        "typo",
+        "unwritable-results",
+    ],
 )
 def test_bad_inputs_get_one_clear_message(overrides, fragments, tmp_path, capsys, monkeypatch):
     for key, value in OFFLINE.items():
         monkeypatch.setenv(key, value)
-    rc, _, err = _tune_in_process(capsys, f"results_file={tmp_path / 'r.json'}", *overrides)
+    rc, _, err = _tune_in_process(capsys, f"results_file={tmp_path / 'r.json'}", *overrides)  # later ones win
     assert rc in (1, 2) and "Traceback" not in err, err
     for fragment in fragments:
         assert fragment in err, err

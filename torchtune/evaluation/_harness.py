@@ -318,6 +318,26 @@ def _finite(value: Any) -> Any:
     return value
 
 
+def check_writable(path: Path, key: str = "results_file") -> Path:
+    """Make sure ``path`` can be written before an eval of minutes or hours runs; returns it expanded.
+
+    Raises:
+        TuneError: naming ``key``, the path and the reason.
+    """
+    path = Path(path).expanduser()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(prefix=f".{path.name}.", dir=path.parent):
+            pass
+    except OSError as exc:
+        raise TuneError(
+            f"{key}={path} cannot be written ({exc.strerror or exc}): set {key} to a file in a folder you can write to."
+        ) from exc
+    if path.is_dir():
+        raise TuneError(f"{key}={path} is a folder: set {key} to a file name, e.g. {path / 'eval_results.json'}.")
+    return path
+
+
 def write_results(results: dict[str, Any], path: Path, extra: Optional[dict[str, Any]] = None) -> Path:
     """Write ``results`` (lm-eval's ``results``, ``groups``, ``versions``, ``n-shot``, ``n-samples`` and
     ``config``) and ``extra`` as JSON to ``path``, atomically (a reader never sees half a file)."""
@@ -367,6 +387,7 @@ __all__ = [
     "INSTALL_COMMAND",
     "ResolvedTasks",
     "build_lm",
+    "check_writable",
     "eval_settings",
     "import_lm_eval",
     "primary_scores",

@@ -274,7 +274,8 @@ def _write_source_checkpoint(cfg: Any, folder: Path, files: _FakeFiles, dtype: t
         raise TuneError(
             f"tune estimate-memory simulates checkpoints of torchtune.utils.FullModelHFCheckpointer; "
             f"checkpointer._component_={cfg.checkpointer._component_} is not supported by it. Estimate with the "
-            "Hugging Face checkpointer (the memory of a save differs little between the formats)."
+            "Hugging Face checkpointer (the memory of a save differs little between the formats), or pass "
+            "--steps-only to estimate the training steps alone."
         )
     with torch.device("meta"), set_default_dtype(dtype):
         model = tt_config.instantiate(cfg.model)

@@ -45,3 +45,13 @@ def test_estimate_memory_bad_override_is_a_config_error(capsys):
     code = main(["estimate-memory", "--config", "llama2/7B_full_low_memory", "optimizer.lrr=1"])
     assert code == 2
     assert "optimizer.lr" in capsys.readouterr().err
+
+
+def test_steps_only_skips_the_checkpoint_phases(capsys):
+    code = main(
+        ["estimate-memory", "--config", "llama2/7B_full_low_memory", "--seq-len", "32", "--batch-size", "1"]
+        + ["--steps-only", *TINY]
+    )
+    out = capsys.readouterr().out
+    assert code == 0 and "total (device peak)" in out
+    assert "resume load" not in out and "(2 steps on fake tensors" in out
