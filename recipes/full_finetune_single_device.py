@@ -41,6 +41,7 @@ RECIPE_KEYS = (
     "gradient_accumulation_steps",
     "optimizer",
     "optimizer_in_bwd",
+    "optimizer_in_bwd_group",
     "lr_scheduler",
     "loss",
     "clip_grad_norm",
@@ -109,10 +110,15 @@ class FullFinetuneRecipeSingleDevice:
     Features (each switched in the YAML config; details in docs/recipe.md):
         - bf16 or fp32 weights built in place on the device, loaded memory-mapped (HF or Meta format);
         - activation checkpointing and offloading;
-        - optimizer in backward: one optimizer per parameter stepped from its post-accumulate-grad
-          hook, which frees the gradient (torch, bitsandbytes or torchao optimizers); or a standard
+        - optimizer in backward: one optimizer per parameter (or per decoder layer) stepped from the
+          post-accumulate-grad hooks, which free the gradients (torch, bitsandbytes or torchao
+          optimizers); or a standard
           optimizer with gradient accumulation and clipping;
-        - an LR schedule; a loss over the final hidden states (chunked: no full fp32 logits);
+        - an LR schedule; a loss over the final hidden states (chunked: no full fp32 logits), computed
+          only at the positions that have a label (prompt and padding tokens skip the output
+          projection);
+        - packed datasets (best-fit packs, built once and cached next to the dataset); the share of
+          padding is logged per step and per epoch;
         - step and epoch checkpoints written atomically, tensor by tensor (no device memory beyond
           the weights), with sha256 sums computed while writing; exact resume, also mid-epoch, with
           the optimizer state memory-mapped and restored one parameter at a time;
@@ -244,7 +250,11 @@ class FullFinetuneRecipeSingleDevice:
         registers each one's step on its parameter with ``register_post_accumulate_grad_hook`` and
         returns them as an ``OptimInBackwardWrapper``. The recipe holds that one object either way."""
         optimizer = training.build_optimizer(
-            cfg_optimizer, self._model, optimizer_in_bwd=optimizer_in_bwd, grad_norm=self._grad_norm
+            cfg_optimizer,
+            self._model,
+            optimizer_in_bwd=optimizer_in_bwd,
+            grad_norm=self._grad_norm,
+            in_bwd_group=self._cfg.optimizer_in_bwd_group,
         )
         if opt_state_dict is not None:
             training.load_optimizer_state(optimizer, opt_state_dict)
@@ -283,6 +293,8 @@ class FullFinetuneRecipeSingleDevice:
                 )
                 step_loss = torch.zeros((), device=self._device)
                 interval_tokens, interval_start = 0, time.perf_counter()
+                interval_positions = 0
+                epoch_tokens, epoch_positions = 0, 0  # counted on the host batches: no sync
                 for idx, batch in enumerate(self._data.dataloader):
                     if progress.steps_run_in_epoch >= self._steps_per_epoch:
                         break
@@ -291,7 +303,11 @@ class FullFinetuneRecipeSingleDevice:
                     if will_log:
                         self._grad_norm.arm(self._device)  # the in-backward hooks add to it
                     lr = self._optimizer.param_groups[0]["lr"]  # the LR this step applies
-                    interval_tokens += self._data.num_tokens(batch)
+                    batch_tokens, batch_positions = self._data.num_tokens(batch), batch["tokens"].numel()
+                    interval_tokens += batch_tokens
+                    interval_positions += batch_positions
+                    epoch_tokens += batch_tokens
+                    epoch_positions += batch_positions
                     loss = training.forward_backward(
                         self._model,
                         self._loss_fn,
@@ -319,8 +335,9 @@ class FullFinetuneRecipeSingleDevice:
 
                     if will_log:
                         tokens_per_second = interval_tokens / max(time.perf_counter() - interval_start, 1e-9)
-                        self._log_step(epoch, step_loss, lr, interval_tokens, tokens_per_second, pbar)
-                        interval_tokens, interval_start = 0, time.perf_counter()
+                        padding_share = 1.0 - interval_tokens / max(interval_positions, 1)
+                        self._log_step(epoch, step_loss, lr, interval_tokens, tokens_per_second, padding_share, pbar)
+                        interval_tokens, interval_start, interval_positions = 0, time.perf_counter(), 0
                     pbar.update(1)
                     step_loss = torch.zeros((), device=self._device)
                     if self._validation is not None and self._validation.due(progress.global_step):
@@ -335,6 +352,14 @@ class FullFinetuneRecipeSingleDevice:
                 if self._validation is not None and self._validation.due(progress.global_step, end_of_epoch=True):
                     self._log_validation_loss(pbar)
                 pbar.close()
+                if epoch_positions:
+                    log.info(
+                        "Epoch %d: %.1f%% of the %d token positions trained on were padding%s",
+                        epoch + 1,
+                        100.0 * (1.0 - epoch_tokens / epoch_positions),
+                        epoch_positions,
+                        "" if self._data.packed else " (dataset.packed=True packs examples to avoid it)",
+                    )
                 progress.epochs_run += 1
                 progress.steps_run_in_epoch = 0
                 self.save_checkpoint(epoch=epoch, step_checkpoint=False)
@@ -345,7 +370,14 @@ class FullFinetuneRecipeSingleDevice:
         log.info(self._metric_logger.summary.report(checkpoint=self._last_checkpoint, device=self._device))
 
     def _log_step(
-        self, epoch: int, step_loss: torch.Tensor, lr: float, tokens: int, tokens_per_second: float, pbar: tqdm
+        self,
+        epoch: int,
+        step_loss: torch.Tensor,
+        lr: float,
+        tokens: int,
+        tokens_per_second: float,
+        padding_share: float,
+        pbar: tqdm,
     ) -> None:
         loss_value = step_loss.item()  # the one sync per logged step
         self._nan_guard.check(epoch, self._last_checkpoint)
@@ -356,6 +388,7 @@ class FullFinetuneRecipeSingleDevice:
             "lr": lr,
             "tokens": tokens,  # non-padding tokens since the last logged step
             "tokens_per_second": tokens_per_second,
+            "padding_share": padding_share,  # of the token positions since the last logged step
             "grad_norm": self._grad_norm.pop(),
         }
         if self._log_peak_memory_stats:

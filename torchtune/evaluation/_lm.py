@@ -36,6 +36,21 @@ DEFAULT_MAX_GEN_TOKS = 256
 _GENERATION_KEYS = {"until", "max_gen_toks", "do_sample", "temperature", "top_k"}
 
 
+def _special_token_text(tokenizer: Any, token_id: int) -> Optional[str]:
+    """The text that ``tokenizer`` reads as ``token_id`` inside a string, or None when no text does.
+
+    Llama 3's tokenizer turns ``<|begin_of_text|>`` in a text into the token; SentencePiece reads ``<s>``
+    as three characters, so for Llama 2 there is none (its ``decode`` has no ``skip_special_tokens``).
+    """
+    if token_id < 0:
+        return None
+    try:
+        text = tokenizer.decode([token_id], skip_special_tokens=False)
+    except TypeError:
+        return None
+    return text or None
+
+
 class TuneLM(TemplateLM):
     """A torchtune ``TransformerDecoder`` and tokenizer as an lm-eval model.
 
@@ -80,6 +95,7 @@ class TuneLM(TemplateLM):
         self._generator = torch.Generator(device=self._device).manual_seed(seed)
         stop_tokens = getattr(tokenizer, "stop_tokens", None) or [tokenizer.eos_id]
         self._stop_tokens = tuple(int(t) for t in stop_tokens)  # Llama 3: EOS and <|eot_id|>
+        self._bos_text = _special_token_text(tokenizer, int(tokenizer.bos_id))
 
     # --- what lm-eval reads ------------------------------------------------------------------------
     @property
@@ -115,8 +131,13 @@ class TuneLM(TemplateLM):
 
     def tok_encode(self, string: str, add_special_tokens: Optional[bool] = None, **kwargs: Any) -> list[int]:
         """Token ids of ``string``: with BOS unless ``add_special_tokens`` is False (as a Llama tokenizer
-        in transformers, whose default adds BOS); never EOS."""
-        return self._tokenizer.encode(string, add_bos=add_special_tokens is not False, add_eos=False)
+        in transformers, whose default adds BOS), or it is None and ``string`` already starts with the
+        BOS token's text (Llama 3's ``<|begin_of_text|>``, which the tokenizer reads as the token, as
+        HFLM does); never EOS."""
+        add_bos = add_special_tokens is not False
+        if add_special_tokens is None and self._bos_text is not None and string.startswith(self._bos_text):
+            add_bos = False
+        return self._tokenizer.encode(string, add_bos=add_bos, add_eos=False)
 
     def tok_decode(self, tokens: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._tokenizer.decode(list(tokens))

@@ -687,6 +687,9 @@ def estimate_recipe_memory(
     def setup() -> tuple[nn.Module, Callable[[], Any]]:
         # compile does not run on fake tensors; it changes temporaries only
         step = training.TrainStep.from_config(cfg, device=device, dtype=dtype, compile_model=False)
+        # Every position labelled (the worst case): the step then projects all of them, and fake labels
+        # cannot say which positions a real batch would leave out.
+        step.select_label_positions = False
         vocab = step.model.tok_embeddings.num_embeddings
         # made inside the modes: on the fake run they are fake too (a real input would be copied
         # into a new fake storage when first used, which a real run does not do)
@@ -738,6 +741,11 @@ def prepare_estimate(cfg: Any) -> tuple[Any, torch.device, torch.dtype, list[str
         )
     if not cfg.optimizer_in_bwd:
         notes.append("optimizer_in_bwd=False: a full set of gradients exists after backward")
+    elif cfg.get("optimizer_in_bwd_group") == "layer":  # a distributed config has no such key
+        notes.append(
+            "optimizer_in_bwd_group=layer: each decoder layer's gradients stay until its last one is complete "
+            "(counted: the step is simulated with that grouping)"
+        )
     return cfg, device, dtype, notes
 
 

@@ -156,7 +156,9 @@ def test_llama3_loglikelihoods_equal_hflm(tmp_path, llama3_tokenizer_dir):
         ("What is two plus three?", " Two plus three is five."),
         ("", "The sky is blue."),
         ("Reverse apple:", " elppa"),
+        ("<|begin_of_text|>Name a colour of the sky.", " Blue."),  # BOS already in the text: not added again
     ]
+    assert ours.tok_encode(args[-1][0]).count(ours.prefix_token_id) == 1
     got = ours.loglikelihood(_requests("loglikelihood", args), disable_tqdm=True)
     want = ref.loglikelihood(_requests("loglikelihood", args), disable_tqdm=True)
     for (ll, greedy), (ref_ll, ref_greedy) in zip(got, want):

@@ -1,17 +1,19 @@
 """Optimizer-in-backward state handling.
 
-With optimizer in backward there is one optimizer per parameter, stepped from that parameter's
-post-accumulate-grad hook (``torchtune.training.register_optim_in_bwd_hooks``).
+With optimizer in backward there is one optimizer per parameter (or per decoder layer, with
+``optimizer_in_bwd_group: layer``), stepped from the post-accumulate-grad hooks
+(``torchtune.training.register_optim_in_bwd_hooks``).
 ``OptimInBackwardWrapper`` gives a recipe the one optimizer object it would hold in standard mode:
 LR schedulers drive its ``param_groups`` (the inner optimizers' own group dicts), and its state dict
-is keyed by parameter *name*, so a checkpoint does not depend on parameter order.
+is keyed by parameter *name*, so a checkpoint does not depend on parameter order (nor on the grouping:
+a layer's optimizer state is saved as the per-parameter states it is made of).
 """
 
 from __future__ import annotations
 
 import os
 from collections import defaultdict
-from typing import Any, Callable, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import torch
 from torch.optim import Optimizer
@@ -35,29 +37,50 @@ class OptimInBackwardWrapper(Optimizer):
     (the same dicts, not copies), so any ``torch.optim.lr_scheduler`` built on it writes the LR
     straight into every per-parameter optimizer, and the LR that is logged is the LR applied.
 
-    ``step()`` and ``zero_grad()`` do nothing: each parameter is stepped, and its gradient freed,
-    by its own hook during ``backward()``. A recipe calls them anyway, so the training loop reads
-    the same in both modes (and LR schedulers see that an optimizer step happened).
+    ``step()`` has nothing to do in a normal step: each parameter is stepped, and its gradient
+    freed, by the hooks during ``backward()``. A recipe calls it anyway, so the training loop reads
+    the same in both modes (and LR schedulers see that an optimizer step happened). What it does do:
+    step a layer's optimizer whose parameters still hold gradients -- it waits for all of them, and
+    a parameter that got none this step would otherwise hold the others back to the next step.
+    ``zero_grad()`` does nothing.
 
     Args:
-        optim_map: one optimizer per trainable parameter, keyed by the parameter's name in
-            ``model.named_parameters()``.
+        optim_map: the optimizer of every trainable parameter, keyed by the parameter's name in
+            ``model.named_parameters()``; names stepped together share one optimizer object.
     """
 
     def __init__(self, optim_map: Mapping[str, Optimizer]) -> None:
         if not optim_map:
             raise ValueError("OptimInBackwardWrapper needs at least one parameter's optimizer")
         self.optim_map: Dict[str, Optimizer] = dict(optim_map)
+        # each inner optimizer once, with the names of its parameters in its own order
+        self._members: Dict[int, Tuple[Optimizer, List[str]]] = {}
+        for name, opt in self.optim_map.items():
+            self._members.setdefault(id(opt), (opt, []))[1].append(name)
+        for opt, names in self._members.values():
+            if len(names) != sum(len(group["params"]) for group in opt.param_groups):
+                raise ValueError(
+                    f"optim_map names {len(names)} parameters for an optimizer that holds a different number"
+                )
         # Optimizer.__init__ appends the very dicts it is given to self.param_groups.
         super().__init__(self._inner_groups(), defaults={})
 
     def _inner_groups(self) -> list:
-        return [group for opt in self.optim_map.values() for group in opt.param_groups]
+        return [group for opt, _ in self._members.values() for group in opt.param_groups]
 
     # ---- the optimizer interface -----------------------------------------------------------
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], float]] = None) -> None:  # type: ignore[override]
-        """Nothing to do: every parameter was stepped in backward, by its gradient hook."""
+        """Step what backward left: a layer's optimizer whose parameters still hold gradients (a
+        one-parameter optimizer is always stepped by its hook, so it is never stepped here)."""
+        for opt, names in self._members.values():
+            if len(names) == 1:
+                continue
+            params = [p for group in opt.param_groups for p in group["params"]]
+            if any(p.grad is not None for p in params):
+                opt.step()
+                for p in params:
+                    p.grad = None
         return None
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -66,8 +89,15 @@ class OptimInBackwardWrapper(Optimizer):
 
     # ---- checkpointing -------------------------------------------------------------------
     def state_dict(self) -> Dict[str, Dict[str, Any]]:  # type: ignore[override]
-        """Per-parameter optimizer states keyed by parameter name."""
-        return {name: opt.state_dict() for name, opt in self.optim_map.items()}
+        """Per-parameter optimizer states keyed by parameter name (a layer's optimizer split into the
+        state dicts one optimizer per parameter would have)."""
+        out: Dict[str, Dict[str, Any]] = {}
+        for opt, names in self._members.values():
+            if len(names) == 1:
+                out[names[0]] = opt.state_dict()
+            else:
+                out.update(zip(names, _split_state_dict(opt.state_dict())))
+        return out
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:  # type: ignore[override]
         """Restore the states saved by :meth:`state_dict`; strict about parameter names.
@@ -93,11 +123,38 @@ class OptimInBackwardWrapper(Optimizer):
                 "config it was made with, or start a new run without resume_from_checkpoint."
             )
         mapped = FileMappings()
-        for name, opt in self.optim_map.items():
-            load_optimizer_state_dict(opt, state_dict[name], mapped=mapped)
+        for opt, names in self._members.values():
+            one = state_dict[names[0]] if len(names) == 1 else _merge_state_dicts([state_dict[n] for n in names])
+            load_optimizer_state_dict(opt, one, mapped=mapped)
         # Loading gives each inner optimizer new group dicts: follow them, in the same list object
         # (an LR scheduler reads ``optimizer.param_groups`` at every step).
         self.param_groups[:] = self._inner_groups()
+
+
+def _split_state_dict(state_dict: Mapping[str, Any]) -> List[Dict[str, Any]]:
+    """One optimizer's state dict over parameters ``0..n-1`` as ``n`` one-parameter state dicts."""
+    out = []
+    for group in state_dict["param_groups"]:
+        hyper = {k: v for k, v in group.items() if k != "params"}
+        for index in group["params"]:
+            state = {0: state_dict["state"][index]} if index in state_dict["state"] else {}
+            out.append({"state": state, "param_groups": [{**hyper, "params": [0]}]})
+    return out
+
+
+def _merge_state_dicts(state_dicts: List[Mapping[str, Any]]) -> Dict[str, Any]:
+    """The inverse of ``_split_state_dict``: one-parameter state dicts as one single-group optimizer's."""
+    hyper = {k: v for k, v in state_dicts[0]["param_groups"][0].items() if k != "params"}
+    for sd in state_dicts[1:]:
+        other = {k: v for k, v in sd["param_groups"][0].items() if k != "params"}
+        if other != hyper:
+            raise TuneError(
+                "The optimizer states of one decoder layer's parameters were saved with different "
+                f"hyperparameters ({hyper} vs {other}), so they cannot be stepped by one optimizer. "
+                "Resume with optimizer_in_bwd_group=param."
+            )
+    state = {i: sd["state"][0] for i, sd in enumerate(state_dicts) if 0 in sd["state"]}
+    return {"state": state, "param_groups": [{**hyper, "params": list(range(len(state_dicts)))}]}
 
 
 def load_optimizer_state_dict(
