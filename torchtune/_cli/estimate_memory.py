@@ -64,6 +64,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="distributed configs: number of GPUs (processes) to estimate per-GPU memory for, or a "
         "comma-separated list, e.g. 1,2,8 (default 1); batch_size is the global batch split over them",
     )
+    parser.add_argument(
+        "--steps-only",
+        action="store_true",
+        help="only the training steps: skip the set-up, step checkpoint save and resume load phases (faster)",
+    )
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
     parser.set_defaults(func=estimate_memory_command, accepts_overrides=True)
     return parser
@@ -75,7 +80,11 @@ def estimate_memory_command(args: argparse.Namespace) -> int:
 
     from torchtune._errors import UsageError
     from torchtune.config import load_config
-    from torchtune.training._memory_estimator import default_seq_len, estimate_run_memory
+    from torchtune.training._memory_estimator import (
+        default_seq_len,
+        estimate_recipe_memory,
+        estimate_run_memory,
+    )
 
     for name in ("seq_len", "batch_size", "steps"):
         value = getattr(args, name)
@@ -93,7 +102,10 @@ def estimate_memory_command(args: argparse.Namespace) -> int:
             "--world-size 8, or drop --world-size."
         )
     start = time.perf_counter()
-    estimate = estimate_run_memory(cfg, seq_len=seq_len, batch_size=batch_size, steps=args.steps)
+    if args.steps_only:
+        estimate = estimate_recipe_memory(cfg, seq_len=seq_len, batch_size=batch_size, steps=args.steps)
+    else:
+        estimate = estimate_run_memory(cfg, seq_len=seq_len, batch_size=batch_size, steps=args.steps)
     optimizer = cfg.optimizer._component_
     title = (
         f"Estimated peak device memory for {args.config}: batch {batch_size} x {seq_len} tokens, "
@@ -101,7 +113,8 @@ def estimate_memory_command(args: argparse.Namespace) -> int:
         f"{cfg.enable_activation_checkpointing}, offloading={cfg.enable_activation_offloading}"
     )
     print(estimate.format(title))
-    print(f"({args.steps} steps and the checkpoint phases on fake tensors in {time.perf_counter() - start:.0f} s)")
+    what = f"{args.steps} steps" + ("" if args.steps_only else " and the checkpoint phases")
+    print(f"({what} on fake tensors in {time.perf_counter() - start:.0f} s)")
     return 0
 
 

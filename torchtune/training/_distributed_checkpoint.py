@@ -38,11 +38,13 @@ from torchtune.utils._checkpointing._atomic import (
 )
 from torchtune.utils._checkpointing._checkpoint_utils import OptimInBackwardWrapper
 from torchtune.utils._checkpointing._manifest import (
+    HASH_NAME,
     MANIFEST_FORMAT_VERSION,
     MANIFEST_NAME,
     RECIPE_STATE_NAME,
+    file_digest,
     read_manifest,
-    sha256_of,
+    verify_manifest,
 )
 
 __all__ = ["SHARDED_STATE_DIR", "SHARDED_STATE_MARKER", "load_sharded_checkpoint", "save_sharded_checkpoint"]
@@ -54,7 +56,8 @@ SHARDED_STATE_MARKER = {"saved_with": "torch.distributed.checkpoint", "folder": 
 
 def _optimizers(optimizer: Optimizer) -> List[Optimizer]:
     if isinstance(optimizer, OptimInBackwardWrapper):
-        return list(optimizer.optim_map.values())
+        # One entry per optimizer: with optimizer_in_bwd_group several names share one.
+        return list(dict.fromkeys(optimizer.optim_map.values()))
     return [optimizer]
 
 
@@ -64,13 +67,13 @@ def _state(model: nn.Module, optimizer: Optimizer) -> Dict[str, Any]:
 
 
 def _own_files(folder: Path, rank: int) -> Dict[str, Dict[str, Any]]:
-    """Size and sha256 of the files this rank wrote (DCP names them ``__<rank>_<n>.distcp``; rank 0
+    """Size and checksum of the files this rank wrote (DCP names them ``__<rank>_<n>.distcp``; rank 0
     also writes ``.metadata``), each fsynced."""
     entries = {}
     for path in sorted((folder / SHARDED_STATE_DIR).iterdir()):
         if path.name.startswith(f"__{rank}_") or (rank == 0 and not path.name.startswith("__")):
             fsync_file(path)
-            entries[path.relative_to(folder).as_posix()] = {"size": path.stat().st_size, "sha256": sha256_of(path)}
+            entries[path.relative_to(folder).as_posix()] = {"size": path.stat().st_size, HASH_NAME: file_digest(path)}
     return entries
 
 
@@ -101,7 +104,7 @@ def save_sharded_checkpoint(
         recipe_state: written by rank 0 as ``recipe_state.pt`` (its ``optimizer`` entry should be
             ``SHARDED_STATE_MARKER``: the state itself is in the DCP folder).
         write_rank0_files: more files rank 0 writes into the folder before it is published (the
-            full HF weights of an epoch checkpoint); it may return ``{name: sha256}`` of the files it
+            full HF weights of an epoch checkpoint); it may return ``{name: checksum}`` of the files it
             hashed while writing, which are then not read again.
 
     Raises:
@@ -143,7 +146,7 @@ def save_sharded_checkpoint(
                 name = path.relative_to(tmp).as_posix()
                 if name not in files:
                     fsync_file(path)
-                    files[name] = {"size": path.stat().st_size, "sha256": hashed.get(name) or sha256_of(path)}
+                    files[name] = {"size": path.stat().st_size, HASH_NAME: hashed.get(name) or file_digest(path)}
             manifest = {
                 "format_version": MANIFEST_FORMAT_VERSION,
                 "step": step,
@@ -187,14 +190,8 @@ def load_sharded_checkpoint(folder: Path, *, model: nn.Module, optimizer: Optimi
             )
         manifest = read_manifest(folder) or {"files": {}}
         names = sorted(n for n in manifest["files"] if n.startswith(f"{SHARDED_STATE_DIR}/"))
-        for name in names[info.rank :: info.world_size]:
-            entry, path = manifest["files"][name], folder / name
-            if not path.is_file() or path.stat().st_size != entry["size"] or sha256_of(path) != entry["sha256"]:
-                raise TuneError(
-                    f"Checkpoint file {path} is missing or damaged (size or sha256 differs from its manifest), so "
-                    f"this checkpoint cannot be loaded. Resume from an earlier step_N folder instead "
-                    "(checkpointer.recipe_checkpoint)."
-                )
+        # Each rank checks a share of the files, in parallel.
+        verify_manifest(folder, only=names[info.rank :: info.world_size])
     except TuneError as exc:
         error = exc
     raise_if_any_rank_failed(error, info, f"Checking the checkpoint {folder}")

@@ -203,6 +203,7 @@ def estimate_distributed_memory(
             device=device,
             activations_ctx=get_act_offloading_ctx_manager(model, bool(cfg.enable_activation_offloading)),
             clip_grad_norm=cfg.clip_grad_norm,
+            select_label_positions=False,  # every position labelled: the worst case, and fake labels say no more
         )
         vocab = model.tok_embeddings.num_embeddings
         data = {
