@@ -208,6 +208,7 @@ def config(impl: str, assets: Dict[str, Path], out: Path, args: argparse.Namespa
             "metric_logger": [],
             "validation_dataset": None,
             "eval_every_n_steps": None,
+            "eval_after_training": None,
         }
     return {
         **common,

@@ -166,6 +166,7 @@ def base_config(tmp_path: Path, ckpt: Path, tokenizer: Path, data: Path, vocab: 
         "log_peak_memory_stats": False,
         "validation_dataset": None,
         "eval_every_n_steps": None,
+        "eval_after_training": None,
     }
 
 
