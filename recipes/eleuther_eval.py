@@ -129,8 +129,6 @@ class EleutherEvalRecipe:
 def recipe_main(cfg: DictConfig) -> dict:
     """Entry point: ``tune run eleuther_eval --config ...``."""
     logging.basicConfig(level=logging.INFO, handlers=[training.ProgressBarLogHandler(sys.stderr)])
-    logging.getLogger("lm-eval").setLevel(logging.WARNING)  # its per-task INFO lines drown the table
-    logging.getLogger("lm_eval").setLevel(logging.WARNING)
     recipe = EleutherEvalRecipe(cfg)
     recipe.setup(cfg)
     return recipe.evaluate(cfg)

@@ -260,6 +260,11 @@ def run_tasks(lm: Any, tasks: ResolvedTasks, settings: EvalSettings) -> dict[str
         limit = int(limit)
     task_logger, hint_filter = logging.getLogger("lm_eval.api.task"), _DropCustomDatasetHint()
     task_logger.addFilter(hint_filter)
+    # lm-eval logs a dozen INFO lines per task (seeds, splits, request counts) around the progress bars;
+    # its warnings stay. A level the user set on its logger is kept.
+    quieted = [lg for lg in (logging.getLogger("lm_eval"), logging.getLogger("lm-eval")) if lg.level == logging.NOTSET]
+    for lg in quieted:
+        lg.setLevel(logging.WARNING)
     try:
         results = lm_eval.simple_evaluate(
             model=lm,
@@ -284,6 +289,8 @@ def run_tasks(lm: Any, tasks: ResolvedTasks, settings: EvalSettings) -> dict[str
         raise
     finally:
         task_logger.removeFilter(hint_filter)
+        for lg in quieted:
+            lg.setLevel(logging.NOTSET)
     if results is None:
         raise TuneError("lm-eval returned no results (this process is not rank 0).")
     return results

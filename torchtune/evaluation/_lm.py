@@ -271,7 +271,6 @@ class TuneLM(TemplateLM):
                 ordered = sorted(indices, key=lambda i: -len(encoded[i]))
                 for start in range(0, len(ordered), self._batch_size):
                     chunk = ordered[start : start + self._batch_size]
-
                     outputs = generate_batch(
                         self._model,
                         [encoded[i] for i in chunk],

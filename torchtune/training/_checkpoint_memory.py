@@ -344,7 +344,12 @@ def setup_run(
             warnings.filterwarnings("ignore", message=".*non-meta parameter.*")
             model.load_state_dict(state_dict)  # what build_model(state_dict=...) does after to_empty
     del state_dict
-    optimizer = training.build_optimizer(cfg.optimizer, model, optimizer_in_bwd=bool(cfg.optimizer_in_bwd))
+    optimizer = training.build_optimizer(
+        cfg.optimizer,
+        model,
+        optimizer_in_bwd=bool(cfg.optimizer_in_bwd),
+        in_bwd_group=cfg.optimizer_in_bwd_group,
+    )
     if resume is not None:
         training.load_optimizer_state(optimizer, resume.optimizer_state)
         resume.drop_loaded_states()

@@ -206,6 +206,13 @@ class _FullModelCheckpointer:
             if src.is_file():
                 shutil.copyfile(src, folder / name)
 
+    def write_model(self, model_sd: dict[str, torch.Tensor], folder: Path) -> dict[str, str]:
+        """Write the weight files (and the side files a save copies) into ``folder`` as a save does, but
+        not atomically: for a caller that assembles the folder and publishes it itself (the distributed
+        recipe adds its sharded training state next to the weights). Returns ``{name: sha256}`` of
+        the files hashed while writing."""
+        return self._write_model(model_sd, folder)
+
     def _save(
         self,
         state_dict: dict[str, Any],
