@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import os
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional
@@ -28,6 +28,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 
 from torchtune._errors import TuneError
@@ -83,6 +84,22 @@ def _own_files(folder: Path, rank: int) -> Dict[str, Dict[str, Any]]:
     return entries
 
 
+def _to_host(value: Any) -> Any:
+    """A copy of a state dict with every tensor copied to host memory; DTensors stay DTensors of the
+    same mesh and placements (what DCP's own staging does), so the save keeps the sharding metadata."""
+    if isinstance(value, DTensor):
+        local = value.to_local().detach().to("cpu", copy=True)
+        # the constructor, not from_local: from_local would move the copy back to the mesh's device
+        return DTensor(local, value._spec, requires_grad=False)
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {k: _to_host(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_to_host(v) for v in value]
+    return value
+
+
 def _broadcast(value: Any, info: DistributedInfo) -> Any:
     if info.world_size == 1:
         return value
@@ -108,9 +125,9 @@ class _Publish:
 class ShardedCheckpointWriter:
     """Writes sharded checkpoints (:func:`save_sharded_checkpoint`), also in the background.
 
-    With ``async_save=True`` a step save returns once DCP has copied this rank's shards to host memory
-    (``dcp.async_save``); the files are written by a background thread while training goes on, on a
-    gloo group of their own (the training's collectives never interleave with the save's). The
+    With ``async_save=True`` a step save returns once this rank's shards are copied to host memory;
+    ``dcp.save`` writes them from a background thread while training goes on, on a gloo group of
+    their own (the training's collectives never interleave with the save's). The
     folder is published -- hashed, manifest written, renamed into place -- by :meth:`finish`, which
     the next save, the end of training and a stop call first: at most one save is in flight, and it
     costs host memory for one copy of this rank's shards of the weights and optimizer state.
@@ -121,6 +138,7 @@ class ShardedCheckpointWriter:
         self.info = info
         self.async_save = async_save
         self._group = dist.new_group(backend="gloo") if async_save else None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint") if async_save else None
         self._pending: Optional[_Publish] = None
 
     @property
@@ -163,7 +181,10 @@ class ShardedCheckpointWriter:
         sharded = str(job.tmp / SHARDED_STATE_DIR)
         try:
             if background and self.async_save:
-                job.future = dcp.async_save(_state(model, optimizer), checkpoint_id=sharded, process_group=self._group)
+                # a host copy of this rank's shards, taken now (training changes them in place next),
+                # written by a thread on the checkpoint group
+                staged = _to_host(_state(model, optimizer))
+                job.future = self._executor.submit(dcp.save, staged, checkpoint_id=sharded, process_group=self._group)
             else:
                 dcp.save(_state(model, optimizer), checkpoint_id=sharded)
         except Exception as exc:  # noqa: BLE001 - every rank must learn of it, or the others wait forever
