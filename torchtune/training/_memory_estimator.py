@@ -457,7 +457,8 @@ class LayoutOptimizer(torch.optim.Optimizer):
                     continue
                 state = self.state[p]
                 if not state:
-                    self._init_state(p, state)
+                    # an FSDP2 shard (DTensor): each rank holds the state of its local shard only
+                    self._init_state(p.to_local() if hasattr(p, "to_local") else p, state)
                 state["step"] += 1
                 p.add_(p.grad, alpha=-group["lr"])
         return None
