@@ -67,6 +67,7 @@ RECIPE_KEYS = (
     "enable_activation_offloading",
     "save_every_n_steps",
     "keep_last_n_checkpoints",
+    "async_checkpoint",
     "metric_logger",
     "log_every_n_steps",
     "log_peak_memory_stats",
@@ -116,6 +117,11 @@ def validate_config(cfg: DictConfig) -> None:
             f"fsdp_reduce_dtype={cfg.fsdp_reduce_dtype!r}: use null (reduce gradients in the parameters' dtype) or "
             "fp32 (sum the ranks' gradients in fp32: more exact with bf16, twice the communication)."
         )
+    if not isinstance(cfg.async_checkpoint, bool):
+        raise ConfigError(
+            f"async_checkpoint={cfg.async_checkpoint!r}: use True (step checkpoints are written in the background "
+            "while training goes on) or False (training waits for each save)."
+        )
     reshard = cfg.fsdp_reshard_after_forward
     if not isinstance(reshard, bool):
         raise ConfigError(
@@ -156,7 +162,8 @@ class FullFinetuneRecipeDistributed:
         - ``batch_size`` is the global batch, split evenly over the processes; the loss is normalised
           by the token count of all ranks, so any number of processes computes the gradient one
           process would (same data order, too: the run can resume on another world size);
-        - step checkpoints with torch.distributed.checkpoint (every rank writes its shards), atomic;
+        - step checkpoints with torch.distributed.checkpoint (every rank writes its shards), atomic,
+          optionally in the background (``async_checkpoint``);
           epoch and final checkpoints as a full Hugging Face folder written by rank 0;
         - metrics, validation loss and checkpoints as in the single-device recipe, from rank 0,
           with losses over all ranks; SIGINT/SIGTERM save a resumable checkpoint on every rank.
@@ -205,6 +212,7 @@ class FullFinetuneRecipeDistributed:
             training.positive_int(cfg, "keep_last_n_checkpoints", allow_none=True),
         )
         self._output_dir = Path(str(cfg.checkpointer.output_dir)).expanduser()
+        self._checkpoint_writer = training.ShardedCheckpointWriter(self._dist, async_save=cfg.async_checkpoint)
         self.progress = training.TrainingProgress()
         self.max_steps_per_epoch = self._settings.max_steps_per_epoch
         self._grad_norm = training.GradNormTracker()
@@ -455,6 +463,7 @@ class FullFinetuneRecipeDistributed:
                 self.save_checkpoint(epoch=epoch, step_checkpoint=False)
                 if training.any_rank(self._stop.signum is not None, self._dist):
                     self._stop_and_exit(epoch)
+        self._checkpoint_writer.finish()  # a step save still in flight (async_checkpoint)
         if self._log_peak_memory_stats:
             self._log_memory("end of training (peaks)")
         if self._is_rank_zero:
@@ -515,6 +524,7 @@ class FullFinetuneRecipeDistributed:
         final = not step_checkpoint and self.progress.epochs_run >= self._settings.epochs
         full_weights = training.gather_full_state_dict(self._model) if not step_checkpoint else None
         if final:
+            self._checkpoint_writer.finish()  # publish a step save in flight first
             error: Optional[BaseException] = None
             folder = None
             if self._is_rank_zero:
@@ -544,19 +554,20 @@ class FullFinetuneRecipeDistributed:
                 def write_weights(tmp: Path) -> Dict[str, str]:
                     return self._checkpointer.write_model(full_weights, tmp)
 
-            training.save_sharded_checkpoint(
+            self._checkpoint_writer.save(
                 folder,
                 model=self._model,
                 optimizer=self._optimizer,
                 recipe_state=state,
-                info=self._dist,
                 step=self.global_step,
                 epoch=epoch,
                 intermediate=step_checkpoint,
                 write_rank0_files=write_weights,
+                background=step_checkpoint,  # with async_checkpoint: published by the next save or the end
             )
         self._last_checkpoint, self._last_checkpoint_step = folder, self.global_step
-        log.info("Saved checkpoint to %s%s", folder, "" if final else " (resumable)")
+        pending = self._checkpoint_writer.pending is not None
+        log.info("%s checkpoint to %s%s", "Saving" if pending else "Saved", folder, "" if final else " (resumable)")
         if step_checkpoint and self._is_rank_zero:
             self._checkpoint_policy.prune(
                 folder.parent, protected=self._resume.checkpoint_dir if self._resume else None
@@ -581,6 +592,7 @@ class FullFinetuneRecipeDistributed:
             folder = self._last_checkpoint  # just written (epoch end or a step checkpoint): no second save
         else:
             folder = self.save_checkpoint(epoch=epoch, step_checkpoint=True)
+        self._checkpoint_writer.finish()  # the save must be complete before the resume command is printed
         recipe_ckpt = folder / training.RECIPE_STATE_NAME
         if self._is_rank_zero:
             if recipe_ckpt.exists():

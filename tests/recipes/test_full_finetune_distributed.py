@@ -28,6 +28,7 @@ DIST_KEYS = {
     "fsdp_reshard_after_forward": True,
     "fsdp_param_dtype": None,
     "fsdp_reduce_dtype": None,
+    "async_checkpoint": False,
 }
 # 24 examples, global batch 4: 3 steps per epoch (capped), 2 epochs; step checkpoints every 2 steps.
 RUN = dict(max_steps_per_epoch=3, save_every_n_steps=2)
@@ -61,10 +62,11 @@ def _ok(result: subprocess.CompletedProcess) -> None:
 
 @pytest.fixture(scope="module")
 def base_run(configs, tmp_path_factory):
-    """The uninterrupted 2-process run (optimizer in backward) and its single-device twin."""
+    """The uninterrupted 2-process run (optimizer in backward, step checkpoints written in the background)
+    and its single-device twin."""
     single, dist = configs
     root = tmp_path_factory.mktemp("base")
-    _ok(_tune_dist(dist, root / "dist"))
+    _ok(_tune_dist(dist, root / "dist", "async_checkpoint=True"))  # its step checkpoints resume below
     run_single_device(single, output_dir=str(root / "single"))
     return root
 

@@ -44,6 +44,7 @@ from torchtune.training._distributed import (
 from torchtune.training._distributed_checkpoint import (
     SHARDED_STATE_DIR,
     SHARDED_STATE_MARKER,
+    ShardedCheckpointWriter,
     load_sharded_checkpoint,
     save_sharded_checkpoint,
 )
@@ -104,6 +105,7 @@ __all__ = [
     "RunSummary",
     "SHARDED_STATE_DIR",
     "SHARDED_STATE_MARKER",
+    "ShardedCheckpointWriter",
     "StopSignals",
     "TrainStep",
     "TrainingData",

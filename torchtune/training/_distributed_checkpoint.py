@@ -11,12 +11,15 @@ A folder becomes visible only when complete, as the single-device saves do
 destination, all ranks write into it, each hashes its own files for the manifest, rank 0 adds
 ``recipe_state.pt`` (and, for epoch checkpoints, the full HF weights) and the manifest, and renames
 the folder into place. A process killed at any point leaves the previous checkpoint as it was.
+``ShardedCheckpointWriter`` can write step checkpoints in the background (``dcp.async_save``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
@@ -25,6 +28,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 
 from torchtune._errors import TuneError
@@ -47,7 +51,13 @@ from torchtune.utils._checkpointing._manifest import (
     verify_manifest,
 )
 
-__all__ = ["SHARDED_STATE_DIR", "SHARDED_STATE_MARKER", "load_sharded_checkpoint", "save_sharded_checkpoint"]
+__all__ = [
+    "SHARDED_STATE_DIR",
+    "SHARDED_STATE_MARKER",
+    "ShardedCheckpointWriter",
+    "load_sharded_checkpoint",
+    "save_sharded_checkpoint",
+]
 
 # The DCP folder inside a checkpoint folder, and what recipe_state.pt holds instead of the optimizer state.
 SHARDED_STATE_DIR = "sharded_state"
@@ -77,12 +87,176 @@ def _own_files(folder: Path, rank: int) -> Dict[str, Dict[str, Any]]:
     return entries
 
 
+def _to_host(value: Any) -> Any:
+    """A copy of a state dict with every tensor copied to host memory; DTensors stay DTensors of the
+    same mesh and placements (what DCP's own staging does), so the save keeps the sharding metadata."""
+    if isinstance(value, DTensor):
+        local = value.to_local().detach().to("cpu", copy=True)
+        # the constructor, not from_local: from_local would move the copy back to the mesh's device
+        return DTensor(local, value._spec, requires_grad=False)
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {k: _to_host(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_to_host(v) for v in value]
+    return value
+
+
 def _broadcast(value: Any, info: DistributedInfo) -> Any:
     if info.world_size == 1:
         return value
     box = [value]
     dist.broadcast_object_list(box, src=0, group=info.cpu_group)
     return box[0]
+
+
+@dataclass
+class _Publish:
+    """What rank 0 needs to finish a save once every rank's shards are written."""
+
+    tmp: Path
+    destination: Path
+    recipe_state: Dict[str, Any]
+    step: int
+    epoch: int
+    intermediate: bool
+    write_rank0_files: Optional[Callable[[Path], Optional[Mapping[str, str]]]] = None
+    future: Optional[Future] = None  # an async save's background write
+
+
+class ShardedCheckpointWriter:
+    """Writes sharded checkpoints (:func:`save_sharded_checkpoint`), also in the background.
+
+    With ``async_save=True`` a step save returns once this rank's shards are copied to host memory;
+    ``dcp.save`` writes them from a background thread while training goes on, on a gloo group of
+    their own (the training's collectives never interleave with the save's). The
+    folder is published -- hashed, manifest written, renamed into place -- by :meth:`finish`, which
+    the next save, the end of training and a stop call first: at most one save is in flight, and it
+    costs host memory for one copy of this rank's shards of the weights and optimizer state.
+    Created on every rank at the same point of the run (creating the group is a collective).
+    """
+
+    def __init__(self, info: DistributedInfo, *, async_save: bool = False) -> None:
+        self.info = info
+        self.async_save = async_save
+        self._group = dist.new_group(backend="gloo") if async_save else None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint") if async_save else None
+        self._pending: Optional[_Publish] = None
+
+    @property
+    def pending(self) -> Optional[Path]:
+        """The folder of the save in flight (not yet loadable), if any."""
+        return None if self._pending is None else self._pending.destination
+
+    def save(
+        self,
+        destination: Path,
+        *,
+        model: nn.Module,
+        optimizer: Optimizer,
+        recipe_state: Dict[str, Any],
+        step: int,
+        epoch: int,
+        intermediate: bool,
+        write_rank0_files: Optional[Callable[[Path], Optional[Mapping[str, str]]]] = None,
+        background: bool = False,
+    ) -> Path:
+        """Save into ``destination``, published now, or by :meth:`finish` when ``background`` (and the
+        writer was made with ``async_save``). Arguments as :func:`save_sharded_checkpoint`."""
+        self.finish()
+        info = self.info
+        destination = Path(destination)
+        tmp: Optional[Path] = None
+        error: Optional[BaseException] = None
+        if info.is_rank_zero:
+            try:
+                destination.parent.mkdir(parents=True, exist_ok=True)
+                clean_leftovers(destination.parent)
+                tmp = destination.parent / f"{TMP_PREFIX}{destination.name}-{os.getpid()}"
+                tmp.mkdir()
+            except OSError as exc:
+                error = exc
+        raise_if_any_rank_failed(error, info, f"Creating the checkpoint folder {destination}")
+        job = _Publish(
+            Path(_broadcast(str(tmp), info)), destination, recipe_state, step, epoch, intermediate, write_rank0_files
+        )
+        sharded = str(job.tmp / SHARDED_STATE_DIR)
+        try:
+            if background and self.async_save:
+                # a host copy of this rank's shards, taken now (training changes them in place next),
+                # written by a thread on the checkpoint group
+                staged = _to_host(_state(model, optimizer))
+                job.future = self._executor.submit(dcp.save, staged, checkpoint_id=sharded, process_group=self._group)
+            else:
+                dcp.save(_state(model, optimizer), checkpoint_id=sharded)
+        except Exception as exc:  # noqa: BLE001 - every rank must learn of it, or the others wait forever
+            error = exc
+        raise_if_any_rank_failed(error, info, f"Writing the sharded checkpoint {destination}")
+        self._pending = job
+        if job.future is None:
+            self.finish()
+        return destination
+
+    def finish(self) -> Optional[Path]:
+        """Wait for the save in flight (if any) and publish it; a collective. Returns its folder.
+
+        Raises:
+            TuneError (``RankErrors``): on every rank when any rank failed; the previous checkpoint is kept.
+        """
+        job, self._pending = self._pending, None
+        if job is None:
+            return None
+        info = self.info
+        error: Optional[BaseException] = None
+        try:
+            if job.future is not None:
+                job.future.result()
+            entries = _own_files(job.tmp, info.rank)
+        except Exception as exc:  # noqa: BLE001 - every rank must learn of it
+            error, entries = exc, {}
+        raise_if_any_rank_failed(error, info, f"Writing the sharded checkpoint {job.destination}")
+        gathered: List[Any] = [entries]
+        if info.world_size > 1:
+            gathered = [None] * info.world_size
+            dist.gather_object(entries, gathered if info.is_rank_zero else None, dst=0, group=info.cpu_group)
+        if info.is_rank_zero:
+            try:
+                _publish(job, gathered, info.world_size)
+            except (OSError, TuneError) as exc:
+                error = exc
+        raise_if_any_rank_failed(error, info, f"Publishing the checkpoint {job.destination}")
+        return job.destination
+
+
+def _publish(job: _Publish, gathered: List[Dict[str, Any]], world_size: int) -> None:
+    """Rank 0: recipe state and its own files into the folder, the manifest last, then the rename."""
+    tmp = job.tmp
+    torch.save(job.recipe_state, tmp / RECIPE_STATE_NAME)
+    hashed = dict((job.write_rank0_files(tmp) if job.write_rank0_files is not None else None) or {})
+    files: Dict[str, Any] = {}
+    for part in gathered:
+        files.update(part)
+    for path in sorted(p for p in tmp.rglob("*") if p.is_file()):
+        name = path.relative_to(tmp).as_posix()
+        if name not in files:
+            fsync_file(path)
+            files[name] = {"size": path.stat().st_size, HASH_NAME: hashed.get(name) or file_digest(path)}
+    manifest = {
+        "format_version": MANIFEST_FORMAT_VERSION,
+        "step": job.step,
+        "epoch": job.epoch,
+        "intermediate": job.intermediate,
+        "world_size": world_size,
+        "files": dict(sorted(files.items())),
+    }
+    with open(tmp / MANIFEST_NAME, "w") as f:
+        json.dump(manifest, f, indent=2)
+        f.flush()
+        os.fsync(f.fileno())
+    fsync_dir(tmp / SHARDED_STATE_DIR)
+    fsync_dir(tmp)
+    move_into_place(tmp, job.destination)
 
 
 def save_sharded_checkpoint(
@@ -110,62 +284,16 @@ def save_sharded_checkpoint(
     Raises:
         TuneError (``RankErrors``): on every rank when any rank failed; the previous checkpoint is kept.
     """
-    destination = Path(destination)
-    tmp: Optional[Path] = None
-    error: Optional[BaseException] = None
-    if info.is_rank_zero:
-        try:
-            destination.parent.mkdir(parents=True, exist_ok=True)
-            clean_leftovers(destination.parent)
-            tmp = destination.parent / f"{TMP_PREFIX}{destination.name}-{os.getpid()}"
-            tmp.mkdir()
-        except OSError as exc:
-            error = exc
-    raise_if_any_rank_failed(error, info, f"Creating the checkpoint folder {destination}")
-    tmp = Path(_broadcast(str(tmp), info))
-
-    try:
-        dcp.save(_state(model, optimizer), checkpoint_id=str(tmp / SHARDED_STATE_DIR))
-        entries = _own_files(tmp, info.rank)
-    except Exception as exc:  # noqa: BLE001 - every rank must learn of it, or the others wait forever
-        error, entries = exc, {}
-    raise_if_any_rank_failed(error, info, f"Writing the sharded checkpoint {destination}")
-    gathered: List[Any] = [entries]
-    if info.world_size > 1:
-        gathered = [None] * info.world_size
-        dist.gather_object(entries, gathered if info.is_rank_zero else None, dst=0, group=info.cpu_group)
-
-    if info.is_rank_zero:
-        try:
-            torch.save(recipe_state, tmp / RECIPE_STATE_NAME)
-            hashed = dict((write_rank0_files(tmp) if write_rank0_files is not None else None) or {})
-            files: Dict[str, Any] = {}
-            for part in gathered:
-                files.update(part)
-            for path in sorted(p for p in tmp.rglob("*") if p.is_file()):
-                name = path.relative_to(tmp).as_posix()
-                if name not in files:
-                    fsync_file(path)
-                    files[name] = {"size": path.stat().st_size, HASH_NAME: hashed.get(name) or file_digest(path)}
-            manifest = {
-                "format_version": MANIFEST_FORMAT_VERSION,
-                "step": step,
-                "epoch": epoch,
-                "intermediate": intermediate,
-                "world_size": info.world_size,
-                "files": dict(sorted(files.items())),
-            }
-            with open(tmp / MANIFEST_NAME, "w") as f:
-                json.dump(manifest, f, indent=2)
-                f.flush()
-                os.fsync(f.fileno())
-            fsync_dir(tmp / SHARDED_STATE_DIR)
-            fsync_dir(tmp)
-            move_into_place(tmp, destination)
-        except (OSError, TuneError) as exc:
-            error = exc
-    raise_if_any_rank_failed(error, info, f"Publishing the checkpoint {destination}")
-    return destination
+    return ShardedCheckpointWriter(info).save(
+        destination,
+        model=model,
+        optimizer=optimizer,
+        recipe_state=recipe_state,
+        step=step,
+        epoch=epoch,
+        intermediate=intermediate,
+        write_rank0_files=write_rank0_files,
+    )
 
 
 def load_sharded_checkpoint(folder: Path, *, model: nn.Module, optimizer: Optimizer, info: DistributedInfo) -> None:
