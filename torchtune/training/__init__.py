@@ -60,7 +60,14 @@ from torchtune.training._resume import (
 )
 from torchtune.training._run_control import CheckpointPolicy, NonFiniteLossGuard, StopSignals
 from torchtune.training._sampler import ResumableSampler
-from torchtune.training._step import TrainStep, forward_backward, shift_labels
+from torchtune.training._step import TrainStep, forward_backward, num_label_tokens, shift_labels
+from torchtune.training._stochastic_rounding import (
+    StochasticRounding,
+    WeightChangeTracker,
+    build_stochastic_rounding,
+    check_stochastic_rounding,
+    step_parameter,
+)
 from torchtune.training._validation import Validation, build_validation, check_validation_settings
 from torchtune.training.lr_schedulers import build_lr_scheduler
 
@@ -76,22 +83,26 @@ __all__ = [
     "ResumePlan",
     "RunSettings",
     "RunSummary",
+    "StochasticRounding",
     "StopSignals",
     "TrainStep",
     "TrainingData",
     "TrainingProgress",
     "Validation",
+    "WeightChangeTracker",
     "build_checkpointer",
     "build_dataloader",
     "build_lr_scheduler",
     "build_metric_logger",
     "build_model",
     "build_optimizer",
+    "build_stochastic_rounding",
     "build_validation",
     "check_metric_logger",
     "check_model_matches_checkpoint",
     "check_optimizer_settings",
     "check_resume_keys",
+    "check_stochastic_rounding",
     "check_tokenizer_fits_model",
     "check_validation_settings",
     "forward_backward",
@@ -100,6 +111,7 @@ __all__ = [
     "memory",
     "metrics_path",
     "model_fingerprint",
+    "num_label_tokens",
     "num_tokens",
     "padding_id",
     "positive_int",
@@ -110,5 +122,6 @@ __all__ = [
     "set_activation_checkpointing",
     "shift_labels",
     "step_optimizer",
+    "step_parameter",
     "trainable_parameters",
 ]

@@ -16,6 +16,7 @@ from torch.optim import Optimizer
 
 from torchtune import config
 from torchtune._errors import TuneError
+from torchtune.training._stochastic_rounding import StochasticRounding, WeightChangeTracker, step_parameter
 from torchtune.utils._checkpointing._checkpoint_utils import (
     OptimInBackwardWrapper,
     is_standard_optimizer_state,
@@ -75,33 +76,43 @@ def trainable_parameters(model: nn.Module) -> Dict[str, nn.Parameter]:
 
 
 def register_optim_in_bwd_hooks(
-    model: nn.Module, optim_map: Mapping[str, Optimizer], grad_norm: Optional[GradNormTracker] = None
+    model: nn.Module,
+    optim_map: Mapping[str, Optimizer],
+    grad_norm: Optional[GradNormTracker] = None,
+    *,
+    rounding: Optional[StochasticRounding] = None,
+    weight_changes: Optional[WeightChangeTracker] = None,
 ) -> List[Any]:
     """Step each parameter's optimizer as soon as its gradient is complete, then free the gradient.
 
     Uses ``Tensor.register_post_accumulate_grad_hook``: the hook runs once the gradient of a
     parameter has been fully accumulated in ``backward()`` (also for a parameter used twice, such as
     tied embeddings), so at most the gradients of the layer being back-propagated exist at a time.
-    Returns the hook handles (``handle.remove()`` detaches them).
+    With ``rounding``, bf16 updates are rounded stochastically (``step_parameter``). Returns the hook
+    handles (``handle.remove()`` detaches them).
     """
     params = trainable_parameters(model)
     missing = sorted(set(optim_map) - set(params))
     if missing:
         raise ValueError(f"optimizers given for parameters the model does not train: {missing[:5]}")
     return [
-        params[name].register_post_accumulate_grad_hook(_step_and_free(opt, grad_norm))
+        params[name].register_post_accumulate_grad_hook(_step_and_free(opt, grad_norm, rounding, weight_changes))
         for name, opt in optim_map.items()
     ]
 
 
-def _step_and_free(optimizer: Optimizer, grad_norm: Optional[GradNormTracker]) -> Callable[[torch.Tensor], None]:
+def _step_and_free(
+    optimizer: Optimizer,
+    grad_norm: Optional[GradNormTracker],
+    rounding: Optional[StochasticRounding],
+    weight_changes: Optional[WeightChangeTracker],
+) -> Callable[[torch.Tensor], None]:
     def hook(param: torch.Tensor) -> None:
         if grad_norm is not None:
             grad_norm.add(param.grad)
-        optimizer.step()
-        # The optimizer holds only this parameter: dropping its grad is all zero_grad would do,
-        # without zero_grad's ~25 us of Python per parameter per step.
-        param.grad = None
+        # The optimizer holds only this parameter: step_parameter dropping its grad is all zero_grad
+        # would do, without zero_grad's ~25 us of Python per parameter per step.
+        step_parameter(optimizer, param, rounding=rounding, changes=weight_changes, in_backward=True)
 
     return hook
 
@@ -112,18 +123,23 @@ def build_optimizer(
     *,
     optimizer_in_bwd: bool,
     grad_norm: Optional[GradNormTracker] = None,
+    rounding: Optional[StochasticRounding] = None,
+    weight_changes: Optional[WeightChangeTracker] = None,
 ) -> Optimizer:
     """The optimizer of ``cfg_optimizer`` over ``model``'s trainable parameters.
 
-    ``optimizer_in_bwd=False``: one optimizer over all of them. ``True``: one optimizer per
-    parameter, stepped from that parameter's post-accumulate-grad hook (which also adds the
-    gradient to ``grad_norm`` when it is armed), held in an ``OptimInBackwardWrapper``.
+    ``optimizer_in_bwd=False``: one optimizer over all of them (pass ``rounding`` to ``step_optimizer``
+    as well). ``True``: one optimizer per parameter, stepped from that parameter's post-accumulate-grad
+    hook (which also adds the gradient to ``grad_norm`` and the changed weights to ``weight_changes``
+    when they are armed), held in an ``OptimInBackwardWrapper``. ``rounding``: bf16 updates are rounded
+    stochastically; torchao optimizers are built with their own ``bf16_stochastic_round`` for it.
     """
     params = trainable_parameters(model)
+    extra = rounding.optimizer_kwargs(str(cfg_optimizer.get("_component_", ""))) if rounding is not None else {}
     if not optimizer_in_bwd:
-        return config.instantiate(cfg_optimizer, list(params.values()))
-    optim_map = {name: config.instantiate(cfg_optimizer, [p]) for name, p in params.items()}
-    register_optim_in_bwd_hooks(model, optim_map, grad_norm)
+        return config.instantiate(cfg_optimizer, list(params.values()), **extra)
+    optim_map = {name: config.instantiate(cfg_optimizer, [p], **extra) for name, p in params.items()}
+    register_optim_in_bwd_hooks(model, optim_map, grad_norm, rounding=rounding, weight_changes=weight_changes)
     return OptimInBackwardWrapper(optim_map)
 
 
@@ -154,13 +170,26 @@ def step_optimizer(
     *,
     clip_grad_norm: Optional[float] = None,
     grad_norm: Optional[GradNormTracker] = None,
+    rounding: Optional[StochasticRounding] = None,
+    weight_changes: Optional[WeightChangeTracker] = None,
+    grad_scale: Optional[float] = None,
 ) -> None:
-    """Finish an optimizer step: clip, record the gradient norm, ``step()``, ``zero_grad()``.
+    """Finish an optimizer step: scale, clip, record the gradient norm, ``step()``, ``zero_grad()``.
+
+    ``grad_scale`` multiplies every gradient first: gradient accumulation backpropagates each
+    micro-batch's loss times its token count and divides by the step's total here, so the step is that
+    of the token mean over all micro-batches (as one large batch), however the tokens fall into them.
 
     In standard mode this is the step. With optimizer in backward the gradients were consumed and
     freed in backward: no gradient is left here, and ``step``/``zero_grad`` are no-ops.
+
+    With ``rounding``, or ``weight_changes`` armed, a standard optimizer is stepped one parameter at a
+    time (the others' gradients set aside), so only one parameter's fp32 copy or weight copy exists at
+    once. Every supported optimizer updates each element alone, so the result is the same as one step.
     """
     with_grad = [p for p in params if p.grad is not None]
+    if with_grad and grad_scale is not None and grad_scale != 1.0:
+        torch._foreach_mul_([p.grad for p in with_grad], grad_scale)
     if with_grad:
         if clip_grad_norm is not None:
             norm = torch.nn.utils.clip_grad_norm_(with_grad, max_norm=clip_grad_norm)
@@ -168,5 +197,17 @@ def step_optimizer(
                 grad_norm.add_total(norm)
         elif grad_norm is not None and grad_norm.armed:
             grad_norm.add_total(torch.nn.utils.get_total_norm([p.grad for p in with_grad]))
-    optimizer.step()
+    if with_grad and (rounding is not None or (weight_changes is not None and weight_changes.armed)):
+        grads = [p.grad for p in with_grad]
+        for p in with_grad:
+            p.grad = None  # optimizers skip parameters without a gradient
+        for p, grad in zip(with_grad, grads):
+            p.grad = grad
+            step_parameter(optimizer, p, rounding=rounding, changes=weight_changes)
+        del grads
+        # A bitsandbytes update may have run through its update_step, not step(): tell LR schedulers
+        # (torch's flag for "optimizer.step() was called") that the step happened.
+        optimizer._opt_called = True  # type: ignore[attr-defined]
+    else:
+        optimizer.step()
     optimizer.zero_grad(set_to_none=True)

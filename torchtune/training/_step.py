@@ -11,12 +11,18 @@ from torch import nn
 
 from torchtune.modules.loss import CROSS_ENTROPY_IGNORE_IDX
 
-__all__ = ["TrainStep", "forward_backward", "shift_labels"]
+__all__ = ["TrainStep", "forward_backward", "num_label_tokens", "shift_labels"]
 
 
 def shift_labels(labels: torch.Tensor) -> torch.Tensor:
     """``labels[:, t]`` becomes the target of position ``t`` (the next token); the last position has none."""
     return F.pad(labels[:, 1:], (0, 1), value=CROSS_ENTROPY_IGNORE_IDX)
+
+
+def num_label_tokens(batch: Dict[str, torch.Tensor]) -> int:
+    """The tokens the loss of ``batch`` averages over (shifted labels that are not ignored), counted on
+    the host before the batch moves: no device sync. Gradient accumulation weights micro-batches by it."""
+    return int(shift_labels(batch["labels"]).ne(CROSS_ENTROPY_IGNORE_IDX).sum())
 
 
 def forward_backward(
@@ -69,6 +75,7 @@ class TrainStep:
         device: torch.device,
         activations_ctx: Optional[ContextManager[Any]] = None,
         clip_grad_norm: Optional[float] = None,
+        rounding: Optional[Any] = None,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
@@ -76,6 +83,7 @@ class TrainStep:
         self.device = device
         self.activations_ctx = activations_ctx
         self.clip_grad_norm = clip_grad_norm
+        self.rounding = rounding  # the StochasticRounding that build_optimizer was given, if any
 
     @classmethod
     def from_config(
@@ -88,12 +96,14 @@ class TrainStep:
         compile_model: Optional[bool] = None,
     ) -> "TrainStep":
         """The step of a finetune config (``model``, ``optimizer``, ``optimizer_in_bwd``, ``loss``,
-        ``clip_grad_norm``, activation checkpointing/offloading and ``compile`` keys); random weights
-        unless ``state_dict`` is given; ``compile_model`` overrides the config's ``compile``."""
+        ``clip_grad_norm``, ``bf16_stochastic_rounding`` (seeded from ``seed``, 0 when null), activation
+        checkpointing/offloading and ``compile`` keys); random weights unless ``state_dict`` is given;
+        ``compile_model`` overrides the config's ``compile``."""
         from torchtune import config
         from torchtune.training._activations import get_act_offloading_ctx_manager
         from torchtune.training._model import build_model
         from torchtune.training._optimizer import build_optimizer
+        from torchtune.training._stochastic_rounding import build_stochastic_rounding
 
         model = build_model(
             cfg.model,
@@ -103,13 +113,16 @@ class TrainStep:
             enable_activation_checkpointing=bool(cfg.enable_activation_checkpointing),
             compile_model=bool(cfg.compile if compile_model is None else compile_model),
         )
+        seed = cfg.seed if cfg.seed is not None else 0
+        rounding = build_stochastic_rounding(bool(cfg.bf16_stochastic_rounding), dtype=dtype, seed=seed, device=device)
         return cls(
             model,
-            build_optimizer(cfg.optimizer, model, optimizer_in_bwd=bool(cfg.optimizer_in_bwd)),
+            build_optimizer(cfg.optimizer, model, optimizer_in_bwd=bool(cfg.optimizer_in_bwd), rounding=rounding),
             config.instantiate(cfg.loss),
             device=device,
             activations_ctx=get_act_offloading_ctx_manager(model, bool(cfg.enable_activation_offloading)),
             clip_grad_norm=cfg.clip_grad_norm,
+            rounding=rounding,
         )
 
     def __call__(self, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
@@ -118,5 +131,7 @@ class TrainStep:
         loss = forward_backward(
             self.model, self.loss_fn, batch, device=self.device, activations_ctx=self.activations_ctx
         )
-        step_optimizer(self.optimizer, self.model.parameters(), clip_grad_norm=self.clip_grad_norm)
+        step_optimizer(
+            self.optimizer, self.model.parameters(), clip_grad_norm=self.clip_grad_norm, rounding=self.rounding
+        )
         return loss
