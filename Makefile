@@ -16,7 +16,7 @@ TORCH_VERSION ?= 2.13.0
 TORCH_INDEX ?=
 TORCH_INDEX_ARGS := $(if $(strip $(TORCH_INDEX)),--index-url $(TORCH_INDEX),)
 
-.PHONY: test lint demo setup clean
+.PHONY: test test-gpu lint demo setup clean
 
 setup: $(STAMP)
 
@@ -38,6 +38,11 @@ lint: $(STAMP)
 
 test: lint
 	$(PY) -m pytest -q tests
+
+# The tests that need a CUDA GPU (tests/gpu, marked `gpu`): a few minutes on one GPU, no network.
+# Where PyTorch sees no GPU each is skipped with the reason.
+test-gpu: $(STAMP)
+	$(PY) -m pytest -q -rs -m gpu tests/gpu
 
 demo: $(STAMP)
 	$(PY) scripts/demo.py

@@ -124,6 +124,10 @@ class FullFinetuneRecipeSingleDevice:
         self._clip_grad_norm = cfg.clip_grad_norm
         self._log_every_n_steps = training.positive_int(cfg, "log_every_n_steps")
         self._log_peak_memory_stats = bool(cfg.log_peak_memory_stats)
+        # the driver's figure (managed memory, context) at its peak, not a snapshot between steps
+        self._device_peak: Optional[memory.DeviceMemoryPeak] = None
+        if self._log_peak_memory_stats and self._device.type == "cuda":
+            self._device_peak = memory.DeviceMemoryPeak(self._device).start()
         self._checkpoint_policy = training.CheckpointPolicy(
             training.positive_int(cfg, "save_every_n_steps", allow_none=True),
             training.positive_int(cfg, "keep_last_n_checkpoints", allow_none=True),
@@ -348,7 +352,7 @@ class FullFinetuneRecipeSingleDevice:
             "weights_changed": self._weight_changes.pop(),
         }
         if self._log_peak_memory_stats:
-            payload.update(memory.get_memory_stats(self._device))
+            payload.update(memory.get_memory_stats(self._device, self._device_peak))
         self._metric_logger.log_dict(payload, step=self.global_step)
         pbar.set_description(f"{epoch + 1}|{self.global_step}|Loss: {loss_value:.4f}")
         pbar.set_postfix(lr=f"{lr:.2e}", tok_s=f"{tokens_per_second:.0f}", refresh=False)
@@ -415,10 +419,12 @@ class FullFinetuneRecipeSingleDevice:
         raise SystemExit(128 + int(self._stop.signum))
 
     def _log_memory(self, title: str) -> None:
-        stats = memory.get_memory_stats(self._device)
+        stats = memory.get_memory_stats(self._device, self._device_peak)
         log.info("Memory %s: %s", title, ", ".join(f"{k}={v:.2f} GB" for k, v in stats.items()))
 
     def cleanup(self) -> None:
+        if self._device_peak is not None:
+            self._device_peak.stop()
         self._metric_logger.close()
 
 

@@ -61,6 +61,11 @@ _RECIPES: list[Recipe] = [
         ],
     ),
     Recipe(name="generate", file_path="generate.py", configs=[_config("generate")]),
+    Recipe(
+        name="eleuther_eval",
+        file_path="eleuther_eval.py",
+        configs=[_config("llama2/7B_eval"), _config("llama2/tiny_eval"), _config("llama3_2/1B_eval")],
+    ),
 ]
 
 

@@ -112,6 +112,7 @@ def generate_batch(
     pad_id: int = 0,
     generator: Optional[torch.Generator] = None,
     use_cache: bool = True,
+    stop_when: Optional[Callable[[int, list[int]], bool]] = None,
 ) -> list[list[int]]:
     """Continue every prompt of ``prompts``; returns the new tokens of each (the stop token excluded).
 
@@ -127,6 +128,9 @@ def generate_batch(
         generator: random source for sampling; seed it for reproducible samples.
         use_cache: decode with a KV cache (one token per step); ``False`` recomputes the whole
             sequence every step (slow; the reference the cached path is tested against).
+        stop_when: ``stop_when(i, new_tokens)`` is called after each token added to prompt ``i``;
+            ``True`` ends that prompt, keeping the tokens so far (stop *strings*, e.g. lm-eval's
+            ``until``, which can end inside a token: the caller cuts the decoded text).
 
     Raises:
         TuneError: a prompt is empty or does not fit in the model's ``max_seq_len``.
@@ -186,6 +190,8 @@ def generate_batch(
                 for i in range(bsz):
                     if not done[i]:
                         out[i].append(int(next_tokens[i]))
+                        if stop_when is not None and stop_when(i, out[i]):
+                            done[i] = True
                 if bool(done.all()) or step == steps - 1:
                     break
                 next_tokens = next_tokens.masked_fill(done, pad_id).view(bsz, 1)

@@ -192,7 +192,14 @@ def results(folder) -> dict:
     site = folder / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    env = {**os.environ, "PYTHONPATH": str(site), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+    # the device cases are about a machine without a GPU: hide any GPU this one has
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(site),
+        "HF_DATASETS_OFFLINE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "CUDA_VISIBLE_DEVICES": "",
+    }
     env.pop("TUNE_DEBUG", None)
     # The installed `tune` script itself, on one case, alongside the driver (both mostly import time).
     script = subprocess.Popen(

@@ -120,22 +120,22 @@ def components(tmp_path, monkeypatch) -> str:
 CRASHING_DRIVER = '''
 """`tune ...` whose 2nd safetensors write stops halfway through the file and kills the process."""
 import os, signal, sys
-import safetensors.torch as st
+from torchtune.utils._checkpointing import _checkpointer
 
-real_save_file, calls = st.save_file, []
+real_write, calls = _checkpointer._write_safetensors_file, []
 
-def save_file_then_die(tensors, filename, metadata=None):
-    calls.append(filename)
+def write_then_die(path, specs, tensors):
+    calls.append(path)
+    digest = real_write(path, specs, tensors)
     if len(calls) < 2:
-        return real_save_file(tensors, filename, metadata=metadata)
-    data = st.save(tensors, metadata=metadata)
-    with open(filename, "wb") as f:
-        f.write(data[: len(data) // 2])
+        return digest
+    with open(path, "r+b") as f:  # only the first half reached the disk
+        f.truncate(os.path.getsize(path) // 2)
         f.flush()
         os.fsync(f.fileno())
     os.kill(os.getpid(), signal.SIGKILL)
 
-st.save_file = save_file_then_die
+_checkpointer._write_safetensors_file = write_then_die
 from torchtune._cli.tune import main
 sys.exit(main(sys.argv[1:]))
 '''
@@ -198,8 +198,8 @@ def test_full_disk_during_save_is_reported_and_previous_kept(tiny, reference, tm
         calls.append(f)
         if len(calls) < 2:  # step_4's recipe_state.pt; the 2nd (epoch_0's) finds the disk full
             return real_save(obj, f, *args, **kwargs)
-        Path(f).write_bytes(b"\0" * 100)
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(f))
+        f.write(b"\0" * 100)  # a partial file, as a real full disk leaves
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(f.path))
 
     monkeypatch.setattr(torch, "save", save_on_full_disk)
     assert _main(tiny, f"output_dir={out}", *RUN) == 1
@@ -269,7 +269,7 @@ class _RunsCodeWhenUnpickled:
         return (os.mkdir, (str(self.marker),))
 
 
-def test_recipe_state_loads_weights_only_unmapped_and_refuses_code(tiny, reference, tmp_path, capsys, monkeypatch):
+def test_recipe_state_loads_weights_only_mapped_and_refuses_code(tiny, reference, tmp_path, capsys, monkeypatch):
     state_path = reference / "step_4" / "recipe_state.pt"
     # What we save is loadable with weights_only=True and no allow-list: tensors and primitives only.
     state = torch.load(state_path, weights_only=True)
@@ -285,7 +285,7 @@ def test_recipe_state_loads_weights_only_unmapped_and_refuses_code(tiny, referen
     monkeypatch.setattr(torch, "load", spy)
     assert _main(tiny, f"output_dir={tmp_path / 'ok'}", "epochs=1", *_resume_args(reference / "step_4")) == 0
     monkeypatch.undo()
-    assert calls == [("recipe_state.pt", True, None)]  # weights come from safetensors, not pickle
+    assert calls == [("recipe_state.pt", True, True)]  # weights come from safetensors, not pickle
 
     # A recipe_state.pt carrying a pickled object (with a matching manifest) is refused, unrun.
     folder = tmp_path / "step_4"

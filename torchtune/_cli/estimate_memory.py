@@ -1,9 +1,13 @@
-"""``tune estimate-memory --config CONFIG [--seq-len N] [--batch-size B] [key=value ...]``.
+"""``tune estimate-memory --config CONFIG [--seq-len N] [--batch-size B] [--world-size N[,M...]] [key=value ...]``.
 
 Runs the training step a recipe runs (torchtune.training.TrainStep: model, optimizer, loss) twice on fake tensors,
 with no weights and no GPU, and prints the peak device memory split into weights, gradients,
 optimizer state, activations and temporaries, plus what lives outside the device peak (paged
 optimizer state, offloaded activations) and the host RAM that needs.
+
+A config of ``full_finetune_distributed`` (one with ``fsdp_*`` keys) is estimated per GPU for each
+``--world-size`` (default 1): rank 0 of that many processes, FSDP2-sharded, on a fake process group
+(``torchtune.training._distributed_memory``).
 """
 
 from __future__ import annotations
@@ -18,7 +22,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="estimate a config's peak GPU memory without weights or a GPU",
         description="Estimate the peak device memory of `tune run full_finetune_single_device` for a "
         "config: the recipe's own model, optimizer and loss run two training steps on fake tensors "
-        "(nothing is downloaded or allocated for real). See docs/memory.md.",
+        "(nothing is downloaded or allocated for real). For a full_finetune_distributed config, the "
+        "per-GPU peak at each --world-size, simulated on one CPU process with a fake process group. "
+        "See docs/memory.md and docs/distributed.md.",
     )
     parser.add_argument(
         "--config",
@@ -47,6 +53,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         metavar="S",
         help="training steps to run (default 2: the second has all optimizer state)",
     )
+    parser.add_argument(
+        "--world-size",
+        default=None,
+        metavar="N[,M...]",
+        help="distributed configs: number of GPUs (processes) to estimate per-GPU memory for, or a "
+        "comma-separated list, e.g. 1,2,8 (default 1); batch_size is the global batch split over them",
+    )
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
     parser.set_defaults(func=estimate_memory_command, accepts_overrides=True)
     return parser
@@ -67,6 +80,14 @@ def estimate_memory_command(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
     seq_len = args.seq_len or default_seq_len(cfg)
     batch_size = args.batch_size or int(cfg.batch_size)
+    if is_distributed_config(cfg):
+        return _estimate_distributed(args, cfg, seq_len, batch_size)
+    if args.world_size is not None:
+        raise UsageError(
+            f"--world-size estimates full_finetune_distributed configs (they have fsdp_* keys), but {args.config} "
+            "is a single-device config. Estimate a distributed one, e.g. --config llama2/7B_full_distributed "
+            "--world-size 8, or drop --world-size."
+        )
     start = time.perf_counter()
     estimate = estimate_recipe_memory(cfg, seq_len=seq_len, batch_size=batch_size, steps=args.steps)
     optimizer = cfg.optimizer._component_
@@ -77,4 +98,45 @@ def estimate_memory_command(args: argparse.Namespace) -> int:
     )
     print(estimate.format(title))
     print(f"({args.steps} steps on fake tensors in {time.perf_counter() - start:.0f} s)")
+    return 0
+
+
+def is_distributed_config(cfg: object) -> bool:
+    """A config of ``full_finetune_distributed``: the one recipe whose configs carry FSDP keys."""
+    return "fsdp_cpu_offload" in cfg
+
+
+def _estimate_distributed(args: argparse.Namespace, cfg: object, seq_len: int, batch_size: int) -> int:
+    """Per-GPU estimate at each ``--world-size``: a table each, then one summary line per world size."""
+    import time
+
+    from torchtune._errors import UsageError
+    from torchtune.training._distributed_memory import estimate_distributed_memory, parse_world_sizes
+
+    try:
+        world_sizes = parse_world_sizes(args.world_size if args.world_size is not None else "1")
+    except Exception as exc:
+        raise UsageError(str(exc)) from exc
+    summary = []
+    for world_size in world_sizes:
+        start = time.perf_counter()
+        estimate = estimate_distributed_memory(
+            cfg, world_size, seq_len=seq_len, batch_size=batch_size, steps=args.steps
+        )
+        title = (
+            f"Estimated peak memory per GPU for {args.config} on {world_size} GPU{'s' if world_size > 1 else ''}: "
+            f"global batch {batch_size} x {seq_len} tokens ({batch_size // world_size} per GPU), "
+            f"{cfg.optimizer._component_}, optimizer_in_bwd={cfg.optimizer_in_bwd}, activation checkpointing="
+            f"{cfg.enable_activation_checkpointing}, offloading={cfg.enable_activation_offloading}, "
+            f"fsdp_cpu_offload={cfg.fsdp_cpu_offload}"
+        )
+        print(estimate.format(title))
+        print(f"({args.steps} steps on fake tensors in {time.perf_counter() - start:.0f} s)\n")
+        label = f"on {world_size} GPU{'s' if world_size > 1 else ''}:"
+        summary.append(
+            f"  {label:<13}{estimate.peak_bytes / 1e9:7.2f} GB per GPU, host RAM "
+            f"{estimate.host_bytes_needed / 1e9:.2f} GB per process"
+        )
+    print(f"{args.config}, estimated (fake tensors), batch {batch_size} x {seq_len} tokens in all:")
+    print("\n".join(summary))
     return 0

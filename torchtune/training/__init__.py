@@ -25,6 +25,16 @@ from torchtune.training._activations import (
 )
 from torchtune.training._checks import check_optimizer_settings, positive_int
 from torchtune.training._data import TrainingData, build_dataloader, num_tokens, padding_id
+from torchtune.training._distributed import (
+    DistributedInfo,
+    backend_for_device,
+    destroy_distributed,
+    get_world_size_and_rank,
+    init_distributed,
+    is_rank_zero,
+    launched_by_torchrun,
+    shard_model,
+)
 from torchtune.training._metrics import (
     MetricLoggers,
     ProgressBarLogHandler,
@@ -73,6 +83,7 @@ from torchtune.training.lr_schedulers import build_lr_scheduler
 
 __all__ = [
     "CheckpointPolicy",
+    "DistributedInfo",
     "GradNormTracker",
     "MetricLoggers",
     "ProgressBarLogHandler",
@@ -97,6 +108,7 @@ __all__ = [
     "build_model",
     "build_optimizer",
     "build_stochastic_rounding",
+    "backend_for_device",
     "build_validation",
     "check_metric_logger",
     "check_model_matches_checkpoint",
@@ -105,8 +117,13 @@ __all__ = [
     "check_stochastic_rounding",
     "check_tokenizer_fits_model",
     "check_validation_settings",
+    "destroy_distributed",
     "forward_backward",
+    "get_world_size_and_rank",
     "get_act_offloading_ctx_manager",
+    "init_distributed",
+    "is_rank_zero",
+    "launched_by_torchrun",
     "load_optimizer_state",
     "memory",
     "metrics_path",
@@ -120,6 +137,7 @@ __all__ = [
     "resolve_resume",
     "resume_command",
     "set_activation_checkpointing",
+    "shard_model",
     "shift_labels",
     "step_optimizer",
     "step_parameter",

@@ -12,8 +12,10 @@ GPU memory with sequence length.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
+import weakref
 from typing import Any, Callable, ContextManager, Iterable, Iterator, Optional, Union
 
 import torch
@@ -22,8 +24,10 @@ from torch.autograd.graph import saved_tensors_hooks
 from torch.utils.checkpoint import checkpoint
 
 __all__ = [
+    "CudaCopies",
     "NoOpManager",
     "OffloadActivations",
+    "SimulatedCopies",
     "get_act_offloading_ctx_manager",
     "set_activation_checkpointing",
     "simulate_offloading",
@@ -78,6 +82,10 @@ def simulate_offloading(
 ) -> Iterator[None]:
     """Treat CPU tensors as device tensors in ``OffloadActivations`` (used by the memory estimator).
 
+    The simulation runs the same bookkeeping as CUDA (``SimulatedCopies``): a tensor being copied
+    to the host stays on the "device" until the copy is known to be done, and backward brings
+    ``prefetch`` tensors back ahead of use, so the estimate counts what a GPU holds, not instant copies.
+
     Args:
         host_ctx: factory of the context inside which host copies are allocated.
         on_saved: called with each saved tensor that stays on the device or is brought back to it.
@@ -101,27 +109,144 @@ def _storage_key(t: torch.Tensor) -> int:
     return t.untyped_storage()._cdata
 
 
+# --- the copy engines ----------------------------------------------------------------------------------
+# OffloadActivations decides what waits on what; an engine carries it out. ``CudaCopies`` is the real
+# one. ``SimulatedCopies`` runs the same decisions on CPU tensors with copies that finish at once (the
+# memory estimator, and tests that record the decisions): streams and events are plain tokens there.
+
+
+class CudaCopies:
+    """Streams, events, pinned host buffers and asynchronous copies on CUDA."""
+
+    device_type = "cuda"
+
+    def current_stream(self, device: torch.device) -> Any:
+        return torch.cuda.current_stream(device)
+
+    def new_stream(self, device: torch.device) -> Any:
+        return torch.cuda.Stream(device)
+
+    def on(self, stream: Any) -> ContextManager:
+        """Work and allocations inside run on ``stream`` (an allocation belongs to that stream's pool)."""
+        return torch.cuda.stream(stream)
+
+    def record(self, stream: Any) -> Any:
+        return stream.record_event()
+
+    def wait(self, stream: Any, event: Any) -> None:
+        """``stream`` waits (on the GPU; the CPU goes on) until ``event`` has happened."""
+        stream.wait_event(event)
+
+    def wait_stream(self, stream: Any, other: Any) -> None:
+        stream.wait_stream(other)
+
+    def synchronize(self, event: Any) -> None:
+        """The CPU waits until ``event`` has happened on the GPU."""
+        event.synchronize()
+
+    def host_buffer(self, t: torch.Tensor) -> torch.Tensor:
+        # pinned: the copy can run asynchronously; the caching host allocator keeps the block until
+        # the copies that use it have finished. empty_like keeps the strides autograd saved.
+        return torch.empty_like(t, device="cpu", pin_memory=True)
+
+    def device_buffer(self, host: torch.Tensor, device: torch.device) -> torch.Tensor:
+        return torch.empty_like(host, device=device)
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = True) -> None:
+        dst.copy_(src, non_blocking=non_blocking)
+
+    def record_stream(self, t: torch.Tensor, stream: Any) -> None:
+        t.record_stream(stream)
+
+
+class SimulatedCopies:
+    """The engine on CPU tensors that stand for device tensors: every copy is done when it returns.
+
+    Host buffers are made inside ``host_ctx()`` (the estimator counts them as host memory).
+    Subclass it to watch the bookkeeping: every operation goes through one method.
+    """
+
+    device_type = "cpu"
+
+    def __init__(self, host_ctx: Optional[Callable[[], ContextManager]] = None) -> None:
+        self.host_ctx = host_ctx or contextlib.nullcontext
+
+    def current_stream(self, device: torch.device) -> Any:
+        return "compute"
+
+    def new_stream(self, device: torch.device) -> Any:
+        return object()
+
+    def on(self, stream: Any) -> ContextManager:
+        return contextlib.nullcontext()
+
+    def record(self, stream: Any) -> Any:
+        return object()
+
+    def wait(self, stream: Any, event: Any) -> None:
+        pass
+
+    def wait_stream(self, stream: Any, other: Any) -> None:
+        pass
+
+    def synchronize(self, event: Any) -> None:
+        pass
+
+    def host_buffer(self, t: torch.Tensor) -> torch.Tensor:
+        with self.host_ctx():
+            return torch.empty_like(t)
+
+    def device_buffer(self, host: torch.Tensor, device: torch.device) -> torch.Tensor:
+        return torch.empty_like(host)
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = True) -> None:
+        dst.copy_(src)
+
+    def record_stream(self, t: torch.Tensor, stream: Any) -> None:
+        pass
+
+
+_CUDA = CudaCopies()
+
+
 class _Offloaded:
     """A saved tensor that lives in host memory until backward needs it."""
 
-    __slots__ = ("host", "device", "event", "index")
+    __slots__ = ("host", "device", "event", "index", "engine", "uses")
 
-    def __init__(self, host: torch.Tensor, device: torch.device, event: Any, index: int) -> None:
+    def __init__(self, host: torch.Tensor, device: torch.device, event: Any, index: int, engine: Any) -> None:
         self.host = host
         self.device = device
-        self.event = event
+        self.event = event  # the device->host copy; None when it was synchronous
         self.index = index
+        self.engine = engine
+        self.uses = 1  # how many saved-tensor slots hold it (one tensor saved by several ops is moved once)
 
 
 class OffloadActivations(saved_tensors_hooks):
     """Context manager: tensors saved for backward go to (pinned) host memory and come back in backward.
 
-    Wrap the model's forward in it. Only tensors of at least ``min_offload_bytes`` are moved, never
-    parameters (they stay alive on the device anyway; a saved weight view shares their storage).
+    Wrap the model's forward (and backward) in it. Only tensors of at least ``min_offload_bytes`` are
+    moved, never parameters or tensors sharing a parameter's storage (they stay alive on the device
+    anyway): pass ``model`` so that saved weight views that autograd or a compiled graph makes are
+    recognised too.
 
-    On CUDA the device->host copy runs on a side stream and the device tensor is released once the
-    copy has finished; in backward each tensor is copied back on another side stream, together with
-    the next ``prefetch`` tensors backward will ask for, so the copy overlaps compute.
+    On CUDA, forward copies each tensor to the host on a side stream. The compute stream waits for
+    that copy (on the GPU, the CPU goes on) before the tensor is released, and that happens when the
+    ``max_in_flight``-th next tensor is packed, so at most ``max_in_flight`` device tensors (with
+    checkpointing: about one layer input) are held for copying however far the CPU runs ahead.
+    Backward copies each tensor back on another side stream into memory of that stream, together
+    with the next ``prefetch`` tensors backward will ask for: the copy stream waits only for the
+    forward copy of the same tensor, and compute waits only for the copy of the tensor it uses now,
+    so bringing back the next layer's input overlaps the current layer's backward. A copy's memory
+    is returned to the copy stream only once compute is done with it (``record_stream``), which the
+    allocator can only see when the GPU gets there; so before new copies are made the CPU waits
+    until the GPU has reached the use of the tensor ``prefetch + 1`` unpacks back. That bounds the
+    device copies alive to about ``prefetch + 3`` however far the CPU runs ahead, and costs no GPU
+    time while the CPU is that far ahead (it stays one layer ahead with checkpointing).
+
+    A tensor saved by several ops (an RMSNorm saves its input twice) is moved once each way, unless it
+    was changed in place in between.
 
     On CPU there is no device memory to save, so packing is a no-op by design; the tensors that would
     move are still counted (``offloaded_bytes``, ``offloaded_tensors``), which keeps the code path
@@ -130,10 +255,12 @@ class OffloadActivations(saved_tensors_hooks):
     Args:
         min_offload_bytes: smaller tensors stay where they are (copies of tiny tensors cost more than
             they save).
-        model: optional; its parameters' storages are never offloaded (views of them are detected
-            without it too).
-        use_streams: copy on side CUDA streams (True) or on the current stream (False).
-        prefetch: how many tensors to bring back ahead of time in backward (CUDA only).
+        model: its parameters' storages are never offloaded (read at each ``__enter__``).
+        use_streams: copy on side CUDA streams (True) or synchronously on the current stream (False).
+        prefetch: how many tensors to bring back ahead of use in backward.
+        max_in_flight: how many device tensors may wait for their copy to the host in forward.
+        copies: the engine for tensors of ``copies.device_type`` (default: ``CudaCopies`` for CUDA
+            tensors); a ``SimulatedCopies`` makes CPU tensors go through the CUDA bookkeeping.
     """
 
     def __init__(
@@ -142,21 +269,32 @@ class OffloadActivations(saved_tensors_hooks):
         model: Optional[nn.Module] = None,
         use_streams: bool = True,
         prefetch: int = 1,
+        max_in_flight: int = 1,
+        copies: Optional[Any] = None,
     ) -> None:
+        if max_in_flight < 1 or prefetch < 0:
+            raise ValueError(f"max_in_flight must be >= 1 and prefetch >= 0, got {max_in_flight} and {prefetch}")
         self.min_offload_bytes = min_offload_bytes
         self.use_streams = use_streams
         self.prefetch = prefetch
+        self.max_in_flight = max_in_flight
+        self._model = model
+        self._copies = copies
         self._param_keys: set[int] = set()
-        if model is not None:
-            self._param_keys = {_storage_key(p) for p in model.parameters()}
         self.offloaded_bytes = 0
         self.offloaded_tensors = 0
         self._next_index = 0
-        self._in_flight: list[tuple[Any, torch.Tensor]] = []  # (event, device tensor) until copied
-        self._by_index: dict[int, _Offloaded] = {}
-        self._back: dict[int, torch.Tensor] = {}  # prefetched device copies, by index
-        self._d2h: Optional[Any] = None
-        self._h2d: Optional[Any] = None
+        # forward: index -> (copy event, device tensor, its stream, engine), until compute has waited
+        self._in_flight: dict[int, tuple[Any, torch.Tensor, Any, Any]] = {}
+        self._by_index: dict[int, _Offloaded] = {}  # packed and not yet unpacked
+        # id(tensor) -> (weak reference, packed) of this forward's offloaded tensors: q/k/v projections
+        # all save the same input; it is copied once each way
+        self._packed_ids: dict[int, tuple[Any, int, _Offloaded]] = {}
+        self._shared: dict[int, torch.Tensor] = {}  # brought back and still to be unpacked by other slots
+        self._back: dict[int, tuple[torch.Tensor, Any]] = {}  # prefetched: (device copy, ready event)
+        # compute-stream events at the last unpacks, where compute starts using each copy, newest last
+        self._in_use: collections.deque = collections.deque()
+        self._streams: dict[tuple[str, torch.device], Any] = {}
         super().__init__(self._pack, self._unpack)
 
     def __enter__(self) -> "OffloadActivations":
@@ -164,10 +302,22 @@ class OffloadActivations(saved_tensors_hooks):
         # all it saved).
         self.offloaded_bytes = 0
         self.offloaded_tensors = 0
+        self._release_in_flight(keep=0)
         self._by_index.clear()
         self._back.clear()
+        self._in_use.clear()
+        self._packed_ids.clear()
+        self._shared.clear()
+        if self._model is not None:
+            # at each step: a weight replaced since (load_state_dict(assign=True), to_empty) has a new storage
+            self._param_keys = {_storage_key(p) for p in self._model.parameters()}
         super().__enter__()
         return self
+
+    def __exit__(self, *exc: Any) -> None:
+        # a forward-only context (backward outside it): release what still waits for its copy now
+        self._release_in_flight(keep=0)
+        super().__exit__(*exc)
 
     # --- helpers ----------------------------------------------------------------------------------
     def _is_param_like(self, t: torch.Tensor) -> bool:
@@ -177,94 +327,127 @@ class OffloadActivations(saved_tensors_hooks):
             return True
         return bool(self._param_keys) and _storage_key(t) in self._param_keys
 
-    def _release_finished(self, wait: bool = False) -> None:
-        still = []
-        for event, tensor in self._in_flight:
-            if wait:
-                event.synchronize()
-            elif not event.query():
-                still.append((event, tensor))
-        self._in_flight = still
+    def _engine(self, t: torch.Tensor) -> Any:
+        """The copy engine for ``t``, or None when ``t`` is already in host memory."""
+        if self._copies is not None and t.device.type == self._copies.device_type:
+            return self._copies
+        if t.device.type == "cuda":
+            return _CUDA
+        if _SIMULATED_HOST_CTX is not None and t.device.type == "cpu":
+            return SimulatedCopies(_SIMULATED_HOST_CTX)
+        return None
+
+    def _stream(self, engine: Any, kind: str, device: torch.device) -> Any:
+        key = (kind, device)
+        if key not in self._streams:
+            self._streams[key] = engine.new_stream(device)
+        return self._streams[key]
+
+    def _release_in_flight(self, keep: int) -> None:
+        """Let go of all but the newest ``keep`` device tensors waiting for their copy to the host.
+
+        The compute stream waits for each copy before the reference is dropped, so the caching
+        allocator can hand the block out again in that stream's order, after the copy has read it.
+        """
+        while len(self._in_flight) > keep:
+            index = next(iter(self._in_flight))  # the oldest
+            event, _, stream, engine = self._in_flight.pop(index)
+            engine.wait(stream, event)
 
     # --- hooks ------------------------------------------------------------------------------------
     def _pack(self, t: torch.Tensor) -> Any:
         nbytes = t.numel() * t.element_size()
         if nbytes < self.min_offload_bytes or self._is_param_like(t):
             return _observe(t)
-        simulated = _SIMULATED_HOST_CTX is not None and t.device.type == "cpu"
-        if t.device.type != "cuda" and not simulated:
-            self.offloaded_bytes += nbytes  # CPU: already in host memory; count what would move
+        engine = self._engine(t)
+        if engine is None:
+            self.offloaded_bytes += nbytes  # CPU: already in host memory; counted as what would move
             self.offloaded_tensors += 1
             return t
+        seen = self._packed_ids.get(id(t))
+        if seen is not None and seen[0]() is t and seen[1] == t._version and seen[2].index in self._by_index:
+            seen[2].uses += 1  # the same tensor, unchanged, saved again: it is on its way already
+            return seen[2]
         self.offloaded_bytes += nbytes
         self.offloaded_tensors += 1
         index = self._next_index
         self._next_index += 1
-        if simulated:
-            with _SIMULATED_HOST_CTX():
-                host = torch.empty_like(t)
-                host.copy_(t)
-            packed = _Offloaded(host, t.device, None, index)
+        compute = engine.current_stream(t.device)
+        host = engine.host_buffer(t)
+        if self.use_streams:
+            self._release_in_flight(keep=self.max_in_flight - 1)
+            d2h = self._stream(engine, "d2h", t.device)
+            engine.wait_stream(d2h, compute)  # t is written by work queued on the compute stream
+            with engine.on(d2h):
+                engine.copy(host, t)
+                event = engine.record(d2h)
+            self._in_flight[index] = (event, t, compute, engine)  # t must live until the copy has read it
         else:
-            packed = self._pack_cuda(t, index)
+            engine.copy(host, t, non_blocking=False)
+            event = None
+        packed = _Offloaded(host, t.device, event, index, engine)
         self._by_index[index] = packed
+        self._packed_ids[id(t)] = (weakref.ref(t), t._version, packed)
         return packed
 
-    def _pack_cuda(self, t: torch.Tensor, index: int) -> _Offloaded:
-        self._release_finished()
-        host = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=True)
-        if self.use_streams:
-            if self._d2h is None:
-                self._d2h = torch.cuda.Stream(t.device)
-            self._d2h.wait_stream(torch.cuda.current_stream(t.device))
-            with torch.cuda.stream(self._d2h):
-                host.copy_(t, non_blocking=True)
-                event = torch.cuda.Event()
-                event.record(self._d2h)
-            # keep the device tensor referenced until the copy has read it; freed in _release_finished
-            self._in_flight.append((event, t))
-        else:
-            host.copy_(t, non_blocking=False)
-            event = None
-        return _Offloaded(host, t.device, event, index)
-
-    def _bring_back(self, packed: _Offloaded) -> torch.Tensor:
-        if packed.device.type != "cuda":
-            device_copy = torch.empty_like(packed.host)  # simulated: the "device" is the CPU
-            device_copy.copy_(packed.host)
-            return device_copy
-        if packed.event is not None:
-            packed.event.synchronize()
+    def _bring_back(self, packed: _Offloaded) -> tuple[torch.Tensor, Any]:
+        """A device copy of ``packed`` and the event after which it is complete (None: complete now)."""
+        engine = packed.engine
         if not self.use_streams:
-            return packed.host.to(packed.device, non_blocking=False)
-        if self._h2d is None:
-            self._h2d = torch.cuda.Stream(packed.device)
-        compute = torch.cuda.current_stream(packed.device)
-        device_copy = torch.empty(packed.host.shape, dtype=packed.host.dtype, device=packed.device)
-        self._h2d.wait_stream(compute)  # the allocation above is ordered on the compute stream
-        with torch.cuda.stream(self._h2d):
-            device_copy.copy_(packed.host, non_blocking=True)
-        device_copy.record_stream(self._h2d)
-        return device_copy
+            device_copy = engine.device_buffer(packed.host, packed.device)
+            engine.copy(device_copy, packed.host, non_blocking=False)
+            return device_copy, None
+        h2d = self._stream(engine, "h2d", packed.device)
+        with engine.on(h2d):
+            if packed.event is not None:
+                engine.wait(h2d, packed.event)  # the host copy must be complete; no CPU sync
+            # allocated from the copy stream's pool, so the copy waits for no compute work
+            device_copy = engine.device_buffer(packed.host, packed.device)
+            engine.copy(device_copy, packed.host)
+            ready = engine.record(h2d)
+        return device_copy, ready
 
     def _unpack(self, packed: Any) -> torch.Tensor:
         if not isinstance(packed, _Offloaded):
             return packed  # already reported to the observer when it was packed
-        if self._in_flight:
-            self._release_finished(wait=True)  # backward started: every forward copy must be done
-        tensor = self._back.pop(packed.index, None)
-        if tensor is None:
-            tensor = self._bring_back(packed)
-        if packed.device.type == "cuda":
-            # backward runs in reverse order of saving: start copying the next ones now
-            for ahead in range(packed.index - 1, packed.index - 1 - self.prefetch, -1):
-                nxt = self._by_index.get(ahead)
-                if nxt is not None and ahead not in self._back:
-                    self._back[ahead] = self._bring_back(nxt)
-            if self._h2d is not None:
-                torch.cuda.current_stream(packed.device).wait_stream(self._h2d)
+        self._release_in_flight(keep=0)  # backward has started: forward's copies are all queued
+        self._packed_ids.clear()
+        shared = self._shared.get(packed.index)
+        if shared is not None:  # brought back for another slot of the same tensor
+            packed.uses -= 1
+            if packed.uses <= 0:
+                del self._shared[packed.index]
+            return _observe(shared)
+        engine = packed.engine
+        entry = self._back.pop(packed.index, None)
+        if entry is None and self.use_streams:
+            self._catch_up(engine)
+        tensor, ready = entry if entry is not None else self._bring_back(packed)
+        if ready is not None:
+            compute = engine.current_stream(packed.device)
+            engine.wait(compute, ready)  # this tensor's copy only, not the prefetches behind it
+            # the block belongs to the copy stream's pool: when autograd frees it, it must not be reused
+            # before the compute work using it has run
+            engine.record_stream(tensor, compute)
+            self._in_use.append(engine.record(compute))
+        # backward runs in reverse order of saving: start bringing back the next ones now
+        ahead = [i for i in range(packed.index - 1, packed.index - 1 - self.prefetch, -1) if i in self._by_index]
+        ahead = [i for i in ahead if i not in self._back]
+        if ahead and self.use_streams:
+            self._catch_up(engine)
+        for index in ahead:
+            self._back[index] = self._bring_back(self._by_index[index])
         self._by_index.pop(packed.index, None)
+        packed.uses -= 1
+        if packed.uses > 0:
+            self._shared[packed.index] = tensor
         return _observe(tensor)
+
+    def _catch_up(self, engine: Any) -> None:
+        """Before new device copies: the CPU waits until the GPU uses the copy ``prefetch + 1`` unpacks
+        back, so the copies compute has finished with are free again (see the class docstring)."""
+        while len(self._in_use) > self.prefetch + 1:
+            engine.synchronize(self._in_use.popleft())
 
 
 class NoOpManager(contextlib.nullcontext):

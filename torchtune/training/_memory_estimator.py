@@ -71,14 +71,17 @@ def _storage_key(t: torch.Tensor) -> Optional[int]:
 
 def _inner_tensors(t: torch.Tensor) -> list[torch.Tensor]:
     """The plain tensors holding ``t``'s data (unwraps torchao-style tensor subclasses)."""
-    if hasattr(t, "__tensor_flatten__") and type(t) is not torch.Tensor and not isinstance(t, nn.Parameter):
+    # a plain Parameter is not a wrapper; a Parameter of a subclass (FSDP2's DTensor shards) is
+    if hasattr(t, "__tensor_flatten__") and type(t) not in (torch.Tensor, nn.Parameter):
         try:
             names, _ = t.__tensor_flatten__()
         except Exception:  # not a wrapper subclass after all
             return [t]
         out: list[torch.Tensor] = []
         for name in names:
-            out.extend(_inner_tensors(getattr(t, name)))
+            inner = getattr(t, name)
+            if isinstance(inner, torch.Tensor):  # DTensor also names its (opaque) device mesh
+                out.extend(_inner_tensors(inner))
         return out
     return [t]
 
@@ -88,21 +91,27 @@ class StorageCounter(TorchDispatchMode):
 
     ``current``/``peak`` are device bytes; allocations made inside ``host()`` are host bytes
     (``host_current``/``host_peak``). ``classify`` (optional) is called at every new device peak and
-    returns ``{storage key: category}`` for the storages it recognises; the rest are temporaries.
+    returns ``{storage key: category}`` for the storages it recognises (one of ``categories``); the
+    rest are temporaries. Storages resized in place (FSDP2 frees and re-allocates its all-gather
+    buffers with ``untyped_storage().resize_``, which no dispatch mode sees) are followed inside ``resizes()``.
     """
 
     def __init__(
-        self, classify: Optional[Callable[[], dict[int, str]]] = None, on_free: Optional[Callable[[int], None]] = None
+        self,
+        classify: Optional[Callable[[], dict[int, str]]] = None,
+        on_free: Optional[Callable[[int], None]] = None,
+        categories: tuple[str, ...] = CATEGORIES,
     ) -> None:
         super().__init__()
         self.classify = classify
         self.on_free = on_free
+        self.categories = categories
         self.current = 0
         self.peak = 0
         self.window_peak = 0  # peak since the last reset_window(): one training step
         self.host_current = 0
         self.host_peak = 0
-        self.peak_breakdown: dict[str, int] = {c: 0 for c in CATEGORIES}
+        self.peak_breakdown: dict[str, int] = {c: 0 for c in categories}
         self.peak_op = ""  # the op whose output made the peak
         self._op = ""
         self._live: dict[int, int] = {}
@@ -118,6 +127,41 @@ class StorageCounter(TorchDispatchMode):
         finally:
             self._in_host -= 1
 
+    @contextlib.contextmanager
+    def resizes(self) -> Iterator[None]:
+        """Count in-place storage resizes (``UntypedStorage.resize_``) made inside."""
+        original = torch.UntypedStorage.resize_
+
+        def resize_(storage: torch.UntypedStorage, size: int) -> Any:
+            out = original(storage, size)
+            self._resized(storage)
+            return out
+
+        torch.UntypedStorage.resize_ = resize_
+        try:
+            yield
+        finally:
+            torch.UntypedStorage.resize_ = original
+
+    def _resized(self, storage: torch.UntypedStorage) -> None:
+        key = storage._cdata
+        nbytes = _rounded(storage.nbytes())
+        table = self._host_live if key in self._host_live else self._live if key in self._live else None
+        if table is None:  # a storage made before the counting started
+            table = self._host_live if self._in_host else self._live
+            table[key] = 0
+            weakref.finalize(storage, self._free, key)
+        self._add(table, key, nbytes - table[key])
+
+    @property
+    def in_host(self) -> bool:
+        """True inside ``host()``."""
+        return self._in_host > 0
+
+    def host_keys(self) -> set[int]:
+        """Keys of the live storages counted as host memory."""
+        return set(self._host_live)
+
     def reset_window(self) -> None:
         self.window_peak = self.current
 
@@ -127,6 +171,8 @@ class StorageCounter(TorchDispatchMode):
             self._track_plain(inner)
 
     def _track_plain(self, t: torch.Tensor) -> None:
+        if t.device.type == "meta":  # no memory (a model built on meta, then sharded or loaded)
+            return
         key = _storage_key(t)
         if key is None:
             return
@@ -165,7 +211,7 @@ class StorageCounter(TorchDispatchMode):
 
     def _snapshot(self) -> None:
         tags = self.classify() if self.classify is not None else {}
-        breakdown = {c: 0 for c in CATEGORIES}
+        breakdown = {c: 0 for c in self.categories}
         for key, nbytes in self._live.items():
             breakdown[tags.get(key, "temporaries")] += nbytes
         self.peak_breakdown = breakdown
@@ -311,6 +357,7 @@ class MemoryEstimate:
     fake: bool = True
     peak_op: str = ""
     notes: list[str] = dataclasses.field(default_factory=list)
+    host_label: str = "offloaded activations"  # what host_offload_peak_bytes holds
 
     @property
     def host_bytes_needed(self) -> int:
@@ -337,9 +384,8 @@ class MemoryEstimate:
             f"{'  optimizer state, paged/managed':<34}{self.paged_optimizer_bytes / GB:>9.2f} GB"
             "  (CUDA managed memory; needs that much host RAM when paged out)"
         )
-        lines.append(
-            f"{'  offloaded activations (host)':<34}{self.host_offload_peak_bytes / GB:>9.2f} GB  (pinned host memory)"
-        )
+        host_label = f"  {self.host_label} (host)"
+        lines.append(f"{host_label:<34}{self.host_offload_peak_bytes / GB:>9.2f} GB  (pinned host memory)")
         lines.append(f"{'  host RAM needed for these':<34}{self.host_bytes_needed / GB:>9.2f} GB")
         lines += [f"Note: {note}" for note in self.notes]
         return "\n".join(lines)
@@ -375,30 +421,35 @@ class _Tracker:
         if self.model is not None:
             for p in self.model.parameters():
                 if p.grad is not None:
-                    tags[_storage_key(p.grad)] = "gradients"
-            for t in self.model.parameters():
-                tags[_storage_key(t)] = "weights"
-            for t in self.model.buffers():
-                tags[_storage_key(t)] = "weights"
+                    for inner in _inner_tensors(p.grad):
+                        tags[_storage_key(inner)] = "gradients"
+            for t in [*self.model.parameters(), *self.model.buffers()]:
+                for inner in _inner_tensors(t):
+                    tags[_storage_key(inner)] = "weights"
         return tags
 
 
 def profile_memory(
-    setup: Callable[[], tuple[nn.Module, Callable[[], Any]]], steps: int = 2, fake: bool = True
+    setup: Callable[[], tuple[nn.Module, Callable[[], Any]]],
+    steps: int = 2,
+    fake: bool = True,
+    tracker: Optional[_Tracker] = None,
+    categories: tuple[str, ...] = CATEGORIES,
 ) -> MemoryEstimate:
     """Peak memory of ``steps`` calls of a training step, counted by ``StorageCounter``.
 
     ``setup()`` runs inside the counting (and, with ``fake=True``, inside ``FakeTensorMode``) and
     returns ``(model, step)``; ``step()`` runs one training step (forward, loss, backward, optimizer).
     Offloaded activations (``OffloadActivations``) are simulated as if CPU tensors were device tensors,
-    their host copies counted separately.
+    their host copies counted separately. ``tracker`` (a ``_Tracker``) and ``categories`` replace the
+    default split into categories (the distributed estimate adds gathered weights).
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from torchtune.training._activations import simulate_offloading
 
-    tracker = _Tracker()
-    counter = StorageCounter(classify=tracker.classify)
+    tracker = tracker if tracker is not None else _Tracker()
+    counter = StorageCounter(classify=tracker.classify, categories=categories)
     tracker.counter = counter
     counter.on_free = lambda key: tracker.saved.pop(key, None)
     LayoutOptimizer.paged_bytes_total = 0
@@ -414,6 +465,7 @@ def profile_memory(
         with (
             fake_mode,
             counter,
+            counter.resizes(),
             simulate_offloading(counter.host, tracker.on_saved),
             torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
         ):
@@ -469,6 +521,38 @@ def estimate_recipe_memory(
     is simulated on CPU tensors; bitsandbytes/torchao optimizers become ``LayoutOptimizer``. With
     ``fake=False`` the same runs on real CPU tensors (to check the estimate on a small model).
     """
+    from torchtune import training
+
+    seq_len = int(seq_len) if seq_len is not None else default_seq_len(cfg)
+    batch = int(batch_size) if batch_size is not None else training.positive_int(cfg, "batch_size")
+    cfg, device, dtype, notes = prepare_estimate(cfg)
+
+    def setup() -> tuple[nn.Module, Callable[[], Any]]:
+        # compile does not run on fake tensors; it changes temporaries only
+        step = training.TrainStep.from_config(cfg, device=device, dtype=dtype, compile_model=False)
+        vocab = step.model.tok_embeddings.num_embeddings
+        # made inside the modes: on the fake run they are fake too (a real input would be copied
+        # into a new fake storage when first used, which a real run does not do)
+        data = {
+            "tokens": torch.randint(0, vocab, (batch, seq_len)),
+            "labels": torch.randint(0, vocab, (batch, seq_len)),
+        }
+        return step.model, lambda: step(data)
+
+    estimate = profile_memory(setup, steps=steps, fake=fake)
+    estimate.notes = notes + estimate.notes
+    return estimate
+
+
+def prepare_estimate(cfg: Any) -> tuple[Any, torch.device, torch.dtype, list[str]]:
+    """``(cfg, device, dtype, notes)`` for estimating ``cfg``'s step: a copy of the config whose
+    bitsandbytes/torchao optimizer is replaced by ``LayoutOptimizer``, the CPU device the fake tensors
+    stand on, the model dtype, and the notes the estimate prints.
+
+    Raises:
+        ConfigError: conflicting optimizer keys (``check_optimizer_settings``).
+        TuneError: the optimizer's package is not installed.
+    """
     from omegaconf import OmegaConf
 
     from torchtune import training
@@ -476,8 +560,6 @@ def estimate_recipe_memory(
 
     cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
     target_device = str(cfg.device)
-    seq_len = int(seq_len) if seq_len is not None else default_seq_len(cfg)
-    batch = int(batch_size) if batch_size is not None else training.positive_int(cfg, "batch_size")
     training.check_optimizer_settings(cfg)
     device = torch.device("cpu")  # fake CPU tensors stand for the device (see the module docstring)
     dtype = get_dtype(cfg.dtype, device)
@@ -498,22 +580,7 @@ def estimate_recipe_memory(
         )
     if not cfg.optimizer_in_bwd:
         notes.append("optimizer_in_bwd=False: a full set of gradients exists after backward")
-
-    def setup() -> tuple[nn.Module, Callable[[], Any]]:
-        # compile does not run on fake tensors; it changes temporaries only
-        step = training.TrainStep.from_config(cfg, device=device, dtype=dtype, compile_model=False)
-        vocab = step.model.tok_embeddings.num_embeddings
-        # made inside the modes: on the fake run they are fake too (a real input would be copied
-        # into a new fake storage when first used, which a real run does not do)
-        data = {
-            "tokens": torch.randint(0, vocab, (batch, seq_len)),
-            "labels": torch.randint(0, vocab, (batch, seq_len)),
-        }
-        return step.model, lambda: step(data)
-
-    estimate = profile_memory(setup, steps=steps, fake=fake)
-    estimate.notes = notes + estimate.notes
-    return estimate
+    return cfg, device, dtype, notes
 
 
 def _require(component: str, package: str) -> None:

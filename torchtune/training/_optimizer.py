@@ -20,7 +20,7 @@ from torchtune.training._stochastic_rounding import StochasticRounding, WeightCh
 from torchtune.utils._checkpointing._checkpoint_utils import (
     OptimInBackwardWrapper,
     is_standard_optimizer_state,
-    keep_optimizer_state_paged,
+    load_optimizer_state_dict,
 )
 
 __all__ = [
@@ -146,6 +146,10 @@ def build_optimizer(
 def load_optimizer_state(optimizer: Optimizer, state_dict: Mapping[str, Any]) -> None:
     """Restore a saved optimizer state, refusing one written in the other optimizer mode.
 
+    One parameter at a time (``load_optimizer_state_dict``): with the state memory-mapped from
+    ``recipe_state.pt``, host memory holds the restored state once plus one parameter's worth, and
+    a paged bitsandbytes optimizer gets its state copied straight into its paged buffers.
+
     Raises:
         TuneError: the state was written with the other ``optimizer_in_bwd`` setting, or (in
             backward) for other parameter names.
@@ -160,8 +164,7 @@ def load_optimizer_state(optimizer: Optimizer, state_dict: Mapping[str, Any]) ->
             "optimizer_in_bwd=False. Resume with optimizer_in_bwd=True, or start a new "
             "run without resume_from_checkpoint."
         )
-    optimizer.load_state_dict(state_dict)
-    keep_optimizer_state_paged(optimizer)
+    load_optimizer_state_dict(optimizer, state_dict)
 
 
 def step_optimizer(

@@ -6,9 +6,13 @@
   allocator counters (CUDA only). They do NOT see CUDA managed memory, which is where bitsandbytes'
   paged optimizers keep their state (32-bit PagedAdamW holds about 54 GB for Llama2-7B, mostly paged
   out to host RAM), nor the CUDA context.
-- ``device_memory_used``: what the driver sees in use on the device (``torch.cuda.mem_get_info``:
-  total - free). It includes managed memory that is resident, the CUDA context and other processes,
-  so it is the number that tells whether a card really fits the run.
+- ``device_memory_used``: what the driver sees in use on the device now (NVML when ``nvidia-ml-py``
+  is installed, else ``torch.cuda.mem_get_info``: total - free). It includes managed memory that is
+  resident, the CUDA context and other processes.
+- ``peak_device_memory_used``: the largest such driver figure since the ``DeviceMemoryPeak`` sampler
+  given to ``get_memory_stats`` started (or was reset). A snapshot taken between steps misses the
+  peak inside backward; the sampler reads the driver every few milliseconds in a background thread,
+  so this is the number that tells whether a card really fits the run.
 - ``host_peak_rss``: peak resident set size of this process on the host (``resource.getrusage``;
   ``psutil``'s current RSS when larger). Paged optimizer state that was paged out lands here.
 
@@ -21,29 +25,154 @@ import logging
 import os
 import resource
 import sys
-from typing import Optional, Union
+import threading
+from typing import Callable, Optional, Union
 
 import torch
 
 _GB = 1e9
-_ALLOC_CONF_VAR = "PYTORCH_CUDA_ALLOC_CONF"
+# torch 2.13 documents PYTORCH_ALLOC_CONF; PYTORCH_CUDA_ALLOC_CONF is its older, still honoured name.
+_ALLOC_CONF_VAR = "PYTORCH_ALLOC_CONF"
+_ALLOC_CONF_VARS = (_ALLOC_CONF_VAR, "PYTORCH_CUDA_ALLOC_CONF")
 _EXPANDABLE = "expandable_segments:True"
 
-__all__ = ["get_memory_stats", "log_memory_stats", "reset_peak_memory_stats", "set_cuda_alloc_conf"]
+__all__ = [
+    "DeviceMemoryPeak",
+    "get_memory_stats",
+    "log_memory_stats",
+    "reset_peak_memory_stats",
+    "set_cuda_alloc_conf",
+]
 
 
 def set_cuda_alloc_conf() -> bool:
-    """Set ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` unless the user set the variable.
+    """Set ``PYTORCH_ALLOC_CONF=expandable_segments:True`` unless the user configured the allocator.
 
     Expandable segments let the caching allocator grow one mapping instead of keeping many
     fixed-size blocks, which removes most fragmentation (reserved - allocated) in a run whose
-    tensor sizes change with the sequence length. It must happen before the first CUDA allocation,
-    so the recipe calls it first thing. Returns True when it set the variable.
+    tensor sizes change with the sequence length. A user's ``PYTORCH_ALLOC_CONF`` or (older name)
+    ``PYTORCH_CUDA_ALLOC_CONF`` is left as it is, even if empty: setting the new name beside the old
+    one would override the user's choice. The allocator reads the variable when CUDA starts, so the
+    recipe calls this first thing. Returns True when it set the variable.
     """
-    if _ALLOC_CONF_VAR in os.environ:
+    if any(name in os.environ for name in _ALLOC_CONF_VARS):
         return False
     os.environ[_ALLOC_CONF_VAR] = _EXPANDABLE
     return True
+
+
+_READERS: dict[torch.device, tuple[Callable[[], int], str]] = {}
+
+
+def _driver_memory_reader(device: torch.device) -> tuple[Callable[[], int], str]:
+    """A function returning the bytes in use on ``device`` as the driver reports them, and its source.
+
+    NVML (``nvidia-ml-py``) reads the driver without touching the CUDA context, so it is safe and
+    cheap from a background thread; without it, ``cudaMemGetInfo`` (total - free) gives the same figure.
+    """
+    if device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    if device in _READERS:
+        return _READERS[device]
+    if not torch.version.hip:
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            # CUDA_VISIBLE_DEVICES renumbers devices for CUDA but not for NVML
+            handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda._get_nvml_device_index(device))
+            pynvml.nvmlDeviceGetMemoryInfo(handle)
+            _READERS[device] = (lambda: int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)), "NVML"
+            return _READERS[device]
+        except Exception:  # not installed, or no NVML on this driver: the CUDA runtime has the figure too
+            pass
+
+    def read() -> int:
+        free, total = torch.cuda.mem_get_info(device)
+        return total - free
+
+    _READERS[device] = read, "cudaMemGetInfo"
+    return _READERS[device]
+
+
+class DeviceMemoryPeak:
+    """Peak of the device memory in use (driver's view), sampled in a background thread.
+
+    ``torch.cuda.max_memory_allocated`` misses CUDA managed memory (paged optimizer state) and the
+    context; the driver's figure includes them but is only a snapshot. This samples it every
+    ``interval_s`` seconds from ``start()`` to ``stop()`` and keeps the largest value. Reading
+    ``peak_bytes`` takes one more sample first, so a peak that is still standing is never missed;
+    a spike shorter than the interval can be. Usable as a context manager.
+
+    Args:
+        device: the CUDA device.
+        interval_s: seconds between samples (each NVML query takes ~10-50 us).
+        read: bytes in use now; by default NVML (``nvidia-ml-py``), else ``torch.cuda.mem_get_info``.
+        source: what ``read`` reads, for reports (set from the default reader when ``read`` is None).
+    """
+
+    def __init__(
+        self,
+        device: Union[torch.device, str],
+        interval_s: float = 0.002,
+        read: Optional[Callable[[], int]] = None,
+        source: str = "custom",
+    ) -> None:
+        self.device = torch.device(device)
+        self.interval_s = interval_s
+        if read is None:
+            read, source = _driver_memory_reader(self.device)
+        self.source = source
+        self._read = read
+        self._peak = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def _sample(self) -> None:
+        value = self._read()
+        with self._lock:
+            if value > self._peak:
+                self._peak = value
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._sample()
+
+    def start(self) -> "DeviceMemoryPeak":
+        """Take a first sample and start the sampling thread (a daemon: it never blocks exit)."""
+        if self._thread is None:
+            self._sample()
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._run, name="device-memory-peak", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop sampling (after one last sample); ``peak_bytes`` keeps the peak seen."""
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+            self._sample()
+
+    def reset(self) -> None:
+        """Start a new peak from the value in use now."""
+        with self._lock:
+            self._peak = 0
+        self._sample()
+
+    @property
+    def peak_bytes(self) -> int:
+        self._sample()
+        with self._lock:
+            return self._peak
+
+    def __enter__(self) -> "DeviceMemoryPeak":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
 
 def _host_peak_rss_bytes() -> int:
@@ -67,13 +196,16 @@ def _host_rss_bytes() -> Optional[int]:
     return psutil.Process().memory_info().rss
 
 
-def get_memory_stats(device: Union[torch.device, str]) -> dict[str, float]:
+def get_memory_stats(
+    device: Union[torch.device, str], device_peak: Optional[DeviceMemoryPeak] = None
+) -> dict[str, float]:
     """Memory statistics for ``device`` in GB (1e9 bytes), keyed for metrics.jsonl.
 
     CUDA: ``peak_memory_alloc``, ``peak_memory_reserved``, ``peak_memory_active`` (since the last
-    ``reset_peak_memory_stats``), ``device_memory_used`` (driver's view: total - free, includes
-    managed memory and the CUDA context), ``device_memory_total``, ``host_peak_rss`` and ``host_rss``.
-    CPU (and other devices): ``host_peak_rss`` and ``host_rss`` only.
+    ``reset_peak_memory_stats``), ``device_memory_used`` (driver's view now: includes managed memory
+    and the CUDA context), ``peak_device_memory_used`` (the driver's figure at its peak, when a
+    running ``device_peak`` sampler is given), ``device_memory_total``, ``host_peak_rss`` and
+    ``host_rss``. CPU (and other devices): ``host_peak_rss`` and ``host_rss`` only.
     """
     device = torch.device(device)
     stats: dict[str, float] = {}
@@ -82,9 +214,10 @@ def get_memory_stats(device: Union[torch.device, str]) -> dict[str, float]:
         stats["peak_memory_alloc"] = s.get("allocated_bytes.all.peak", 0) / _GB
         stats["peak_memory_reserved"] = s.get("reserved_bytes.all.peak", 0) / _GB
         stats["peak_memory_active"] = s.get("active_bytes.all.peak", 0) / _GB
-        free, total = torch.cuda.mem_get_info(device)
-        stats["device_memory_used"] = (total - free) / _GB
-        stats["device_memory_total"] = total / _GB
+        stats["device_memory_used"] = _driver_memory_reader(device)[0]() / _GB
+        if device_peak is not None:
+            stats["peak_device_memory_used"] = device_peak.peak_bytes / _GB
+        stats["device_memory_total"] = torch.cuda.get_device_properties(device).total_memory / _GB
     stats["host_peak_rss"] = _host_peak_rss_bytes() / _GB
     rss = _host_rss_bytes()
     if rss is not None:
@@ -92,18 +225,22 @@ def get_memory_stats(device: Union[torch.device, str]) -> dict[str, float]:
     return stats
 
 
-def reset_peak_memory_stats(device: Union[torch.device, str]) -> None:
-    """Restart the torch peak counters of a CUDA device (a no-op elsewhere; host peak RSS cannot be reset)."""
+def reset_peak_memory_stats(device: Union[torch.device, str], device_peak: Optional[DeviceMemoryPeak] = None) -> None:
+    """Restart the torch peak counters of a CUDA device and ``device_peak``'s peak (a no-op on other
+    devices; host peak RSS cannot be reset)."""
     device = torch.device(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+    if device_peak is not None:
+        device_peak.reset()
 
 
 _LABELS = {
     "peak_memory_alloc": "peak allocated (torch)",
     "peak_memory_reserved": "peak reserved (torch)",
     "peak_memory_active": "peak active (torch)",
-    "device_memory_used": "device in use (driver, incl. managed memory + context)",
+    "device_memory_used": "device in use now (driver, incl. managed memory + context)",
+    "peak_device_memory_used": "peak device in use (driver, sampled; incl. managed memory + context)",
     "device_memory_total": "device total",
     "host_peak_rss": "host peak RSS",
     "host_rss": "host RSS now",

@@ -5,6 +5,7 @@ from torchtune.utils._checkpointing._checkpoint_utils import (
     OptimInBackwardWrapper,
     is_standard_optimizer_state,
     keep_optimizer_state_paged,
+    load_optimizer_state_dict,
 )
 from torchtune.utils._device import dtype_name, get_device, get_dtype, parse_device, set_default_dtype
 from torchtune.utils._seed import get_rng_state, set_rng_state, set_seed
@@ -21,6 +22,7 @@ __all__ = [
     "get_rng_state",
     "is_standard_optimizer_state",
     "keep_optimizer_state_paged",
+    "load_optimizer_state_dict",
     "set_rng_state",
     "set_seed",
 ]

@@ -100,19 +100,56 @@ def get_dtype(dtype: Any, device: torch.device) -> torch.dtype:
 
     fp16 is refused: it needs loss scaling, and with optimizer in backward each gradient is
     consumed by its optimizer the moment it exists, so there is no point at which gradients could
-    be unscaled or skipped on overflow.
+    be unscaled or skipped on overflow. bf16 on a CUDA device needs native support on that device
+    (``check_native_bf16``).
 
     Raises:
         ConfigError: as ``dtype_name``.
-        TuneError: bf16 on a GPU without bfloat16 support.
+        TuneError: bf16 on a GPU without native bfloat16 (before Ampere).
     """
     result = _DTYPES[dtype_name(dtype)]
-    if result == torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise TuneError(
-            "dtype=bf16 was asked for, but this GPU does not support bfloat16 (it needs an NVIDIA Ampere or "
-            "newer GPU). Use dtype=fp32."
-        )
+    if result == torch.bfloat16 and device.type == "cuda":
+        check_native_bf16(device)
     return result
+
+
+# Compute capability 8.0 (Ampere) brought bf16 tensor-core matmuls and the flash / memory-efficient
+# SDPA kernels for bf16; older cards emulate bf16 matmuls through fp32 and run attention on the math
+# kernel, whose memory grows with the square of the sequence length.
+_NATIVE_BF16_CAPABILITY = (8, 0)
+
+
+def check_native_bf16(device: torch.device) -> None:
+    """Refuse bf16 on a CUDA device that would only emulate it.
+
+    ``torch.cuda.is_bf16_supported()`` also says yes where bf16 is emulated (T4, V100, P100: common
+    16 GB cards) and asks the current device, not the configured one; this asks ``device`` itself
+    for its compute capability. ROCm GPUs that PyTorch supports all have bf16.
+
+    Raises:
+        TuneError: no CUDA here, or ``device`` is older than compute capability 8.0; the message
+            names the card and what to use instead.
+    """
+    if torch.version.hip:
+        return
+    if not torch.cuda.is_available():
+        raise TuneError(
+            f"dtype=bf16 on device={device} was asked for, but PyTorch sees no CUDA GPU on this machine. "
+            "Run with device=cpu, or on a machine with an NVIDIA GPU."
+        )
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    major, minor = torch.cuda.get_device_capability(index)
+    if (major, minor) >= _NATIVE_BF16_CAPABILITY:
+        return
+    name = torch.cuda.get_device_name(index)
+    raise TuneError(
+        f"dtype=bf16 was asked for, but cuda:{index} is a {name} (compute capability {major}.{minor}), which has "
+        "no native bfloat16: PyTorch would emulate bf16 matmuls (several times slower) and run attention on the "
+        "math kernel, whose memory grows with the square of the sequence length, so the memory figures of the bf16 "
+        "configs do not hold. Use dtype=fp32 on this card (weights, gradients and optimizer state take twice the "
+        "memory; fp16 is not supported by this recipe), or a GPU of compute capability 8.0 or newer (Ampere or "
+        "later: A100, A10, L4, RTX 30xx/40xx, H100)."
+    )
 
 
 @contextlib.contextmanager

@@ -197,6 +197,8 @@ def test_ls_lists_recipes_and_configs(files):
         ["llama3_1/8B_full_low_memory"],
     ]
     assert lines[7].split() == ["generate", "generate"]
+    assert lines[8].split() == ["eleuther_eval", "llama2/7B_eval"]
+    assert [line.split() for line in lines[9:11]] == [["llama2/tiny_eval"], ["llama3_2/1B_eval"]]
 
 
 def _a_builtin_config():

@@ -80,9 +80,10 @@ def test_activation_checkpointing_keeps_only_layer_inputs():
 def test_activation_offloading_moves_layer_inputs_to_host():
     kept = _estimate("enable_activation_offloading=False")
     moved = _estimate()
-    # all but the layer input being back-propagated at the peak wait in host memory
-    assert kept.peak_bytes - moved.peak_bytes == (LAYERS - 1) * BSD4
-    assert moved.breakdown["activations"] <= BSD4 + 8192
+    # at the peak, all but the layer input being back-propagated and the one brought back ahead of it
+    # (prefetch=1, copies modelled as the GPU runs them, not as instant) wait in host memory
+    assert kept.peak_bytes - moved.peak_bytes == (LAYERS - 2) * BSD4
+    assert BSD4 <= moved.breakdown["activations"] <= 2 * BSD4 + 8192
     assert moved.host_offload_peak_bytes >= LAYERS * BSD4
 
 

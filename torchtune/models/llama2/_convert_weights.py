@@ -12,7 +12,7 @@ makes both directions exact (pure re-indexing, no arithmetic).
 from __future__ import annotations
 
 import re
-from typing import Optional
+from typing import Iterable, Iterator, Optional
 
 import torch
 
@@ -68,14 +68,19 @@ def _rename(key: str, mapping: dict[str, str]) -> Optional[str]:
     return None if target is None else target.format(match.group(1))
 
 
-def _convert(
-    state_dict: dict[str, torch.Tensor], mapping: dict[str, str], derivable: list[re.Pattern], source: str
-) -> dict[str, torch.Tensor]:
-    converted, unknown = {}, []
-    for key, value in state_dict.items():
+def _rename_all(
+    keys: Iterable[str], mapping: dict[str, str], derivable: list[re.Pattern], source: str
+) -> dict[str, str]:
+    """``{old name: new name}`` of every key that converts; derivable buffers are left out.
+
+    Raises:
+        TuneError: listing the keys that belong to no Llama checkpoint of ``source`` format.
+    """
+    names, unknown = {}, []
+    for key in keys:
         new_key = _rename(key, mapping)
         if new_key is not None:
-            converted[new_key] = value
+            names[key] = new_key
         elif not any(p.match(key) for p in derivable):
             unknown.append(key)
     if unknown:
@@ -85,7 +90,14 @@ def _convert(
             f"{shown}. Check that checkpointer.checkpoint_files name a Llama checkpoint in {source} format "
             f"and that checkpointer.model_type matches it."
         )
-    return converted
+    return names
+
+
+def _convert(
+    state_dict: dict[str, torch.Tensor], mapping: dict[str, str], derivable: list[re.Pattern], source: str
+) -> dict[str, torch.Tensor]:
+    names = _rename_all(state_dict, mapping, derivable, source)
+    return {new: state_dict[old] for old, new in names.items()}
 
 
 def _permute(w: torch.Tensor, n_heads: int, head_dim: int) -> torch.Tensor:
@@ -136,6 +148,53 @@ def hf_to_tune(
     return converted
 
 
+_TO_HF = {v: k for k, v in _FROM_HF.items()}
+
+
+def tune_to_hf_names(keys: Iterable[str]) -> dict[str, str]:
+    """``{torchtune name: Hugging Face name}`` for ``keys``; raises ``TuneError`` for names of no Llama."""
+    return _rename_all(keys, _TO_HF, [], "torchtune")
+
+
+def tune_to_hf_tensor(
+    hf_key: str, tensor: torch.Tensor, *, num_heads: int, num_kv_heads: int, head_dim: int
+) -> torch.Tensor:
+    """One tensor in Hugging Face layout, on the host.
+
+    The tensor is moved to the host *before* the q/k permutation: the permutation's reshape makes
+    a copy, and made on the device it would cost device memory at save time (for Llama2-7B, every
+    q/k weight at once if a whole state dict were converted there).
+    """
+    host = tensor.detach().to("cpu")
+    if hf_key.endswith("self_attn.q_proj.weight"):
+        return _permute(host, num_heads, head_dim)
+    if hf_key.endswith("self_attn.k_proj.weight"):
+        return _permute(host, num_kv_heads, head_dim)
+    return host
+
+
+def iter_tune_to_hf(
+    state_dict: dict[str, torch.Tensor],
+    num_heads: int = 32,
+    num_kv_heads: int = 32,
+    dim: int = 4096,
+    head_dim: Optional[int] = None,
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(Hugging Face name, host tensor)`` pairs, converted one at a time as they are consumed.
+
+    Names are checked for all keys before the first tensor is converted. Arguments as for
+    :func:`hf_to_tune`.
+    """
+    head_dim = dim // num_heads if head_dim is None else head_dim
+    for key, hf_key in tune_to_hf_names(state_dict).items():
+        yield (
+            hf_key,
+            tune_to_hf_tensor(
+                hf_key, state_dict[key], num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim
+            ),
+        )
+
+
 def tune_to_hf(
     state_dict: dict[str, torch.Tensor],
     num_heads: int = 32,
@@ -145,13 +204,7 @@ def tune_to_hf(
 ) -> dict[str, torch.Tensor]:
     """torchtune names -> Hugging Face Llama names, re-applying HF's q/k rotary permutation.
 
-    Arguments as for :func:`hf_to_tune`.
+    Returns host tensors (see :func:`tune_to_hf_tensor`); a save streams :func:`iter_tune_to_hf`
+    instead, so that only one converted tensor exists at a time. Arguments as for :func:`hf_to_tune`.
     """
-    head_dim = dim // num_heads if head_dim is None else head_dim
-    converted = _convert(state_dict, {v: k for k, v in _FROM_HF.items()}, [], "torchtune")
-    for key in converted:
-        if key.endswith("self_attn.q_proj.weight"):
-            converted[key] = _permute(converted[key], num_heads, head_dim)
-        elif key.endswith("self_attn.k_proj.weight"):
-            converted[key] = _permute(converted[key], num_kv_heads, head_dim)
-    return converted
+    return dict(iter_tune_to_hf(state_dict, num_heads, num_kv_heads, dim, head_dim))

@@ -12,7 +12,7 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping, Optional
 
 from torchtune._errors import TuneError
 from torchtune.utils._checkpointing._manifest import (
@@ -59,13 +59,20 @@ def clean_leftovers(parent: Path) -> None:
 
 
 def write_folder_atomically(
-    destination: Path, write_contents: Callable[[Path], None], *, step: int, epoch: int, intermediate: bool
+    destination: Path,
+    write_contents: Callable[[Path], Optional[Mapping[str, str]]],
+    *,
+    step: int,
+    epoch: int,
+    intermediate: bool,
 ) -> Path:
     """Create ``destination`` with the files ``write_contents(tmp_folder)`` writes, atomically.
 
     Order: clean leftovers, write into ``.tmp-<name>-<pid>``, fsync each file, write and fsync
     ``manifest.json`` last, fsync the folder, then rename. An existing ``destination`` (a re-save of
     the same step) is renamed aside first and deleted only once the new folder is in place.
+    ``write_contents`` may return ``{name: sha256}`` of the files it hashed while writing them; the
+    manifest takes those sums instead of reading the files again.
 
     Raises:
         TuneError: on any ``OSError`` (full disk, permissions); the temporary folder is removed and
@@ -79,11 +86,11 @@ def write_folder_atomically(
         parent.mkdir(parents=True, exist_ok=True)
         clean_leftovers(parent)
         tmp.mkdir()
-        write_contents(tmp)
+        hashed = write_contents(tmp)
         for path in tmp.rglob("*"):
             if path.is_file():
                 fsync_file(path)
-        manifest = build_manifest(tmp, step=step, epoch=epoch, intermediate=intermediate)
+        manifest = build_manifest(tmp, step=step, epoch=epoch, intermediate=intermediate, hashed=hashed)
         manifest_path = tmp / MANIFEST_NAME
         with open(manifest_path, "w") as f:
             json.dump(manifest, f, indent=2)

@@ -13,19 +13,26 @@ import logging
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Callable, Iterator, Optional, Union
 
 import torch
 from torch import nn
 
 from torchtune._assets import missing_path_hint
 from torchtune._errors import TuneError
-from torchtune.models.llama2._convert_weights import hf_to_tune, meta_to_tune, tune_to_hf, tune_to_meta
+from torchtune.models.llama2._convert_weights import (
+    hf_to_tune,
+    meta_to_tune,
+    tune_to_hf_names,
+    tune_to_hf_tensor,
+    tune_to_meta,
+)
 from torchtune.utils._checkpointing._atomic import write_folder_atomically
 from torchtune.utils._checkpointing._hf_config import MODEL_TYPES, HFModelConfig
 from torchtune.utils._checkpointing._hf_side_files import write_hf_side_files
 from torchtune.utils._checkpointing._manifest import RECIPE_STATE_NAME, verify_manifest
 from torchtune.utils._checkpointing._safe_load import load_safetensors_weights, load_torch_weights
+from torchtune.utils._checkpointing._streaming_write import safetensors_order, save_torch, write_safetensors
 
 log = logging.getLogger("torchtune")
 
@@ -44,16 +51,14 @@ HF_SIDE_FILES = (
 META_SIDE_FILES = ("params.json", "tokenizer.model")
 
 
-def _save_safetensors_file(tensors: dict[str, torch.Tensor], path: Path) -> None:
-    """Write one safetensors file (a seam the tests use to simulate a full disk)."""
-    from safetensors.torch import save_file
-
-    save_file(tensors, str(path), metadata={"format": "pt"})
+def _write_safetensors_file(path: Path, specs: list, tensors: Iterator[torch.Tensor]) -> str:
+    """Stream one safetensors file to disk; returns its sha256 (a seam the tests use to simulate a full disk)."""
+    return write_safetensors(path, specs, tensors, metadata={"format": "pt"}).sha256
 
 
-def _save_torch_file(obj: Any, path: Path) -> None:
-    """Write one ``torch.save`` file (a seam the tests use to simulate a full disk)."""
-    torch.save(obj, path)
+def _save_torch_file(obj: Any, path: Path) -> str:
+    """Write one ``torch.save`` file; returns its sha256 (a seam the tests use to simulate a full disk)."""
+    return save_torch(obj, path).sha256
 
 
 def _shorten(items: list[str], limit: int = 20) -> str:
@@ -183,16 +188,26 @@ class _FullModelCheckpointer:
             if src.is_file():
                 shutil.copyfile(src, folder / name)
 
-    def _save(self, state_dict: dict[str, Any], epoch: int, step: int, intermediate: bool, write_model) -> Path:
+    def _save(
+        self,
+        state_dict: dict[str, Any],
+        epoch: int,
+        step: int,
+        intermediate: bool,
+        write_model: Callable[[dict[str, torch.Tensor], Path], dict[str, str]],
+    ) -> Path:
         if MODEL_KEY not in state_dict:
             raise ValueError(f"save_checkpoint needs the model weights under '{MODEL_KEY}'")
         recipe_state = {k: v for k, v in state_dict.items() if k != MODEL_KEY}
         name = f"step_{step}" if intermediate else f"epoch_{epoch}"
 
-        def write_contents(folder: Path) -> None:
-            write_model(state_dict[MODEL_KEY], folder)
+        def write_contents(folder: Path) -> dict[str, str]:
+            hashed = write_model(state_dict[MODEL_KEY], folder)
             if recipe_state:
-                _save_torch_file(recipe_state, folder / RECIPE_STATE_NAME)
+                # torch.save moves one storage at a time to the host: device optimizer state needs no
+                # device copy, and the host holds one state tensor at a time.
+                hashed[RECIPE_STATE_NAME] = _save_torch_file(recipe_state, folder / RECIPE_STATE_NAME)
+            return hashed
 
         return write_folder_atomically(
             self._output_dir / name, write_contents, step=step, epoch=epoch, intermediate=intermediate
@@ -302,36 +317,42 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
             ) from exc
         return self._finish_load(model_sd)
 
-    def _write_model(self, model_sd: dict[str, torch.Tensor], folder: Path) -> None:
-        hf_sd = tune_to_hf(
-            model_sd, num_heads=self._num_heads, num_kv_heads=self._num_kv_heads, dim=self._dim, head_dim=self._head_dim
-        )
+    def _write_model(self, model_sd: dict[str, torch.Tensor], folder: Path) -> dict[str, str]:
+        """Write the weights in HF format, one tensor at a time; returns ``{file: sha256}``.
+
+        Each tensor is moved to the host, converted there (the q/k permutation copies) and written
+        before the next one is touched: a save needs one tensor's worth of extra host memory (two
+        for a permuted q/k weight) and no device memory. ``.bin`` shards go through ``torch.save``,
+        which needs the whole shard at once: one shard on the host at a time.
+        """
+        names = tune_to_hf_names(model_sd)
+        shape_args = {"num_heads": self._num_heads, "num_kv_heads": self._num_kv_heads, "head_dim": self._head_dim}
         default_file = self._shard_names[-1]
-        by_file: dict[str, list[str]] = {name: [] for name in self._shard_names}
-        weight_map = {}
-        for key in hf_sd:
-            name = self._key_to_file.get(key, default_file)
-            by_file[name].append(key)
-            weight_map[key] = name
-        total_size = 0
-        for name, keys in by_file.items():
-            # One shard on the host at a time bounds the extra host memory of a save.
-            tensors = {k: hf_sd[k].detach().to("cpu").contiguous() for k in keys}
-            total_size += sum(t.numel() * t.element_size() for t in tensors.values())
+        by_file: dict[str, dict[str, torch.Tensor]] = {name: {} for name in self._shard_names}
+        for key, hf_key in names.items():
+            by_file[self._key_to_file.get(hf_key, default_file)][hf_key] = model_sd[key]
+        weight_map = {hf_key: name for name, tensors in by_file.items() for hf_key in tensors}
+        total_size = sum(t.numel() * t.element_size() for t in model_sd.values())
+        hashed: dict[str, str] = {}
+        for name, source in by_file.items():
             if self._safetensors:
-                _save_safetensors_file(tensors, folder / name)
+                specs = safetensors_order((k, t.dtype, t.shape) for k, t in source.items())
+                converted = (tune_to_hf_tensor(k, source[k], **shape_args) for k, _, _ in specs)
+                hashed[name] = _write_safetensors_file(folder / name, specs, converted)
             else:
-                _save_torch_file(tensors, folder / name)
-            del tensors
+                shard = {k: tune_to_hf_tensor(k, t, **shape_args).contiguous() for k, t in source.items()}
+                hashed[name] = _save_torch_file(shard, folder / name)
+                del shard
         if self._index_name or len(self._shard_names) > 1:
             index_name = self._index_name or (
                 "model.safetensors.index.json" if self._safetensors else "pytorch_model.bin.index.json"
             )
             index = {"metadata": {"total_size": total_size}, "weight_map": dict(sorted(weight_map.items()))}
             (folder / index_name).write_text(json.dumps(index, indent=2) + "\n")
-        written = next((t.dtype for t in hf_sd.values() if t.is_floating_point()), None)
+        written = next((t.dtype for t in model_sd.values() if t.is_floating_point()), None)
         config = json.loads((self._checkpoint_dir / "config.json").read_text())
         write_hf_side_files(self._checkpoint_dir, folder, config=config, dtype=written)
+        return hashed
 
     def save_checkpoint(
         self, state_dict: dict[str, Any], epoch: int, step: int = 0, intermediate: bool = False
@@ -381,10 +402,15 @@ class FullModelMetaCheckpointer(_FullModelCheckpointer):
         sd = load_torch_weights(self._checkpoint_dir / self._weights_name)
         return self._finish_load(meta_to_tune(sd))
 
-    def _write_model(self, model_sd: dict[str, torch.Tensor], folder: Path) -> None:
+    def _write_model(self, model_sd: dict[str, torch.Tensor], folder: Path) -> dict[str, str]:
+        # torch.save needs the whole dict at once, and its tensors on the host so that the file
+        # loads without a GPU: the weights once in host memory (each moved there on its own; no
+        # device copy). The Hugging Face format streams instead.
         meta_sd = {k: v.detach().to("cpu").contiguous() for k, v in tune_to_meta(model_sd).items()}
-        _save_torch_file(meta_sd, folder / self._weights_name)
+        hashed = {self._weights_name: _save_torch_file(meta_sd, folder / self._weights_name)}
+        del meta_sd
         self._copy_side_files(META_SIDE_FILES, folder)
+        return hashed
 
     def save_checkpoint(
         self, state_dict: dict[str, Any], epoch: int, step: int = 0, intermediate: bool = False

@@ -6,7 +6,7 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Mapping, Optional
 
 from torchtune._errors import TuneError
 
@@ -27,14 +27,24 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def build_manifest(folder: Path, *, step: int, epoch: int, intermediate: bool) -> dict[str, Any]:
-    """Describe every file under ``folder`` (except the manifest itself)."""
+def build_manifest(
+    folder: Path, *, step: int, epoch: int, intermediate: bool, hashed: Optional[Mapping[str, str]] = None
+) -> dict[str, Any]:
+    """Describe every file under ``folder`` (except the manifest itself).
+
+    ``hashed`` maps names (relative to ``folder``) to the sha256 computed while the file was written
+    (``HashingFile``): those files are not read again. Only the rest (small side files: config,
+    tokenizer, index) are hashed here.
+    """
+    hashed = dict(hashed or {})
     files = {}
     for path in sorted(p for p in folder.rglob("*") if p.is_file()):
         name = path.relative_to(folder).as_posix()
         if name == MANIFEST_NAME:
             continue
-        files[name] = {"size": path.stat().st_size, "sha256": sha256_of(path)}
+        files[name] = {"size": path.stat().st_size, "sha256": hashed.pop(name, None) or sha256_of(path)}
+    if hashed:
+        raise ValueError(f"hashed while writing but not in {folder}: {sorted(hashed)}")
     return {
         "format_version": MANIFEST_FORMAT_VERSION,
         "step": step,

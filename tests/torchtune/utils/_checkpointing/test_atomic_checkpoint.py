@@ -17,7 +17,7 @@ from torchtune.models.llama2 import llama2_tiny, tune_to_hf, tune_to_meta
 from torchtune.utils._checkpointing import (
     FullModelHFCheckpointer,
     FullModelMetaCheckpointer,
-    _checkpointer,
+    _streaming_write,
     find_latest_checkpoint,
     verify_manifest,
 )
@@ -78,11 +78,14 @@ def test_disk_full_keeps_previous_checkpoint(tmp_path, hf_dir, monkeypatch):
     sd = ckpt.load_checkpoint()["model"]
     first = ckpt.save_checkpoint({"model": sd}, epoch=0, step=1, intermediate=True)
 
-    def full_disk(tensors, path):
-        Path(path).write_bytes(b"\0" * 100)  # a partial file, as a real full disk leaves
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+    real_write = _streaming_write.HashingFile.write
 
-    monkeypatch.setattr(_checkpointer, "_save_safetensors_file", full_disk)
+    def full_disk(self, data):  # the disk fills up in the middle of the weights file
+        if self.size > 1000:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.path))
+        return real_write(self, data)
+
+    monkeypatch.setattr(_streaming_write.HashingFile, "write", full_disk)
     for step in (2, 1):  # a new step, and a re-save of the existing one
         with pytest.raises(TuneError, match="disk is full") as e:
             ckpt.save_checkpoint({"model": sd}, epoch=0, step=step, intermediate=True)

@@ -1,0 +1,117 @@
+"""torchtune.training's distributed helpers in one process (a gloo world of one, no torchrun)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
+
+from torchtune import training
+from torchtune._errors import TuneError
+from torchtune.models.llama2 import llama2
+from torchtune.modules.loss import ChunkedCrossEntropyLoss
+
+TINY = dict(vocab_size=64, num_layers=2, num_heads=4, num_kv_heads=2, embed_dim=32, max_seq_len=32)
+
+
+@pytest.fixture
+def world_of_one(monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    info = training.init_distributed("cpu")
+    yield info
+    training.destroy_distributed()
+
+
+def _tiny_model(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return llama2(**TINY)
+
+
+def test_init_distributed_without_torchrun_is_a_world_of_one(world_of_one):
+    assert dist.is_initialized() and dist.get_backend() == "gloo"
+    assert (world_of_one.rank, world_of_one.world_size, world_of_one.device) == (0, 1, torch.device("cpu"))
+    assert world_of_one.mesh.size() == 1 and training.get_world_size_and_rank() == (1, 0)
+    assert training.is_rank_zero()
+
+
+def test_shard_model_keeps_names_and_computes_the_same(world_of_one):
+    reference = _tiny_model()
+    model = copy.deepcopy(reference)
+    training.shard_model(model, mesh=world_of_one.mesh)
+
+    names = [n for n, _ in model.named_parameters()]
+    assert names == [n for n, _ in reference.named_parameters()]
+    assert all(isinstance(p, DTensor) for p in model.parameters())
+    # each decoder layer is its own FSDP unit, and the root holds the rest
+    assert all(type(layer).__name__.startswith("FSDP") for layer in model.layers)
+    assert type(model).__name__.startswith("FSDP")
+
+    tokens = torch.randint(0, TINY["vocab_size"], (2, 16), generator=torch.Generator().manual_seed(1))
+    labels = tokens.roll(-1, dims=1)
+    loss_fn = ChunkedCrossEntropyLoss(num_output_chunks=2)
+    losses = []
+    for m in (reference, model):
+        loss = loss_fn(m.output, m(tokens, output_hidden_states=True), labels)
+        loss.backward()
+        losses.append(loss.detach())
+    torch.testing.assert_close(losses[1], losses[0], rtol=0, atol=1e-6)
+    for (name, p_ref), p in zip(reference.named_parameters(), model.parameters()):
+        assert isinstance(p.grad, DTensor), name
+        torch.testing.assert_close(p.grad.full_tensor(), p_ref.grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_shard_model_mixed_precision_casts_compute_not_storage(world_of_one):
+    model = training.shard_model(_tiny_model(), mesh=world_of_one.mesh, param_dtype=torch.bfloat16)
+    tokens = torch.zeros(1, 4, dtype=torch.long)
+    hidden = model(tokens, output_hidden_states=True)
+    assert hidden.dtype == torch.bfloat16  # the layers computed in bf16
+    # the root stays gathered after forward (the loss applies model.output next), in the compute dtype
+    assert model.output.weight.dtype == torch.bfloat16 and not isinstance(model.output.weight, DTensor)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
+    assert all(isinstance(p, DTensor) and p.dtype == torch.float32 for p in model.parameters())  # storage: fp32
+
+
+def test_in_backward_hooks_fire_on_sharded_parameters(world_of_one):
+    reference = _tiny_model()
+    model = training.shard_model(copy.deepcopy(reference), mesh=world_of_one.mesh)
+    cfg = {"_component_": "torch.optim.SGD", "lr": 0.1}
+    optimizers = [training.build_optimizer(cfg, m, optimizer_in_bwd=True) for m in (reference, model)]
+    tokens = torch.randint(0, TINY["vocab_size"], (2, 8), generator=torch.Generator().manual_seed(2))
+    for m in (reference, model):
+        m(tokens).sum().backward()
+    for (name, p_ref), p in zip(reference.named_parameters(), model.parameters()):
+        assert p.grad is None, name  # stepped and freed inside backward
+        torch.testing.assert_close(p.full_tensor(), p_ref.detach(), rtol=1e-5, atol=1e-6, msg=name)
+    assert len(optimizers[1].state_dict()) == len(list(model.parameters()))
+
+
+def test_shard_model_refuses_a_model_without_decoder_layers(world_of_one):
+    with pytest.raises(TuneError, match="no TransformerDecoderLayer"):
+        training.shard_model(torch.nn.Linear(4, 4), mesh=world_of_one.mesh)
+
+
+def test_shard_model_refuses_a_bad_reshard_value(world_of_one):
+    with pytest.raises(TuneError, match="fsdp_reshard_after_forward"):
+        training.shard_model(_tiny_model(), mesh=world_of_one.mesh, reshard_after_forward=0)
+
+
+@pytest.mark.parametrize(
+    "device, backend, match",
+    [("cpu", "nccl", "dist_backend: nccl does not work with device: cpu"), ("mps", None, "no communication backend")],
+)
+def test_backend_must_fit_the_device(device, backend, match):
+    with pytest.raises(TuneError, match=match):
+        training.backend_for_device(device, backend)
+    assert training.backend_for_device("cuda") == "nccl" and training.backend_for_device("cpu", "gloo") == "gloo"
+
+
+def test_init_distributed_refuses_a_device_index():
+    with pytest.raises(TuneError, match="local rank"):
+        training.init_distributed("cuda:1")

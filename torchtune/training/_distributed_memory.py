@@ -1,0 +1,306 @@
+"""Per-GPU peak memory of the distributed recipe for a world size, on one CPU process.
+
+``tune estimate-memory --config llama2/70B_full_distributed --world-size 8`` answers "how much does
+each of 8 GPUs need" before anyone rents them. Rank 0 of a world of ``world_size`` is simulated:
+
+- a fake process group (PyTorch's ``fake`` backend: every collective returns at once without
+  communicating) and a 1-D device mesh over it, so ``fully_shard`` shards for that world size;
+- fake tensors (``FakeTensorMode``): the model is built on the meta device, sharded with the recipe's
+  ``shard_model`` (decoder layers, then the root, with the config's mixed precision,
+  ``reshard_after_forward`` and CPU offload), and only the local shards are materialised;
+- the counter of ``_memory_estimator`` on the recipe's own training step (optimizer in backward or
+  not, activation checkpointing/offloading, chunked loss), which sees a DTensor as its local shard and
+  the buffers FSDP2 allocates itself: all-gather inputs/outputs, the unsharded parameters of the layer
+  in compute (FSDP2 frees them by resizing storage to 0, which is counted too), unsharded gradients
+  and reduce-scatter buffers.
+
+Every rank of an FSDP2 run holds the same amounts (shards are equal up to padding), so rank 0's peak
+is the per-GPU peak. With ``fsdp_cpu_offload: True`` the sharded parameters, their gradients and the
+optimizer state live in host memory and the optimizer steps on the CPU: those bytes are reported as
+host RAM, and only what visits the device (the gathered layer, activations, unsharded gradients
+before their copy to the host) is in the device peak.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterator, Optional
+
+import torch
+from torch import nn
+
+from torchtune._errors import TuneError
+from torchtune.training._memory_estimator import (
+    CATEGORIES,
+    MemoryEstimate,
+    _inner_tensors,
+    _storage_key,
+    _Tracker,
+    default_seq_len,
+    prepare_estimate,
+    profile_memory,
+)
+
+__all__ = ["DISTRIBUTED_CATEGORIES", "estimate_distributed_memory", "fake_world", "parse_world_sizes"]
+
+# "gathered weights": the unsharded parameters of the layers whose all-gather has landed (in
+# param_dtype), i.e. what FSDP2 adds on top of the local shards
+DISTRIBUTED_CATEGORIES = ("weights", "gathered_weights", *CATEGORIES[1:])
+
+
+@contextlib.contextmanager
+def fake_world(world_size: int) -> Iterator[Any]:
+    """A process group of ``world_size`` ranks in which this process is rank 0 and no collective
+    communicates (PyTorch's ``fake`` backend), with a 1-D device mesh over it; destroyed on exit.
+
+    Raises:
+        TuneError: a process group is already initialised in this process.
+    """
+    import torch.distributed as dist
+    import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers the "fake" backend)
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if dist.is_initialized():
+        raise TuneError(
+            "The distributed memory estimate simulates its own process group, but this process is already "
+            "in one. Run tune estimate-memory as a plain command, not under torchrun."
+        )
+    dist.init_process_group("fake", store=dist.HashStore(), rank=0, world_size=world_size)
+    try:
+        # the fake CPU tensors stand for the device (see _memory_estimator), so the mesh is on "cpu"
+        yield init_device_mesh("cpu", (world_size,), mesh_dim_names=("dp_shard",))
+    finally:
+        dist.destroy_process_group()
+
+
+def parse_world_sizes(text: str) -> list[int]:
+    """``"1,2,8"`` -> ``[1, 2, 8]``.
+
+    Raises:
+        TuneError: an entry is not a positive whole number.
+    """
+    sizes = []
+    for part in str(text).split(","):
+        part = part.strip()
+        if not part.isdigit() or int(part) < 1:
+            raise TuneError(
+                f"--world-size {text}: each entry must be a positive whole number of processes (GPUs), "
+                "e.g. --world-size 8 or --world-size 1,2,8."
+            )
+        sizes.append(int(part))
+    return sizes
+
+
+class _ShardedTracker(_Tracker):
+    """Categories under FSDP2: the parameters registered at set-up are the local shards (weights);
+    parameters the modules hold later are unsharded all-gather results (gathered weights)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sharded: list[nn.Parameter] = []
+
+    def classify(self) -> dict[int, str]:
+        tags = super().classify()  # activations, optimizer state, gradients, weights of current params
+        if self.model is None:
+            return tags
+        local = set()
+        for p in self.sharded:
+            for inner in _inner_tensors(p):
+                local.add(_storage_key(inner))
+            if p.grad is not None:
+                for inner in _inner_tensors(p.grad):
+                    tags[_storage_key(inner)] = "gradients"
+        for p in self.model.parameters():
+            for inner in _inner_tensors(p):
+                key = _storage_key(inner)
+                if key not in local:
+                    tags[key] = "gathered_weights"
+        for key in local:
+            tags[key] = "weights"
+        return tags
+
+
+def estimate_distributed_memory(
+    cfg: Any,
+    world_size: int,
+    seq_len: Optional[int] = None,
+    batch_size: Optional[int] = None,
+    steps: int = 2,
+    fake: bool = True,
+) -> MemoryEstimate:
+    """Per-GPU peak memory of ``full_finetune_distributed`` for ``cfg`` on ``world_size`` GPUs.
+
+    ``batch_size`` is the global batch (the config's ``batch_size``, split evenly over the ranks);
+    each simulated rank runs ``batch_size // world_size`` sequences of ``seq_len`` tokens. With
+    ``fake=False`` the same runs on real CPU tensors (to check the estimate on a small model).
+
+    Raises:
+        TuneError: the batch does not split over ``world_size`` ranks; an optimizer FSDP2 cannot use.
+    """
+    from torchtune import config, training
+    from torchtune.training._activations import get_act_offloading_ctx_manager
+    from torchtune.training._distributed import shard_model
+    from torchtune.training._step import TrainStep
+
+    if world_size < 1:
+        raise TuneError(f"world_size must be at least 1, got {world_size}.")
+    seq_len = int(seq_len) if seq_len is not None else default_seq_len(cfg)
+    batch = int(batch_size) if batch_size is not None else training.positive_int(cfg, "batch_size")
+    if batch % world_size != 0:
+        raise TuneError(
+            f"batch_size={batch} does not split over {world_size} processes (each rank takes batch_size / "
+            f"world size sequences). Pick a batch_size that is a multiple of {world_size}."
+        )
+    local_batch = batch // world_size
+    cfg, device, dtype, notes = prepare_estimate(cfg)
+    settings = fsdp_settings(cfg)
+    notes.insert(
+        0,
+        f"rank 0 of {world_size} simulated with a fake process group; {local_batch} of the global batch of "
+        f"{batch} sequences per rank; FSDP2 {_describe(settings)}",
+    )
+    tracker = _ShardedTracker()
+
+    offload = settings["cpu_offload"]
+    # with CPU offload the sharded parameters, their gradients and the optimizer (state and step)
+    # are host memory; without, nullcontext keeps everything on the simulated device
+    on_host = (lambda: tracker.counter.host()) if offload else contextlib.nullcontext
+
+    def setup() -> tuple[nn.Module, Callable[[], Any]]:
+        # on the meta device first: a rank never holds the whole model, only its shards
+        model = training.build_model(
+            cfg.model,
+            device=torch.device("meta"),
+            dtype=dtype,
+            enable_activation_checkpointing=bool(cfg.enable_activation_checkpointing),
+        )
+        shard_model(model, mesh=mesh, **settings)
+        with on_host():
+            model.to_empty(device=device)
+        model.init_buffers(device)  # RoPE's cache is not offloaded
+        tracker.sharded = list(model.parameters())
+        optimizer = training.build_optimizer(cfg.optimizer, model, optimizer_in_bwd=bool(cfg.optimizer_in_bwd))
+        if offload:
+            for opt in getattr(optimizer, "optim_map", {"": optimizer}).values():
+                opt.step = _wrapped(opt.step, on_host)
+        step = TrainStep(
+            model,
+            optimizer,
+            config.instantiate(cfg.loss),
+            device=device,
+            activations_ctx=get_act_offloading_ctx_manager(model, bool(cfg.enable_activation_offloading)),
+            clip_grad_norm=cfg.clip_grad_norm,
+        )
+        vocab = model.tok_embeddings.num_embeddings
+        data = {
+            "tokens": torch.randint(0, vocab, (local_batch, seq_len)),
+            "labels": torch.randint(0, vocab, (local_batch, seq_len)),
+        }
+        return model, lambda: step(data)
+
+    with fake_world(world_size) as mesh, _simulated_cpu_offload(tracker) if offload else contextlib.nullcontext():
+        estimate = profile_memory(setup, steps=steps, fake=fake, tracker=tracker, categories=DISTRIBUTED_CATEGORIES)
+    if offload:
+        estimate.host_label = "FSDP offload, activations"  # parameters, gradients, optimizer
+        notes.append(
+            "fsdp_cpu_offload=True: sharded parameters, gradients and optimizer state (and the optimizer step) "
+            "are in host memory; each layer's parameters are copied to the device while it computes"
+        )
+    estimate.notes = notes + estimate.notes
+    return estimate
+
+
+def _wrapped(fn: Callable[..., Any], ctx: Callable[[], Any]) -> Callable[..., Any]:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with ctx():
+            return fn(*args, **kwargs)
+
+    return call
+
+
+@contextlib.contextmanager
+def _simulated_cpu_offload(tracker: _Tracker) -> Iterator[None]:
+    """Make FSDP2's host<->device copies real copies while fake CPU tensors stand for the device.
+
+    With ``CPUOffloadPolicy`` FSDP2 copies each host shard to the device before the all-gather and
+    each reduce-scattered gradient back to the host; here both sides are CPU tensors, so those
+    ``.to()`` calls would return their input and neither copy would be counted. Inside this context
+    (private FSDP2 internals of the pinned torch version): the all-gather input is made from a
+    device copy of the host shard, and in ``foreach_reduce`` a ``.to("cpu")`` of a device tensor
+    becomes a copy counted as host memory.
+    """
+    from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
+
+    param_cls = _fsdp_param.FSDPParam
+    original_inputs = param_cls.all_gather_inputs
+    original_reduce = _fsdp_param_group.foreach_reduce
+    original_to = torch.Tensor.to
+    in_reduce = [False]
+
+    def all_gather_inputs(self: Any) -> list[torch.Tensor]:
+        if not self.offload_to_cpu or self.sharded_state != _fsdp_param.ShardedState.SHARDED:
+            return original_inputs.fget(self)
+        host = self._sharded_param_data
+        self._sharded_param_data = host.clone()  # the H2D copy (freed after the cast to param_dtype)
+        try:
+            return original_inputs.fget(self)
+        finally:
+            self._sharded_param_data = host
+
+    def foreach_reduce(*args: Any, **kwargs: Any) -> Any:
+        in_reduce[0] = True
+        try:
+            return original_reduce(*args, **kwargs)
+        finally:
+            in_reduce[0] = False
+
+    def to(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        target = kwargs.get("device", args[0] if args else None)
+        counter = tracker.counter
+        if (
+            in_reduce[0]
+            and counter is not None
+            and not counter.in_host
+            and isinstance(target, (torch.device, str))
+            and torch.device(target).type == "cpu"
+            and _storage_key(self) not in counter.host_keys()
+        ):
+            with counter.host():
+                return self.clone()  # the D2H copy of the gradient
+        return original_to(self, *args, **kwargs)
+
+    param_cls.all_gather_inputs = property(all_gather_inputs)
+    _fsdp_param_group.foreach_reduce = foreach_reduce
+    torch.Tensor.to = to
+    try:
+        yield
+    finally:
+        param_cls.all_gather_inputs = original_inputs
+        _fsdp_param_group.foreach_reduce = original_reduce
+        torch.Tensor.to = original_to
+
+
+def fsdp_settings(cfg: Any) -> dict[str, Any]:
+    """``shard_model``'s keyword arguments from the config's FSDP keys."""
+    from torchtune.utils import get_dtype
+
+    def dtype_or_none(key: str) -> Optional[torch.dtype]:
+        value = cfg.get(key)
+        return None if value is None else get_dtype(value, torch.device("cpu"))
+
+    return {
+        "param_dtype": dtype_or_none("fsdp_param_dtype"),
+        "reduce_dtype": dtype_or_none("fsdp_reduce_dtype"),
+        "reshard_after_forward": cfg.fsdp_reshard_after_forward,
+        "cpu_offload": bool(cfg.fsdp_cpu_offload),
+    }
+
+
+def _describe(settings: dict[str, Any]) -> str:
+    def name(dtype: Optional[torch.dtype]) -> str:
+        return "the storage dtype" if dtype is None else str(dtype).replace("torch.", "")
+
+    return (
+        f"param_dtype={name(settings['param_dtype'])}, reduce_dtype={name(settings['reduce_dtype'])}, "
+        f"reshard_after_forward={settings['reshard_after_forward']}, cpu_offload={settings['cpu_offload']}"
+    )
