@@ -308,6 +308,9 @@ class LayoutOptimizer(torch.optim.Optimizer):
     """
 
     paged_bytes_total = 0  # summed over every instance: one optimizer per parameter in backward
+    # Its update reads each element alone, so a step may run on slices of a parameter, as bf16
+    # stochastic rounding steps the real bitsandbytes optimizers (training._stochastic_rounding).
+    elementwise_step = True
 
     def __init__(self, params: Any, optimizer_component: str, **kwargs: Any) -> None:
         self.optimizer_cls = _import(optimizer_component)
@@ -323,16 +326,17 @@ class LayoutOptimizer(torch.optim.Optimizer):
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                state = self.state[p]
-                if not state:
-                    device_bytes, paged_bytes = measure_state_layout(
-                        self.optimizer_cls, self.real_kwargs, p.numel(), p.dtype
-                    )
-                    state["state"] = torch.zeros(device_bytes, dtype=torch.uint8, device=p.device)
-                    self.paged_bytes += paged_bytes
-                    LayoutOptimizer.paged_bytes_total += paged_bytes
+                if not self.state[p]:
+                    self.init_state_for(p)
                 p.add_(p.grad, alpha=-group["lr"])
         return None
+
+    def init_state_for(self, p: torch.Tensor) -> None:
+        """Allocate ``p``'s state as the real class would at its first step."""
+        device_bytes, paged_bytes = measure_state_layout(self.optimizer_cls, self.real_kwargs, p.numel(), p.dtype)
+        self.state[p]["state"] = torch.zeros(device_bytes, dtype=torch.uint8, device=p.device)
+        self.paged_bytes += paged_bytes
+        LayoutOptimizer.paged_bytes_total += paged_bytes
 
 
 def layout_optimizer_config(component: str, kwargs: dict[str, Any]) -> Optional[dict[str, Any]]:

@@ -272,6 +272,8 @@ def _step_in_fp32_slices(
     flat_w, flat_g = param.data.view(-1), param.grad.reshape(-1)
     param.grad = None
     state = optimizer.state[param]
+    if not state and hasattr(optimizer, "init_state_for"):
+        optimizer.init_state_for(param)  # state sized for the whole parameter, not for a slice
     before, saved = dict(state), dict(state)  # read slices from ``before``; ``saved`` collects the result
     try:
         for start in range(0, n, _SLICE):
@@ -282,8 +284,10 @@ def _step_in_fp32_slices(
             for key, value in before.items():
                 if torch.is_tensor(value) and value.shape == param.shape:
                     part_state[key] = value.view(-1)[start:end].float()
-                else:  # the step count: every slice starts from the parameter's
-                    part_state[key] = value.clone() if torch.is_tensor(value) else value
+                elif torch.is_tensor(value) and value.dim() == 0:  # the step count: each slice starts from it
+                    part_state[key] = value.clone()
+                else:
+                    part_state[key] = value
             if part_state:
                 optimizer.state[part] = part_state
             group["params"][index] = part
@@ -293,7 +297,9 @@ def _step_in_fp32_slices(
             part.grad = None
             rounding.round_(flat_w[start:end], part.data, changes)
             for key, value in part_state.items():
-                if torch.is_tensor(value) and value.shape == part.shape and value.dim() == 1:
+                sliced = key in before and torch.is_tensor(before[key]) and before[key].shape == param.shape
+                made_now = key not in before and torch.is_tensor(value) and value.shape == part.shape
+                if sliced or made_now:
                     if key not in saved:  # the first step made it: as a bf16 run has it, like the parameter
                         dtype = low if value.is_floating_point() else value.dtype
                         saved[key] = torch.empty(param.shape, dtype=dtype, device=param.device)
@@ -405,7 +411,8 @@ def step_parameter(
     """
     counting = changes is not None and changes.armed
     sr = rounding is not None and param.dtype == torch.bfloat16
-    if sr and type(optimizer) in _ELEMENTWISE and param.is_contiguous():
+    elementwise = type(optimizer) in _ELEMENTWISE or getattr(optimizer, "elementwise_step", False)
+    if sr and elementwise and param.is_contiguous():
         _step_in_fp32_slices(optimizer, param, rounding, changes)
         return
     if sr and _bnb_sliceable(optimizer, param) and _step_bnb_in_fp32_slices(optimizer, param, rounding, changes):
