@@ -188,7 +188,7 @@ def step_optimizer(
 
     With ``rounding``, or ``weight_changes`` armed, a standard optimizer is stepped one parameter at a
     time (the others' gradients set aside), so only one parameter's fp32 copy or weight copy exists at
-    once. Every supported optimizer updates each element alone, so the result is the same as one step.
+    once. Each parameter's update depends only on that parameter, so the result is that of one step.
     """
     with_grad = [p for p in params if p.grad is not None]
     if with_grad and grad_scale is not None and grad_scale != 1.0:
@@ -204,10 +204,9 @@ def step_optimizer(
         grads = [p.grad for p in with_grad]
         for p in with_grad:
             p.grad = None  # optimizers skip parameters without a gradient
-        for p, grad in zip(with_grad, grads):
-            p.grad = grad
+        for i, p in enumerate(with_grad):
+            p.grad, grads[i] = grads[i], None  # each gradient goes with its step
             step_parameter(optimizer, p, rounding=rounding, changes=weight_changes)
-        del grads
         # A bitsandbytes update may have run through its update_step, not step(): tell LR schedulers
         # (torch's flag for "optimizer.step() was called") that the step happened.
         optimizer._opt_called = True  # type: ignore[attr-defined]

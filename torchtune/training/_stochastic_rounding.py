@@ -163,7 +163,8 @@ class StochasticRounding:
     def as_default_generator(self) -> Iterator[None]:
         """Make the device's default generator draw this rounding stream (for optimizers that draw from it)."""
         if self.device.type == "cuda":
-            default = torch.cuda.default_generators[self.device.index or 0]
+            index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+            default = torch.cuda.default_generators[index]
         else:
             default = torch.default_generator
         saved = default.get_state()
