@@ -239,7 +239,7 @@ def test_recipe_page_documents_every_recipe_key():
     from recipes.full_finetune_single_device import RECIPE_KEYS
 
     text = (DOCS / "recipe.md").read_text(encoding="utf-8")
-    table_keys = set(re.findall(r"^\|\s*`([a-z_]+)`\s*\|", text, flags=re.M))
+    table_keys = set(re.findall(r"^\|\s*`([a-z0-9_]+)`\s*\|", text, flags=re.M))
     missing = [k for k in RECIPE_KEYS if k not in table_keys]
     assert not missing, f"docs/recipe.md has no table row for: {', '.join(missing)}"
 
