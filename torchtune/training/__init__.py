@@ -52,6 +52,7 @@ from torchtune.training._model import (
 from torchtune.training._optimizer import (
     GradNormTracker,
     build_optimizer,
+    in_bwd_groups,
     load_optimizer_state,
     register_optim_in_bwd_hooks,
     step_optimizer,
@@ -63,6 +64,7 @@ from torchtune.training._resume import (
     RunSettings,
     TrainingProgress,
     build_checkpointer,
+    check_loaded_checksums,
     check_resume_keys,
     recipe_state,
     resolve_resume,
@@ -70,7 +72,14 @@ from torchtune.training._resume import (
 )
 from torchtune.training._run_control import CheckpointPolicy, NonFiniteLossGuard, StopSignals
 from torchtune.training._sampler import ResumableSampler
-from torchtune.training._step import TrainStep, forward_backward, num_label_tokens, shift_labels
+from torchtune.training._step import (
+    TrainStep,
+    forward_backward,
+    forward_loss,
+    label_positions,
+    num_label_tokens,
+    shift_labels,
+)
 from torchtune.training._stochastic_rounding import (
     StochasticRounding,
     WeightChangeTracker,
@@ -110,6 +119,7 @@ __all__ = [
     "build_stochastic_rounding",
     "backend_for_device",
     "build_validation",
+    "check_loaded_checksums",
     "check_metric_logger",
     "check_model_matches_checkpoint",
     "check_optimizer_settings",
@@ -119,10 +129,13 @@ __all__ = [
     "check_validation_settings",
     "destroy_distributed",
     "forward_backward",
+    "forward_loss",
     "get_world_size_and_rank",
+    "in_bwd_groups",
     "get_act_offloading_ctx_manager",
     "init_distributed",
     "is_rank_zero",
+    "label_positions",
     "launched_by_torchrun",
     "load_optimizer_state",
     "memory",

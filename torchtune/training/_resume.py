@@ -23,7 +23,8 @@ from torchtune import config
 from torchtune._errors import ConfigError, TuneError
 from torchtune.training._model import model_fingerprint
 from torchtune.utils import get_rng_state
-from torchtune.utils._checkpointing import RECIPE_STATE_NAME, load_recipe_state, verify_manifest
+from torchtune.utils._checkpointing import RECIPE_STATE_NAME, load_recipe_state
+from torchtune.utils._checkpointing._manifest import ChecksumJob, check_checksums, verify_checkpoint_files
 
 log = logging.getLogger("torchtune")
 
@@ -33,6 +34,7 @@ __all__ = [
     "RunSettings",
     "TrainingProgress",
     "build_checkpointer",
+    "check_loaded_checksums",
     "recipe_state",
     "resolve_resume",
     "resume_command",
@@ -84,6 +86,8 @@ class ResumePlan:
 
     recipe_state_path: Path
     state: Dict[str, Any]
+    # The background sha256 check of recipe_state.pt (checkpointer.verify_checksums=background).
+    checksums: Optional[ChecksumJob] = None
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -184,8 +188,16 @@ def resolve_resume(cfg: Any, settings: RunSettings) -> Optional[ResumePlan]:
     if not cfg.resume_from_checkpoint:
         return None
     path = _recipe_state_path(cfg, cfg.checkpointer.get("recipe_checkpoint"))
-    verify_manifest(path.parent, only=[path.name])
-    state = load_recipe_state(path)
+    # The checkpointer's own key (its default when absent): the recipe state is checked like the weights.
+    checksums = verify_checkpoint_files(
+        path.parent, [path.name], cfg.checkpointer.get("verify_checksums", "before_load")
+    )
+    try:
+        state = load_recipe_state(path)
+    except TuneError:
+        if checksums is not None:
+            checksums.check(wait=True)  # a damaged file is better named by its checksum
+        raise
     missing = [k for k in _REQUIRED if k not in state]
     if "model" in state or missing:
         raise TuneError(
@@ -194,7 +206,19 @@ def resolve_resume(cfg: Any, settings: RunSettings) -> Optional[ResumePlan]:
             f"a {RECIPE_STATE_NAME} from a step or epoch folder."
         )
     _check_settings(state, settings)
-    return ResumePlan(recipe_state_path=path, state=state)
+    return ResumePlan(recipe_state_path=path, state=state, checksums=checksums)
+
+
+def check_loaded_checksums(resume: Optional[ResumePlan], checkpointer: Any, *, wait: bool = False) -> None:
+    """Raise if a background checksum check of what set-up loaded (``recipe_state.pt``, the weights)
+    found a damaged file; ``wait=True`` waits for the checks to finish (before a save).
+
+    Raises:
+        TuneError: naming the damaged file and the checkpoint to fall back to.
+    """
+    check_checksums(
+        resume.checksums if resume is not None else None, getattr(checkpointer, "checksums", None), wait=wait
+    )
 
 
 def _check_settings(state: Dict[str, Any], settings: RunSettings) -> None:

@@ -284,7 +284,8 @@ def _step_in_fp32_slices(
             part_state = {}
             for key, value in before.items():
                 if torch.is_tensor(value) and value.shape == param.shape:
-                    part_state[key] = value.view(-1)[start:end].float()
+                    view = value.view(-1)[start:end]  # state in another dtype is updated in place
+                    part_state[key] = view.float() if view.dtype == low else view
                 elif torch.is_tensor(value) and value.dim() == 0:  # the step count: each slice starts from it
                     part_state[key] = value.clone()
                 else:
@@ -298,8 +299,11 @@ def _step_in_fp32_slices(
             part.grad = None
             rounding.round_(flat_w[start:end], part.data, changes)
             for key, value in part_state.items():
-                sliced = key in before and torch.is_tensor(before[key]) and before[key].shape == param.shape
+                old = before.get(key)
+                sliced = torch.is_tensor(old) and old.shape == param.shape
                 made_now = key not in before and torch.is_tensor(value) and value.shape == part.shape
+                if sliced and old.dtype != low:
+                    continue  # a view: already updated in place
                 if sliced or made_now:
                     if key not in saved:  # the first step made it: as a bf16 run has it, like the parameter
                         dtype = low if value.is_floating_point() else value.dtype

@@ -143,6 +143,9 @@ class DeviceMemoryPeak:
         """Take a first sample and start the sampling thread (a daemon: it never blocks exit)."""
         if self._thread is None:
             self._sample()
+            logging.getLogger(__name__).info(
+                "Peak sampler: %s for %s, every %.0f ms", self.source, self.device, self.interval_s * 1e3
+            )
             self._stop.clear()
             self._thread = threading.Thread(target=self._run, name="device-memory-peak", daemon=True)
             self._thread.start()

@@ -30,7 +30,12 @@ from torchtune.models.llama2._convert_weights import (
 from torchtune.utils._checkpointing._atomic import write_folder_atomically
 from torchtune.utils._checkpointing._hf_config import MODEL_TYPES, HFModelConfig
 from torchtune.utils._checkpointing._hf_side_files import write_hf_side_files
-from torchtune.utils._checkpointing._manifest import RECIPE_STATE_NAME, verify_manifest
+from torchtune.utils._checkpointing._manifest import (
+    RECIPE_STATE_NAME,
+    ChecksumJob,
+    check_checksum_mode,
+    verify_checkpoint_files,
+)
 from torchtune.utils._checkpointing._safe_load import load_safetensors_weights, load_torch_weights
 from torchtune.utils._checkpointing._streaming_write import safetensors_order, save_torch, write_safetensors
 
@@ -125,6 +130,7 @@ class _FullModelCheckpointer:
         model_type: str = "LLAMA2",
         output_dir: Union[str, Path, None] = None,
         recipe_checkpoint: Optional[str] = None,
+        verify_checksums: str = "before_load",
     ) -> None:
         self._checkpoint_dir = Path(checkpoint_dir).expanduser()
         if not self._checkpoint_dir.is_dir():
@@ -163,6 +169,9 @@ class _FullModelCheckpointer:
         # Resuming is torchtune.training.resolve_resume's job: it reads this key from the config and
         # points checkpoint_dir at the folder to resume from. Kept so the node describes the whole set-up.
         self.recipe_checkpoint = recipe_checkpoint
+        self._verify_checksums = check_checksum_mode(verify_checksums)
+        # The background sha256 check of the files load_checkpoint read (verify_checksums=background).
+        self.checksums: Optional[ChecksumJob] = None
 
     # --- helpers -----------------------------------------------------------------------------------
     def _existing_file(self, name: str) -> Path:
@@ -176,8 +185,17 @@ class _FullModelCheckpointer:
         return path
 
     def _verify(self, names: list[str]) -> None:
-        """Verify files of our own earlier output (folders that carry manifest.json)."""
-        verify_manifest(self._checkpoint_dir, only=names)
+        """Verify files of our own earlier output (folders that carry manifest.json): sizes now, sums
+        now or in the background (``verify_checksums``)."""
+        self.checksums = verify_checkpoint_files(self._checkpoint_dir, names, self._verify_checksums)
+
+    def _read(self, load: Callable[[Path], dict[str, torch.Tensor]], path: Path) -> dict[str, torch.Tensor]:
+        try:
+            return load(path)
+        except TuneError:
+            if self.checksums is not None:
+                self.checksums.check(wait=True)  # a damaged file is better named by its checksum
+            raise
 
     def _finish_load(self, model_sd: dict[str, torch.Tensor]) -> dict[str, Any]:
         return {MODEL_KEY: model_sd}
@@ -232,6 +250,11 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
         output_dir: where ``step_N`` / ``epoch_N`` folders are written; must be outside ``checkpoint_dir``.
         recipe_checkpoint: the ``recipe_state.pt`` a resumed run continues from; read by
             ``torchtune.training.resolve_resume``, which also points ``checkpoint_dir`` at its folder.
+        verify_checksums: how a folder written by this library (it has ``manifest.json``) is checked
+            when loaded. File sizes are always checked first. ``"before_load"``: the sha256 sums
+            too, before anything is read. ``"background"``: the sums in a background thread while
+            set-up and training go on; the caller checks ``checksums`` (the recipe does so at each
+            logged step and before every save, so nothing trained from a damaged file is saved).
 
     Saves keep the input's format, file names, tensor-to-shard assignment and index, and copy
     ``config.json`` and the tokenizer files, so the output loads with ``from_pretrained``.
@@ -244,8 +267,9 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
         model_type: str = "LLAMA2",
         output_dir: Union[str, Path, None] = None,
         recipe_checkpoint: Optional[str] = None,
+        verify_checksums: str = "before_load",
     ) -> None:
-        super().__init__(checkpoint_dir, checkpoint_files, model_type, output_dir, recipe_checkpoint)
+        super().__init__(checkpoint_dir, checkpoint_files, model_type, output_dir, recipe_checkpoint, verify_checksums)
         self._index_name: Optional[str] = None
         files = self._checkpoint_files
         if len(files) == 1 and files[0].endswith(".index.json"):
@@ -287,7 +311,7 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
         merged: dict[str, torch.Tensor] = {}
         for name in self._shard_names:
             path = self._checkpoint_dir / name
-            shard = load_safetensors_weights(path) if self._safetensors else load_torch_weights(path)
+            shard = self._read(load_safetensors_weights if self._safetensors else load_torch_weights, path)
             for key, value in shard.items():
                 merged[key] = value
                 self._key_to_file[key] = name
@@ -380,8 +404,9 @@ class FullModelMetaCheckpointer(_FullModelCheckpointer):
         model_type: str = "LLAMA2",
         output_dir: Union[str, Path, None] = None,
         recipe_checkpoint: Optional[str] = None,
+        verify_checksums: str = "before_load",
     ) -> None:
-        super().__init__(checkpoint_dir, checkpoint_files, model_type, output_dir, recipe_checkpoint)
+        super().__init__(checkpoint_dir, checkpoint_files, model_type, output_dir, recipe_checkpoint, verify_checksums)
         if self._model_type == "LLAMA3_2":
             raise TuneError(
                 "checkpointer.model_type=LLAMA3_2 (tied embeddings) is read from Hugging Face folders only: set "
@@ -399,7 +424,7 @@ class FullModelMetaCheckpointer(_FullModelCheckpointer):
     def load_checkpoint(self) -> dict[str, Any]:
         """Read the ``.pth`` (memory-mapped): ``{"model": state_dict in torchtune names, ...recipe state}``."""
         self._verify([self._weights_name, "params.json"])
-        sd = load_torch_weights(self._checkpoint_dir / self._weights_name)
+        sd = self._read(load_torch_weights, self._checkpoint_dir / self._weights_name)
         return self._finish_load(meta_to_tune(sd))
 
     def _write_model(self, model_sd: dict[str, torch.Tensor], folder: Path) -> dict[str, str]:

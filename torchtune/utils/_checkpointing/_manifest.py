@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import threading
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional
 
@@ -136,6 +138,38 @@ def _previous_hint(folder: Path) -> str:
     return "Resume from an earlier checkpoint folder (set checkpointer.checkpoint_dir) or from the original weights."
 
 
+# How a load checks the sha256 sums of a checkpoint written by this library (sizes are always
+# checked first): before reading the files, or in a background thread while training starts.
+CHECKSUM_MODES = ("before_load", "background")
+
+
+def check_checksum_mode(value: str, key: str = "checkpointer.verify_checksums") -> str:
+    """``value`` if it is one of :data:`CHECKSUM_MODES`; else a ``TuneError`` naming ``key``."""
+    if value not in CHECKSUM_MODES:
+        raise TuneError(
+            f"{key}={value!r} is not a way to verify checkpoint checksums; use before_load (hash the files "
+            "before reading them) or background (check sizes before, sums in a background thread; the run "
+            "stops before it saves anything if a sum differs)."
+        )
+    return value
+
+
+def _damaged(folder: Path, path: Path, problem: str) -> TuneError:
+    return TuneError(f"Checkpoint file {path} {problem}, so this checkpoint cannot be loaded. {_previous_hint(folder)}")
+
+
+def _size_problem(path: Path, entry: dict[str, Any]) -> Optional[str]:
+    if not path.is_file():
+        return "is missing"
+    size = path.stat().st_size
+    if size != entry["size"]:
+        return f"has {size} bytes but was saved with {entry['size']} (truncated?)"
+    return None
+
+
+_CORRUPTED = "does not match the sha256 checksum it was saved with (corrupted)"
+
+
 def verify_manifest(folder: Path, only: Optional[Iterable[str]] = None) -> Optional[dict[str, Any]]:
     """Check the sizes and sha256 sums of the files in ``folder``'s manifest.
 
@@ -154,19 +188,98 @@ def verify_manifest(folder: Path, only: Optional[Iterable[str]] = None) -> Optio
     manifest = read_manifest(folder)
     if manifest is None:
         return None
-    names = list(manifest["files"]) if only is None else [n for n in only if n in manifest["files"]]
-    for name in names:
-        entry = manifest["files"][name]
+    for name, entry in _entries(manifest, only).items():
         path = folder / name
-        if not path.is_file():
-            problem = "is missing"
-        elif path.stat().st_size != entry["size"]:
-            problem = f"has {path.stat().st_size} bytes but was saved with {entry['size']} (truncated?)"
-        elif sha256_of(path) != entry["sha256"]:
-            problem = "does not match the sha256 checksum it was saved with (corrupted)"
-        else:
-            continue
-        raise TuneError(
-            f"Checkpoint file {path} {problem}, so this checkpoint cannot be loaded. {_previous_hint(folder)}"
-        )
+        problem = _size_problem(path, entry)
+        if problem is None and sha256_of(path) != entry["sha256"]:
+            problem = _CORRUPTED
+        if problem is not None:
+            raise _damaged(folder, path, problem)
     return manifest
+
+
+def _entries(manifest: dict[str, Any], only: Optional[Iterable[str]]) -> dict[str, dict[str, Any]]:
+    files = manifest["files"]
+    return dict(files) if only is None else {n: files[n] for n in only if n in files}
+
+
+class ChecksumJob:
+    """sha256 sums of a checkpoint's files compared in a background thread (at the lowest CPU
+    priority, so that where cores are scarce set-up and training go first).
+
+    ``check()`` raises the ``TuneError`` of the first mismatch once it is known (``wait=True``:
+    after waiting for the thread). A recipe calls ``check()`` at every logged step and
+    ``check(wait=True)`` before it saves, so a damaged checkpoint stops the run before anything
+    trained from it is written.
+    """
+
+    def __init__(self, folder: Path, entries: dict[str, dict[str, Any]]) -> None:
+        self.folder = Path(folder)
+        self._entries = entries
+        self._error: Optional[TuneError] = None
+        self._thread = threading.Thread(target=self._run, name="checkpoint-checksums", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:  # the lowest CPU priority, for this thread only (Linux): training never waits for it
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        except (AttributeError, OSError):
+            pass
+        for name, entry in self._entries.items():
+            path = self.folder / name
+            try:
+                matches = sha256_of(path) == entry["sha256"]
+            except OSError as exc:
+                self._error = _damaged(self.folder, path, f"could not be read again ({exc})")
+                return
+            if not matches:
+                self._error = _damaged(self.folder, path, _CORRUPTED + "; found in the background after loading")
+                return
+
+    @property
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def check(self, wait: bool = False) -> None:
+        """Raise the mismatch found so far (all of them, after waiting, with ``wait=True``)."""
+        if wait:
+            self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+
+def verify_checkpoint_files(
+    folder: Path, names: Iterable[str], checksums: str = "before_load"
+) -> Optional[ChecksumJob]:
+    """Verify the files ``names`` of ``folder`` (one written by this library) before they are read.
+
+    Sizes are always checked here. ``checksums="before_load"``: the sha256 sums too, now.
+    ``"background"``: the sums in a thread; the returned ``ChecksumJob`` must be ``check``-ed.
+    Folders without a manifest (downloaded weights) have nothing to verify: ``None``.
+
+    Raises:
+        TuneError: a file is missing, has another size, or (before_load) another sum.
+    """
+    folder = Path(folder)
+    check_checksum_mode(checksums)
+    manifest = read_manifest(folder)
+    if manifest is None:
+        return None
+    entries = _entries(manifest, names)
+    for name, entry in entries.items():
+        problem = _size_problem(folder / name, entry)
+        if problem is not None:
+            raise _damaged(folder, folder / name, problem)
+    if checksums == "before_load":
+        for name, entry in entries.items():
+            if sha256_of(folder / name) != entry["sha256"]:
+                raise _damaged(folder, folder / name, _CORRUPTED)
+        return None
+    return ChecksumJob(folder, entries)
+
+
+def check_checksums(*jobs: Optional[ChecksumJob], wait: bool = False) -> None:
+    """``check`` each background ``ChecksumJob`` (``None``s are skipped)."""
+    for job in jobs:
+        if job is not None:
+            job.check(wait=wait)
