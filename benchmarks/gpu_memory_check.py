@@ -168,6 +168,11 @@ def run(args: argparse.Namespace) -> list[dict]:
 
         run_estimate = estimate_run_memory(cfg, seq_len=args.seq_len, batch_size=args.batch_size)
         estimates = {p.name: p for p in run_estimate.phases}
+        # fail before minutes of training if the step checkpoint cannot be written (checked again, exactly, later)
+        breakdown = run_estimate.steps.breakdown
+        _check_disk(
+            work, breakdown["weights"] + breakdown["optimizer_state"] + run_estimate.steps.paged_optimizer_bytes
+        )
 
     results: list[dict] = []
     generator = torch.Generator().manual_seed(0)

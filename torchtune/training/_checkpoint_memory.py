@@ -29,7 +29,6 @@ import contextlib
 import copy
 import dataclasses
 import gc
-import hashlib
 import json
 import tempfile
 import warnings
@@ -38,6 +37,8 @@ from typing import Any, Iterator, Optional
 
 import torch
 from torch import nn
+
+from torchtune.utils._checkpointing._manifest import new_hash
 
 __all__ = ["PhaseMemory", "estimate_checkpoint_phases"]
 
@@ -121,14 +122,16 @@ class _FakeFiles:
 
     # the placeholder names the structure it stands for, so it survives renames (atomic saves)
     def _write_placeholder(self, f: Any, spec: Any) -> str:
-        """Write the placeholder; returns its sha256 (what the manifest records)."""
+        """Write the placeholder; returns its checksum (what the manifest records)."""
         self.specs.append(spec)
         data = _PLACEHOLDER + str(len(self.specs) - 1).encode()
         if hasattr(f, "write"):
             f.write(data)
         else:
             Path(f).write_bytes(data)
-        return hashlib.sha256(data).hexdigest()
+        digest = new_hash()
+        digest.update(data)
+        return digest.hexdigest()
 
     def _spec_of(self, f: Any) -> Optional[Any]:
         if hasattr(f, "read"):
@@ -341,7 +344,12 @@ def setup_run(
             warnings.filterwarnings("ignore", message=".*non-meta parameter.*")
             model.load_state_dict(state_dict)  # what build_model(state_dict=...) does after to_empty
     del state_dict
-    optimizer = training.build_optimizer(cfg.optimizer, model, optimizer_in_bwd=bool(cfg.optimizer_in_bwd))
+    optimizer = training.build_optimizer(
+        cfg.optimizer,
+        model,
+        optimizer_in_bwd=bool(cfg.optimizer_in_bwd),
+        in_bwd_group=cfg.optimizer_in_bwd_group,
+    )
     if resume is not None:
         training.load_optimizer_state(optimizer, resume.optimizer_state)
         resume.drop_loaded_states()

@@ -125,6 +125,7 @@ class StorageCounter(TorchDispatchMode):
         self._peak = dict(self._current)
         self._window_peak = dict(self._current)  # since the last reset_window()
         self._context: list[str] = []
+        self._released: set[int] = set()  # storages alive but no longer counted (see release())
 
     # --- the figures ----------------------------------------------------------------------------
     @property
@@ -217,7 +218,11 @@ class StorageCounter(TorchDispatchMode):
         for inner in _inner_tensors(t):
             key = _storage_key(inner)
             if key in self._tables[kind]:
-                self._current[kind] -= self._tables[kind].pop(key)
+                nbytes = self._tables[kind].pop(key)
+                self._current[kind] -= nbytes
+                if kind in ("host", "managed"):
+                    self._current["host_ram"] -= nbytes
+                self._released.add(key)  # still alive: a later view of it must not count it again
 
     def counts_as(self, t: torch.Tensor, kind: str) -> bool:
         return _storage_key(t) in self._tables[kind]
@@ -247,7 +252,7 @@ class StorageCounter(TorchDispatchMode):
         if t.device.type == "meta" and not self.cpu_is_host:  # no memory (a model built on meta, then sharded)
             return
         key = _storage_key(t)
-        if key is None:
+        if key is None or key in self._released:
             return
         nbytes = _rounded(t.untyped_storage().nbytes())
         for kind, table in self._tables.items():
@@ -277,6 +282,7 @@ class StorageCounter(TorchDispatchMode):
                 self._snapshot()
 
     def _free(self, key: int) -> None:
+        self._released.discard(key)
         for kind, table in self._tables.items():
             if key in table:
                 nbytes = table.pop(key)

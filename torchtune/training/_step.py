@@ -155,7 +155,10 @@ class TrainStep:
             compile_model=bool(cfg.compile if compile_model is None else compile_model),
         )
         seed = cfg.seed if cfg.seed is not None else 0
-        rounding = build_stochastic_rounding(bool(cfg.bf16_stochastic_rounding), dtype=dtype, seed=seed, device=device)
+        # the distributed recipe's configs have no such key: that recipe does not round
+        enabled = bool(cfg.get("bf16_stochastic_rounding", False))
+        rounding = build_stochastic_rounding(enabled, dtype=dtype, seed=seed, device=device)
+
         return cls(
             model,
             build_optimizer(
