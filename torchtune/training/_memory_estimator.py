@@ -411,6 +411,9 @@ class LayoutOptimizer(torch.optim.Optimizer):
     """
 
     paged_bytes_total = 0  # summed over every instance: one optimizer per parameter in backward
+    # Its update reads each element alone, so a step may run on slices of a parameter, as bf16
+    # stochastic rounding steps the real bitsandbytes optimizers (training._stochastic_rounding).
+    elementwise_step = True
 
     def __init__(self, params: Any, optimizer_component: str, **kwargs: Any) -> None:
         self.optimizer_cls = _import(optimizer_component)
@@ -432,6 +435,10 @@ class LayoutOptimizer(torch.optim.Optimizer):
             buffer = torch.zeros_like(p, dtype=dtype)
         buffer.is_paged = True  # as bitsandbytes marks its paged buffers
         return buffer
+
+    def init_state_for(self, p: torch.Tensor) -> None:
+        """``p``'s state, allocated as at its first step (before a step that runs on slices of ``p``)."""
+        self._init_state(p, self.state[p])
 
     def _init_state(self, p: torch.Tensor, state: dict[str, Any]) -> None:
         device_bytes, paged_bytes = measure_state_layout(self.optimizer_cls, self.real_kwargs, p.numel(), p.dtype)
