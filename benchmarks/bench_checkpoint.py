@@ -8,8 +8,8 @@ model (default ~1.06B parameters: 18 layers, dim 2048, vocab 32000) and a torch 
 same shapes (``exp_avg``, ``exp_avg_sq``: bf16 like the weights, so 3x the weights on disk).
 
 - ``ours``: ``FullModelHFCheckpointer.save_checkpoint`` (each tensor to the host and into HF layout,
-  streamed into ``model.safetensors``, ``recipe_state.pt`` through ``torch.save``, sha256 while
-  writing, fsync of every file, manifest, atomic rename). Load: the checkpointer's load (size checks,
+  streamed into ``model.safetensors``, ``recipe_state.pt`` through ``torch.save``, checksums
+  while writing, fsync of every file, manifest, atomic rename). Load: the checkpointer's load (size checks,
   sums in a background thread) into the model, ``recipe_state.pt`` memory-mapped into a fresh
   optimizer one parameter at a time (``torchtune.training.load_optimizer_state``).
 - ``plain``: ``safetensors.torch.save_file`` of the model's state dict and ``torch.save`` of the

@@ -120,7 +120,7 @@ class FullFinetuneRecipeSingleDevice:
         - packed datasets (best-fit packs, built once and cached next to the dataset); the share of
           padding is logged per step and per epoch;
         - step and epoch checkpoints written atomically, tensor by tensor (no device memory beyond
-          the weights), with sha256 sums computed while writing; exact resume, also mid-epoch, with
+          the weights), with checksums computed while writing; exact resume, also mid-epoch, with
           the optimizer state memory-mapped and restored one parameter at a time;
         - checkpoint sizes checked on load, sums before it or in the background
           (``checkpointer.verify_checksums``); a damaged file stops the run before anything is saved;
@@ -380,8 +380,7 @@ class FullFinetuneRecipeSingleDevice:
         pbar: tqdm,
     ) -> None:
         loss_value = step_loss.item()  # the one sync per logged step
-        self._nan_guard.check(epoch, self._last_checkpoint)
-        training.check_loaded_checksums(self._resume, self._checkpointer)  # background sha256: no wait
+        self._check_loss_and_loaded_checkpoint(epoch, before_save=False)
         payload = {
             "epoch": epoch,
             "loss": loss_value,
@@ -414,9 +413,7 @@ class FullFinetuneRecipeSingleDevice:
         ``step_checkpoint`` saves into ``output_dir/step_N``; otherwise ``output_dir/epoch_N``. The NaN
         guard is checked first: weights after a NaN/inf loss are never written.
         """
-        self._nan_guard.check(epoch, self._last_checkpoint)
-        # Nothing trained from a damaged checkpoint is saved: wait for its background checksums.
-        training.check_loaded_checksums(self._resume, self._checkpointer, wait=True)
+        self._check_loss_and_loaded_checkpoint(epoch, before_save=True)
         # state_dict() holds references, not copies; the checkpointer moves one tensor at a time to
         # the host and converts it there, so a save needs no device memory beyond the weights.
         state: Dict[str, Any] = {"model": self._model.state_dict()}
@@ -443,6 +440,18 @@ class FullFinetuneRecipeSingleDevice:
                 folder.parent, protected=self._resume.checkpoint_dir if self._resume else None
             )
         return folder
+
+    def _check_loss_and_loaded_checkpoint(self, epoch: int, *, before_save: bool) -> None:
+        """Stop on a non-finite loss, or on a damaged checkpoint found by the background checksums
+        (``checkpointer.verify_checksums: background``). Before a save the checksums are waited for,
+        so nothing trained from a damaged file is saved; a non-finite loss waits for them too, since
+        a damaged checkpoint is then the likelier cause and the one to report."""
+        try:
+            self._nan_guard.check(epoch, self._last_checkpoint)
+        except TuneError:
+            training.check_loaded_checksums(self._resume, self._checkpointer, wait=True)
+            raise
+        training.check_loaded_checksums(self._resume, self._checkpointer, wait=before_save)
 
     def _stop_and_exit(self, epoch: int) -> None:
         if self._last_checkpoint is not None and self._last_checkpoint_step == self.global_step:

@@ -60,6 +60,17 @@ _RECIPES: list[Recipe] = [
             _config("llama3_1/8B_full_low_memory"),
         ],
     ),
+    Recipe(
+        name="full_finetune_distributed",
+        file_path="full_finetune_distributed.py",
+        configs=[
+            _config("llama2/tiny_full_distributed"),
+            _config("llama2/7B_full_distributed"),
+            _config("llama2/13B_full_distributed"),
+            _config("llama2/70B_full_distributed"),
+            _config("llama3_1/8B_full_distributed"),
+        ],
+    ),
     Recipe(name="generate", file_path="generate.py", configs=[_config("generate")]),
     Recipe(
         name="eleuther_eval",

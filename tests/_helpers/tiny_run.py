@@ -139,6 +139,7 @@ def base_config(tmp_path: Path, ckpt: Path, tokenizer: Path, data: Path, vocab: 
             "recipe_checkpoint": None,
             "output_dir": "${output_dir}",
             "model_type": "LLAMA2",
+            "verify_checksums": "background",  # as the shipped configs
         },
         "resume_from_checkpoint": False,
         "batch_size": 4,

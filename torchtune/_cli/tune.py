@@ -58,6 +58,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if argv and argv[0] not in parser.get_default("command_names") and _is_recipe(argv[0]):
         argv = ["run", *argv]  # short form: `tune RECIPE --config ...`
     try:
+        if argv[:1] == ["run"] and "run" in parser.get_default("command_names"):
+            from torchtune._cli.run import is_launcher_invocation, launch_distributed
+
+            if is_launcher_invocation(argv[1:]):  # `tune run --nproc_per_node N RECIPE ...`: torchrun's options
+                return launch_distributed(argv[1:])
         args, extra = parser.parse_known_args(argv)
         if args.command is None:
             parser.print_help(sys.stderr)

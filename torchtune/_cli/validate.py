@@ -14,14 +14,11 @@ with ``--recipe``, or only the generic checks run (and the output says so).
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Optional
 
 from torchtune import _recipe_registry as registry
-from torchtune._errors import TuneError
+from torchtune._cli.run import load_recipe_module
 
 RECIPE_CHECK = "validate_config"
 
@@ -50,20 +47,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides to check too")
     parser.set_defaults(func=validate_command, accepts_overrides=True)
     return parser
-
-
-def load_recipe_module(path: Path) -> ModuleType:
-    """Import the recipe file at ``path`` as a module (its ``__main__`` block does not run)."""
-    spec = importlib.util.spec_from_file_location(f"_tune_validate_{path.stem}", path)
-    if spec is None or spec.loader is None:
-        raise TuneError(f"Cannot load the recipe file {path} as Python.")
-    module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(path.parent))  # as `tune run` does: sibling imports of a copied recipe work
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(path.parent))
-    return module
 
 
 def _recipe_path(args: argparse.Namespace) -> tuple[Optional[Path], Optional[str]]:

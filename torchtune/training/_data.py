@@ -50,11 +50,21 @@ def num_tokens(batch: Dict[str, torch.Tensor], pad_id: int) -> int:
     return int(batch["tokens"].ne(pad_id).sum())
 
 
-def build_dataloader(cfg_dataset: Any, tokenizer: Any, *, batch_size: int, shuffle: bool, seed: int) -> TrainingData:
+def build_dataloader(
+    cfg_dataset: Any,
+    tokenizer: Any,
+    *,
+    batch_size: int,
+    shuffle: bool,
+    seed: int,
+    num_replicas: int = 1,
+    rank: int = 0,
+) -> TrainingData:
     """The dataset of ``cfg_dataset`` in batches of ``batch_size``, in a seeded order that can resume.
 
     The order depends only on ``(seed, epoch)`` (``ResumableSampler``); padded examples get
-    ``CROSS_ENTROPY_IGNORE_IDX`` labels, packed ones a block-causal mask.
+    ``CROSS_ENTROPY_IGNORE_IDX`` labels, packed ones a block-causal mask. With ``num_replicas``
+    ranks, this rank's loader yields its share of that order in per-rank batches of ``batch_size``.
 
     Raises:
         TuneError: the dataset has no examples.
@@ -66,7 +76,7 @@ def build_dataloader(cfg_dataset: Any, tokenizer: Any, *, batch_size: int, shuff
             "examples. Check dataset.source / dataset.data_files and dataset.split."
         )
     pad_id = padding_id(tokenizer)
-    sampler = ResumableSampler(len(dataset), shuffle=bool(shuffle), seed=seed)
+    sampler = ResumableSampler(len(dataset), shuffle=bool(shuffle), seed=seed, num_replicas=num_replicas, rank=rank)
     dataloader = DataLoader(
         dataset,
         batch_size=batch_size,

@@ -17,13 +17,14 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Any, Dict, Optional, Union
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.tensor import DTensor, Shard
 
 from torchtune._errors import TuneError
 
@@ -56,6 +57,9 @@ class DistributedInfo:
     device: torch.device
     backend: str
     mesh: DeviceMesh
+    # gloo group for small host-side agreements (stop flags, errors, configs) that must not wait for
+    # the GPU: on CPU runs it is the default group
+    cpu_group: Any = None
 
     @property
     def is_rank_zero(self) -> bool:
@@ -131,7 +135,8 @@ def init_distributed(device: Union[str, torch.device], backend: Optional[str] = 
             # one process, nobody to rendezvous with: an in-memory store instead of MASTER_ADDR/PORT
             dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
     mesh = init_device_mesh(device.type, (world_size,), mesh_dim_names=("dp_shard",))
-    return DistributedInfo(rank, world_size, local_rank, device, backend, mesh)
+    cpu_group = dist.new_group(backend="gloo") if backend != "gloo" else dist.group.WORLD
+    return DistributedInfo(rank, world_size, local_rank, device, backend, mesh, cpu_group)
 
 
 def destroy_distributed() -> None:
@@ -161,6 +166,7 @@ def shard_model(
     reshard_after_forward: Union[bool, int] = True,
     cpu_offload: bool = False,
     pin_memory: Optional[bool] = None,
+    sum_gradients: bool = False,
 ) -> nn.Module:
     """Shard ``model`` with FSDP2: ``fully_shard`` on every decoder layer, then on the root; returns ``model``.
 
@@ -185,6 +191,8 @@ def shard_model(
             and the optimizer steps on the CPU.
         pin_memory: pin the offloaded host memory (faster, asynchronous copies); default: when CUDA
             is available (pinning needs it).
+        sum_gradients: reduce-scatter the sum of the ranks' gradients instead of their mean; right
+            when each rank's loss is already divided by the token count of all ranks together.
     """
     from torchtune.modules import TransformerDecoderLayer
 
@@ -217,4 +225,155 @@ def shard_model(
     # after forward: the loss applies model.output (and, tied, the embedding) to the hidden states
     # after the model's forward returned, and backward needs them first anyway.
     fully_shard(model, **kwargs)
+    # gloo has no AVG or PREMUL_SUM reduction: there FSDP2 must reduce with SUM and divide itself
+    force_sum = dist.is_initialized() and dist.get_backend(mesh.get_group() if mesh is not None else None) == "gloo"
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            if sum_gradients:
+                module.set_gradient_divide_factor(1.0)
+            if sum_gradients or force_sum:
+                module.set_force_sum_reduction_for_comms(True)
     return model
+
+
+def load_full_state_dict(model: nn.Module, state_dict: Dict[str, torch.Tensor], *, device: torch.device) -> None:
+    """Load full (unsharded) weights into a model sharded by :func:`shard_model`, without communication.
+
+    Every rank holds ``state_dict`` (memory-mapped from the checkpoint files: the page cache is
+    shared by the processes of a node) and copies only its own dim-0 chunk to ``device`` in the
+    shard's dtype. ``device`` is where shards live: the rank's device, or the CPU with
+    ``cpu_offload`` (FSDP2 pins them at its first forward). The model may be on the meta device;
+    non-persistent buffers (RoPE) are rebuilt by the caller (``model.init_buffers(device)``).
+
+    Raises:
+        TuneError: the weights do not fit the model (names and shapes are listed).
+    """
+    from torchtune.utils._checkpointing import validate_state_dict
+
+    validate_state_dict(model, state_dict)
+    sharded: Dict[str, torch.Tensor] = {}
+    for name, param in model.state_dict().items():
+        full = state_dict[name]
+        if not isinstance(param, DTensor):  # held by no FSDP unit: the whole tensor
+            sharded[name] = nn.Parameter(full.to(device, param.dtype), requires_grad=param.requires_grad)
+            continue
+        mesh, placements = param.device_mesh, param.placements
+        if len(placements) != 1 or placements[0] != Shard(0):
+            raise ValueError(f"{name} is sharded as {placements}; load_full_state_dict handles FSDP2's Shard(0)")
+        chunks = full.chunk(mesh.size(), dim=0)  # FSDP2 shards as torch.chunk does: the last ranks may get less
+        rank = mesh.get_local_rank()
+        local = chunks[rank] if rank < len(chunks) else full.new_empty((0, *full.shape[1:]))
+        local = local.to(device=device, dtype=param.dtype).contiguous()
+        sharded[name] = nn.Parameter(
+            DTensor.from_local(local, mesh, placements, shape=full.shape, stride=full.stride(), run_check=False),
+            requires_grad=param.requires_grad,
+        )
+    model.load_state_dict(sharded, strict=True, assign=True)
+
+
+def gather_full_state_dict(model: nn.Module) -> Dict[str, torch.Tensor]:
+    """The full weights of a sharded model, on rank 0's host; ``{}`` on the other ranks.
+
+    A collective: every rank must call it. Each tensor is all-gathered and moved to the CPU on its
+    own, so rank 0's device never holds more than one gathered tensor beyond the model's shards.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+class RankErrors(TuneError):
+    """Setup failed on some ranks; every rank raises it, and only rank 0 prints it (``quiet`` elsewhere)."""
+
+    def __init__(self, message: str, quiet: bool) -> None:
+        super().__init__(message)
+        self.quiet = quiet
+
+
+def raise_if_any_rank_failed(error: Optional[BaseException], info: DistributedInfo, what: str) -> None:
+    """Make the ranks agree on whether ``what`` worked: a collective on ``info.cpu_group``.
+
+    Each rank passes the exception it caught (or ``None``). If any rank failed, every rank raises
+    ``RankErrors`` with the messages of the failed ranks (one message when they all said the same),
+    so no rank goes on into a collective the failed one will never join, and rank 0 prints one
+    paragraph instead of one per process.
+
+    Raises:
+        RankErrors: some rank failed.
+    """
+    mine = None if error is None else (str(error) if isinstance(error, TuneError) else repr(error))
+    if info.world_size == 1:
+        messages = [mine]
+    else:
+        messages = [None] * info.world_size
+        dist.all_gather_object(messages, mine, group=info.cpu_group)
+    failed = [(rank, m) for rank, m in enumerate(messages) if m is not None]
+    if not failed:
+        return
+    if len({m for _, m in failed}) == 1:
+        ranks = "every rank" if len(failed) == info.world_size else "rank " + ", ".join(str(r) for r, _ in failed)
+        message = failed[0][1] if info.world_size == 1 else f"{what} failed on {ranks}: {failed[0][1]}"
+    else:
+        message = f"{what} failed on {len(failed)} of {info.world_size} ranks:\n\n" + "\n\n".join(
+            f"rank {r}: {m}" for r, m in failed
+        )
+    raise RankErrors(message, quiet=not info.is_rank_zero) from error
+
+
+def check_same_config(cfg: Any, info: DistributedInfo) -> None:
+    """All ranks run the same config (a node started with other overrides or another version of the
+    file would train something else, or wait forever in mismatched collectives).
+
+    Raises:
+        RankErrors: naming the keys whose values differ, and on which ranks.
+    """
+    if info.world_size == 1:
+        return
+    from omegaconf import OmegaConf
+
+    # Unresolved: the config file and the overrides each rank was started with. ${...} values may
+    # resolve differently per node on purpose (${oc.env:...}, install paths of ${asset:...}).
+    mine = OmegaConf.to_container(cfg, resolve=False)
+    everyone: list = [None] * info.world_size
+    dist.all_gather_object(everyone, mine, group=info.cpu_group)
+    differing = sorted({key for other in everyone for key in _differing_keys(everyone[0], other)})
+    if differing:
+        shown = "; ".join(
+            f"{key}: " + ", ".join(f"rank {r}={_lookup(c, key)!r}" for r, c in enumerate(everyone))
+            for key in differing[:5]
+        )
+        raise RankErrors(
+            f"The processes of this run were started with different configs ({shown}"
+            f"{'; ...' if len(differing) > 5 else ''}). Every rank must run the same config and overrides: start "
+            "all nodes with the same command line (and the same config file contents).",
+            quiet=not info.is_rank_zero,
+        )
+
+
+def _differing_keys(a: Any, b: Any, prefix: str = "") -> list:
+    if isinstance(a, dict) and isinstance(b, dict):
+        keys = []
+        for key in sorted(set(a) | set(b), key=str):
+            keys += _differing_keys(a.get(key, _MISSING), b.get(key, _MISSING), f"{prefix}{key}.")
+        return keys
+    return [] if a == b else [prefix.rstrip(".")]
+
+
+def _lookup(cfg: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        if not isinstance(cfg, dict) or part not in cfg:
+            return "<missing>"
+        cfg = cfg[part]
+    return cfg
+
+
+_MISSING = object()
+
+
+def any_rank(flag: bool, info: DistributedInfo) -> bool:
+    """True on every rank if ``flag`` is True on any (a host-side all-reduce on ``info.cpu_group``)."""
+    if info.world_size == 1:
+        return flag
+    value = torch.tensor([int(flag)], dtype=torch.int32)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=info.cpu_group)
+    return bool(value.item())

@@ -125,6 +125,7 @@ class StorageCounter(TorchDispatchMode):
         self._peak = dict(self._current)
         self._window_peak = dict(self._current)  # since the last reset_window()
         self._context: list[str] = []
+        self._released: set[int] = set()  # storages alive but no longer counted (see release())
 
     # --- the figures ----------------------------------------------------------------------------
     @property
@@ -217,7 +218,11 @@ class StorageCounter(TorchDispatchMode):
         for inner in _inner_tensors(t):
             key = _storage_key(inner)
             if key in self._tables[kind]:
-                self._current[kind] -= self._tables[kind].pop(key)
+                nbytes = self._tables[kind].pop(key)
+                self._current[kind] -= nbytes
+                if kind in ("host", "managed"):
+                    self._current["host_ram"] -= nbytes
+                self._released.add(key)  # still alive: a later view of it must not count it again
 
     def counts_as(self, t: torch.Tensor, kind: str) -> bool:
         return _storage_key(t) in self._tables[kind]
@@ -247,7 +252,7 @@ class StorageCounter(TorchDispatchMode):
         if t.device.type == "meta" and not self.cpu_is_host:  # no memory (a model built on meta, then sharded)
             return
         key = _storage_key(t)
-        if key is None:
+        if key is None or key in self._released:
             return
         nbytes = _rounded(t.untyped_storage().nbytes())
         for kind, table in self._tables.items():
@@ -277,6 +282,7 @@ class StorageCounter(TorchDispatchMode):
                 self._snapshot()
 
     def _free(self, key: int) -> None:
+        self._released.discard(key)
         for kind, table in self._tables.items():
             if key in table:
                 nbytes = table.pop(key)
@@ -451,7 +457,8 @@ class LayoutOptimizer(torch.optim.Optimizer):
                     continue
                 state = self.state[p]
                 if not state:
-                    self._init_state(p, state)
+                    # an FSDP2 shard (DTensor): each rank holds the state of its local shard only
+                    self._init_state(p.to_local() if hasattr(p, "to_local") else p, state)
                 state["step"] += 1
                 p.add_(p.grad, alpha=-group["lr"])
         return None
@@ -744,75 +751,6 @@ def prepare_estimate(cfg: Any) -> tuple[Any, torch.device, torch.dtype, list[str
 
 
 # --- the whole run: set-up, steps, step checkpoint save, resume ----------------------------------------
-
-
-@dataclasses.dataclass
-class RunMemoryEstimate:
-    """The training steps' estimate (split into categories) and the peaks of every phase of the run."""
-
-    steps: MemoryEstimate
-    phases: list[Any]  # PhaseMemory, in run order: set-up, training steps, step checkpoint save, resume load
-
-    @property
-    def peak_bytes(self) -> int:
-        return max(p.device_peak for p in self.phases)
-
-    @property
-    def peak_phase(self) -> Any:
-        return max(self.phases, key=lambda p: p.device_peak)
-
-    def phase(self, name: str) -> Any:
-        return next(p for p in self.phases if p.name.startswith(name))
-
-    def format(self, title: str = "Estimated peak device memory") -> str:
-        lines = [self.steps.format(f"{title}, training steps"), ""]
-        lines.append("Each phase of the run (estimated on fake tensors):")
-        header = ("phase", "device peak", "above weights", "transient", "host RAM", "paged state", "mapped files")
-        lines.append(f"  {header[0]:<24}" + "".join(f"{h:>15}" for h in header[1:]))
-        for p in self.phases:
-            values = (p.device_peak, p.above_weights, p.transient, p.host_ram_peak, p.managed_peak, p.mapped_peak)
-            lines.append(f"  {p.name:<24}" + "".join(f"{v / GB:>12.2f} GB" for v in values))
-        peak = self.peak_phase
-        lines.append(f"  {'whole run (device peak)':<24}{peak.device_peak / GB:>12.2f} GB  (in {peak.name})")
-        lines.append(
-            "Note: transient = device memory a phase needs above what is live before and after it (weights, "
-            "device optimizer state); host RAM = anonymous host memory + paged optimizer state (CUDA managed "
-            "memory, in host RAM when paged out), without the process itself (Python, libraries: a few GB); "
-            "mapped files = checkpoint files mapped into memory, resident only as they are read and dropped by "
-            "the kernel under pressure"
-        )
-        return "\n".join(lines)
-
-
-def _steps_phase(estimate: MemoryEstimate) -> Any:
-    from torchtune.training._checkpoint_memory import PhaseMemory
-
-    return PhaseMemory(
-        name="training steps",
-        device_peak=estimate.peak_bytes,
-        weights=estimate.breakdown["weights"],
-        host_peak=estimate.host_offload_peak_bytes,
-        managed_peak=estimate.paged_optimizer_bytes,
-        mapped_peak=0,
-        host_ram_peak=estimate.host_bytes_needed,
-        device_start=estimate.breakdown["weights"] + estimate.breakdown["optimizer_state"],
-        device_end=estimate.breakdown["weights"] + estimate.breakdown["optimizer_state"],
-    )
-
-
-def estimate_run_memory(
-    cfg: Any, seq_len: Optional[int] = None, batch_size: Optional[int] = None, steps: int = 2
-) -> RunMemoryEstimate:
-    """``estimate_recipe_memory`` for the steps, plus the set-up, step checkpoint save and resume load
-    phases run through the recipe's checkpointer and training-layer code on fake tensors
-    (``torchtune.training._checkpoint_memory``)."""
-    from torchtune.training._checkpoint_memory import estimate_checkpoint_phases
-
-    step_estimate = estimate_recipe_memory(cfg, seq_len=seq_len, batch_size=batch_size, steps=steps)
-    prepared, _, dtype, _ = prepare_estimate(cfg)
-    phases = estimate_checkpoint_phases(prepared, dtype)
-    setup, save, resume = phases
-    return RunMemoryEstimate(steps=step_estimate, phases=[setup, _steps_phase(step_estimate), save, resume])
 
 
 def _require(component: str, package: str) -> None:

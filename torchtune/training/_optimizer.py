@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 
 from torchtune import config
@@ -45,10 +46,14 @@ class GradNormTracker:
     is freed (or ``step_optimizer`` records the total of a standard step); ``pop()`` reads the norm
     (the one host sync) and disarms. Unarmed, every call is a no-op, so steps that are not logged
     spend nothing on it.
+
+    Sharded gradients (FSDP2's DTensors) add only this rank's shard; ``pop`` then sums the shards'
+    squares over the ranks, so every rank must call it (it is a collective there).
     """
 
     def __init__(self) -> None:
         self._sum_sq: Optional[torch.Tensor] = None
+        self._local_sq: Optional[torch.Tensor] = None  # squares of shards: summed over ranks in pop
 
     @property
     def armed(self) -> bool:
@@ -56,23 +61,39 @@ class GradNormTracker:
 
     def arm(self, device: torch.device) -> None:
         self._sum_sq = torch.zeros((), dtype=torch.float32, device=device)
+        self._local_sq = None
 
     def add(self, grad: torch.Tensor) -> None:
-        """Add one gradient's squared norm (in fp32)."""
-        if self._sum_sq is not None:
+        """Add one gradient's squared norm (in fp32); of a sharded gradient, this rank's shard."""
+        if self._sum_sq is None:
+            return
+        if isinstance(grad, DTensor):
+            square = torch.linalg.vector_norm(grad.to_local(), dtype=torch.float32).square()
+            # a CPU-offloaded shard adds on the CPU; pop moves the sum next to the others
+            self._local_sq = square if self._local_sq is None else self._local_sq + square.to(self._local_sq.device)
+        else:
             self._sum_sq += torch.linalg.vector_norm(grad, dtype=torch.float32).square()
 
     def add_total(self, norm: torch.Tensor) -> None:
-        """Add a norm already taken over many gradients (``clip_grad_norm_``'s result)."""
+        """Add a norm already taken over many gradients, over all ranks (``clip_grad_norm_``'s result)."""
         if self._sum_sq is not None:
             self._sum_sq += norm.detach().float().square()
 
     def pop(self) -> float:
-        """The norm since ``arm`` (a host sync); disarms. NaN if it was not armed."""
+        """The norm since ``arm`` (a host sync; with sharded gradients a collective); disarms. NaN if
+        it was not armed."""
         if self._sum_sq is None:
             return float("nan")
-        value = math.sqrt(max(self._sum_sq.item(), 0.0))
-        self._sum_sq = None
+        total = self._sum_sq
+        if self._local_sq is not None:
+            import torch.distributed as dist
+
+            local = self._local_sq.to(total.device)
+            if dist.is_initialized():
+                dist.all_reduce(local)
+            total = total + local
+        value = math.sqrt(max(total.item(), 0.0))
+        self._sum_sq = self._local_sq = None
         return value
 
 
@@ -235,16 +256,20 @@ def step_optimizer(
 ) -> None:
     """Finish an optimizer step: clip, record the gradient norm, ``step()``, ``zero_grad()``.
 
-    In standard mode this is the step. With optimizer in backward the gradients were consumed and
+    In standard mode this is the step; with FSDP2's sharded gradients the norm (to clip with and to
+    log) is that of the whole gradient over all ranks. With optimizer in backward the gradients were consumed and
     freed in backward: no gradient is left here, and ``step``/``zero_grad`` are no-ops.
     """
     with_grad = [p for p in params if p.grad is not None]
-    if with_grad:
+    if with_grad and (clip_grad_norm is not None or (grad_norm is not None and grad_norm.armed)):
+        norm = torch.nn.utils.get_total_norm([p.grad for p in with_grad])
+        if isinstance(norm, DTensor):
+            # sharded gradients: the norm of each rank's shards is a partial result; full_tensor sums
+            # the squares over the ranks, so every rank clips with the global norm
+            norm = norm.full_tensor()
         if clip_grad_norm is not None:
-            norm = torch.nn.utils.clip_grad_norm_(with_grad, max_norm=clip_grad_norm)
-            if grad_norm is not None:
-                grad_norm.add_total(norm)
-        elif grad_norm is not None and grad_norm.armed:
-            grad_norm.add_total(torch.nn.utils.get_total_norm([p.grad for p in with_grad]))
+            torch.nn.utils.clip_grads_with_norm_(with_grad, max_norm=clip_grad_norm, total_norm=norm)
+        if grad_norm is not None:
+            grad_norm.add_total(norm)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)

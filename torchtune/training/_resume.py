@@ -86,7 +86,7 @@ class ResumePlan:
 
     recipe_state_path: Path
     state: Dict[str, Any]
-    # The background sha256 check of recipe_state.pt (checkpointer.verify_checksums=background).
+    # The background checksum check of recipe_state.pt (checkpointer.verify_checksums=background).
     checksums: Optional[ChecksumJob] = None
 
     @property
@@ -270,11 +270,16 @@ def recipe_state(
     seed: int,
     max_steps_per_epoch: Optional[int],
     model: nn.Module,
+    optimizer_state: Any = None,
 ) -> Dict[str, Any]:
-    """Everything besides the weights that an exact resume needs, as :func:`resolve_resume` reads it."""
+    """Everything besides the weights that an exact resume needs, as :func:`resolve_resume` reads it.
+
+    ``optimizer_state`` replaces ``optimizer.state_dict()`` where the state is saved elsewhere (the
+    distributed recipe writes it sharded with torch.distributed.checkpoint and records where).
+    """
     return {
         "recipe_state_version": RECIPE_STATE_VERSION,
-        "optimizer": optimizer.state_dict(),
+        "optimizer": optimizer.state_dict() if optimizer_state is None else optimizer_state,
         "optimizer_in_bwd": settings.optimizer_in_bwd,
         "lr_scheduler": lr_scheduler.state_dict() if lr_scheduler is not None else None,
         "seed": seed,

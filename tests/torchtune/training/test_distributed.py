@@ -115,3 +115,67 @@ def test_backend_must_fit_the_device(device, backend, match):
 def test_init_distributed_refuses_a_device_index():
     with pytest.raises(TuneError, match="local rank"):
         training.init_distributed("cuda:1")
+
+
+def test_load_full_state_dict_into_a_meta_model_matches_the_full_model(world_of_one):
+    reference = _tiny_model(seed=3)
+    with torch.device("meta"):
+        model = llama2(**TINY)
+    training.shard_model(model, mesh=world_of_one.mesh)
+    training.load_full_state_dict(model, reference.state_dict(), device=torch.device("cpu"))
+    model.init_buffers(torch.device("cpu"))
+    for (name, p_ref), p in zip(reference.named_parameters(), model.parameters()):
+        assert isinstance(p, DTensor) and p.to_local().device.type == "cpu", name
+        assert torch.equal(p.full_tensor(), p_ref.detach()), name
+    tokens = torch.arange(8).unsqueeze(0)
+    torch.testing.assert_close(model(tokens), reference(tokens), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("num_replicas", [2, 3])
+def test_ranks_batches_together_are_one_process_batches(num_replicas):
+    from torch.utils.data import DataLoader
+
+    from torchtune.training import ResumableSampler
+
+    n, per_rank = 23, 2
+    single = list(DataLoader(range(n), batch_size=per_rank * num_replicas, sampler=ResumableSampler(n, seed=5)))
+    ranks = [
+        list(
+            DataLoader(
+                range(n), batch_size=per_rank, sampler=ResumableSampler(n, seed=5, num_replicas=num_replicas, rank=r)
+            )
+        )
+        for r in range(num_replicas)
+    ]
+    assert len({len(r) for r in ranks}) == 1  # the same number of batches on every rank
+    steps = len(ranks[0]) - 1  # the last global batch is the partial one, which may differ
+    for k in range(steps):
+        together = sorted(int(i) for r in ranks for i in r[k])
+        assert together == sorted(int(i) for i in single[k])
+    # resuming at an example offset of the whole order gives every rank its continuation
+    start = per_rank * num_replicas * 2
+    for r in range(num_replicas):
+        sampler = ResumableSampler(n, seed=5, num_replicas=num_replicas, rank=r)
+        full = list(sampler)
+        sampler.set_epoch(0, start_index=start)
+        assert list(sampler) == full[start // num_replicas :]
+        assert len(sampler) == len(list(sampler))
+
+
+def test_grad_norm_of_sharded_gradients_is_the_global_norm(world_of_one):
+    model = training.shard_model(_tiny_model(), mesh=world_of_one.mesh)
+    reference = _tiny_model()
+    tokens = torch.arange(8).unsqueeze(0)
+    for m in (model, reference):
+        m(tokens).sum().backward()
+    tracker = training.GradNormTracker()
+    tracker.arm(torch.device("cpu"))
+    for p in model.parameters():
+        tracker.add(p.grad)
+    expected = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in reference.parameters()]))
+    assert tracker.pop() == pytest.approx(float(expected), rel=1e-5)
+    tracker.arm(torch.device("cpu"))
+    training.step_optimizer(
+        torch.optim.SGD(model.parameters(), lr=0.0), model.parameters(), clip_grad_norm=1e9, grad_norm=tracker
+    )
+    assert tracker.pop() == pytest.approx(float(expected), rel=1e-5)

@@ -191,3 +191,27 @@ def test_estimate_matches_the_cpu_allocators_own_count(extra):
     assert real > 10 * BSD4  # weights, AdamW moments, activations: a real peak, not noise
     # the estimate rounds every block up to 512 bytes, as the CUDA allocator does: a little above
     assert real <= estimate.peak_bytes <= real * 1.005, (estimate.peak_bytes, real)
+
+
+def test_counter_kinds_and_release():
+    """Host, managed and mapped memory are counted apart from the device; released pages stop counting,
+    also when the tensor is viewed again later."""
+    counter = StorageCounter(cpu_is_host=True)
+    with counter:
+        device = torch.empty(1024, device="meta")  # meta stands for the device here
+        host = torch.empty(256)  # CPU: the host
+        with counter.managed():
+            paged = torch.empty(512)
+        with counter.mapped():
+            mapped = torch.empty(128)
+        assert counter.current_bytes("device") == 4096
+        assert counter.current_bytes("host") == 1024
+        assert counter.current_bytes("managed") == 2048
+        assert counter.current_bytes("mapped") == 512
+        assert counter.current_bytes("host_ram") == 1024 + 2048  # host + managed
+        counter.release(mapped, "mapped")
+        mapped.view(2, 64).add_(1)  # a view of a released storage is not counted again
+        assert counter.current_bytes("mapped") == 0 and counter.current_bytes("host") == 1024
+        del paged
+        assert counter.current_bytes("host_ram") == 1024
+    del device, host, mapped

@@ -71,7 +71,7 @@ def write_folder_atomically(
     Order: clean leftovers, write into ``.tmp-<name>-<pid>``, fsync each file, write and fsync
     ``manifest.json`` last, fsync the folder, then rename. An existing ``destination`` (a re-save of
     the same step) is renamed aside first and deleted only once the new folder is in place.
-    ``write_contents`` may return ``{name: sha256}`` of the files it hashed while writing them; the
+    ``write_contents`` may return ``{name: checksum}`` of the files it hashed while writing them; the
     manifest takes those sums instead of reading the files again.
 
     Raises:
@@ -81,7 +81,6 @@ def write_folder_atomically(
     destination = Path(destination)
     parent = destination.parent
     tmp = parent / f"{TMP_PREFIX}{destination.name}-{os.getpid()}"
-    old = parent / f"{OLD_PREFIX}{destination.name}-{os.getpid()}"
     try:
         parent.mkdir(parents=True, exist_ok=True)
         clean_leftovers(parent)
@@ -121,6 +120,20 @@ def write_folder_atomically(
             f"checkpointer.output_dir at another disk{resume}."
         ) from exc
 
+    return move_into_place(tmp, destination)
+
+
+def move_into_place(tmp: Path, destination: Path) -> Path:
+    """Rename the complete folder ``tmp`` (manifest written, fsynced) to ``destination``, its sibling.
+
+    An existing ``destination`` (a re-save of the same step) is renamed aside first and deleted only
+    once the new folder is in place.
+
+    Raises:
+        TuneError: the rename failed; ``tmp`` is removed and the previous checkpoint kept.
+    """
+    parent = destination.parent
+    old = parent / f"{OLD_PREFIX}{destination.name}-{os.getpid()}"
     try:
         if destination.exists():
             os.rename(destination, old)

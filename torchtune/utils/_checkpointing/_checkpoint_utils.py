@@ -126,8 +126,15 @@ class OptimInBackwardWrapper(Optimizer):
         for opt, names in self._members.values():
             one = state_dict[names[0]] if len(names) == 1 else _merge_state_dicts([state_dict[n] for n in names])
             load_optimizer_state_dict(opt, one, mapped=mapped)
-        # Loading gives each inner optimizer new group dicts: follow them, in the same list object
-        # (an LR scheduler reads ``optimizer.param_groups`` at every step).
+        self.follow_inner_param_groups()
+
+    def follow_inner_param_groups(self) -> None:
+        """Point ``param_groups`` at the inner optimizers' group dicts again, in the same list object.
+
+        Loading state into an inner optimizer (here, or through ``torch.distributed.checkpoint``'s
+        ``set_state_dict``) gives it new group dicts; an LR scheduler reads ``optimizer.param_groups``
+        at every step, so it must see those.
+        """
         self.param_groups[:] = self._inner_groups()
 
 

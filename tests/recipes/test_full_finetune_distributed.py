@@ -1,0 +1,277 @@
+"""full_finetune_distributed through the real `tune run --nproc_per_node 2` (gloo, CPU, tiny model).
+
+Two processes must train exactly what one process trains with the same global batch and seed (both
+optimizer modes), resume on 2 or 1 processes with the losses of the uninterrupted run, survive a
+rank killed mid-save, write a final folder that transformers loads, and refuse bad launches with one
+message each.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from tests._helpers.tiny_run import TUNE, make_tiny_run, read_losses, run_tune
+from tests._helpers.tiny_run import run_recipe as run_single_device
+
+DIST_KEYS = {
+    "dist_backend": None,
+    "fsdp_cpu_offload": False,
+    "fsdp_reshard_after_forward": True,
+    "fsdp_param_dtype": None,
+    "fsdp_reduce_dtype": None,
+    "async_checkpoint": False,
+}
+# 24 examples, global batch 4: 3 steps per epoch (capped), 2 epochs; step checkpoints every 2 steps.
+RUN = dict(max_steps_per_epoch=3, save_every_n_steps=2)
+NPROC = ["--standalone", "--nproc_per_node", "2"]
+
+
+def _overrides(**kv) -> list:
+    return [f"{k}={'null' if v is None else v}" for k, v in kv.items()]
+
+
+@pytest.fixture(scope="module")
+def configs(tmp_path_factory):
+    """(single-device config, distributed config): the same run, the second with the FSDP keys."""
+    root = tmp_path_factory.mktemp("dist")
+    single = make_tiny_run(root, **RUN)
+    cfg = OmegaConf.load(single)
+    cfg.update(DIST_KEYS)
+    dist = root / "dist.yaml"
+    OmegaConf.save(cfg, dist)
+    return single, dist
+
+
+def _tune_dist(config: Path, out: Path, *extra: str, nproc: bool = True, timeout: float = 300):
+    args = ["run", *(NPROC if nproc else []), "full_finetune_distributed", "--config", str(config)]
+    return run_tune([*args, f"output_dir={out}", *extra], timeout=timeout)
+
+
+def _ok(result: subprocess.CompletedProcess) -> None:
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+
+
+@pytest.fixture(scope="module")
+def base_run(configs, tmp_path_factory):
+    """The uninterrupted 2-process run (optimizer in backward, step checkpoints written in the background)
+    and its single-device twin."""
+    single, dist = configs
+    root = tmp_path_factory.mktemp("base")
+    _ok(_tune_dist(dist, root / "dist", "async_checkpoint=True"))  # its step checkpoints resume below
+    run_single_device(single, output_dir=str(root / "single"))
+    return root
+
+
+def test_two_processes_train_what_one_process_trains_in_backward(base_run):
+    dist, single = read_losses(base_run / "dist"), read_losses(base_run / "single")
+    assert len(dist) == len(single) == 6
+    assert dist == pytest.approx(single, abs=1e-5, rel=0)
+    assert dist[-1] < dist[0]
+    # what a user gets: a step checkpoint of shards, a resumable epoch folder with the full weights too
+    assert sorted(p.name for p in (base_run / "dist").glob("*_*")) == ["epoch_0", "epoch_1", "step_2", "step_4"]
+    assert (base_run / "dist" / "step_2" / "sharded_state" / "__1_0.distcp").is_file()
+    assert (base_run / "dist" / "epoch_0" / "model.safetensors").is_file()
+    assert not (base_run / "dist" / "epoch_1" / "recipe_state.pt").exists()  # final: weights only
+
+
+def test_standard_optimizer_with_accumulation_and_clipping_matches_one_process(configs, tmp_path):
+    single, dist = configs
+    kv = dict(
+        optimizer_in_bwd=False, gradient_accumulation_steps=2, clip_grad_norm=0.5, batch_size=2, save_every_n_steps=None
+    )
+    _ok(_tune_dist(dist, tmp_path / "dist", *_overrides(**kv), "epochs=1"))
+    run_single_device(single, output_dir=str(tmp_path / "single"), epochs=1, **kv)
+    from torchtune.utils.metric_logging import read_metrics
+
+    d = list(read_metrics(tmp_path / "dist" / "logs" / "metrics.jsonl"))
+    s = list(read_metrics(tmp_path / "single" / "logs" / "metrics.jsonl"))
+    assert len(d) == len(s) == 3
+    assert [r["loss"] for r in d] == pytest.approx([r["loss"] for r in s], abs=1e-5, rel=0)
+    # the norm clipped by is the global one (summed over both ranks' shards)
+    assert [r["grad_norm"] for r in d] == pytest.approx([r["grad_norm"] for r in s], rel=1e-5)
+    assert all(r["grad_norm"] > 0.5 for r in d)  # so clipping was active
+
+
+@pytest.mark.parametrize(("resume_from", "nproc"), [("step_4", True), ("epoch_0", False)])
+def test_resume_continues_the_run_on_two_or_one_process(configs, base_run, tmp_path, resume_from, nproc):
+    _, dist = configs
+    state = base_run / "dist" / resume_from / "recipe_state.pt"
+    result = _tune_dist(
+        dist,
+        tmp_path / "resumed",
+        "resume_from_checkpoint=True",
+        f"checkpointer.recipe_checkpoint={state}",
+        nproc=nproc,
+    )
+    _ok(result)
+    full, resumed = read_losses(base_run / "dist"), read_losses(tmp_path / "resumed")
+    done = 4 if resume_from == "step_4" else 3
+    assert len(resumed) == len(full) - done
+    assert resumed == pytest.approx(full[done:], abs=1e-5, rel=0)
+
+
+def test_epoch_folder_loads_in_transformers_with_the_models_logits(base_run):
+    """epoch_0 holds the HF weights and the sharded state of the same model: transformers' logits on the
+    HF folder equal our model's on the sharded weights; the final folder equals the one-process run's."""
+    import torch.distributed.checkpoint as dcp
+    import transformers
+
+    from tests._helpers.tiny_run import TINY_DIMS
+    from torchtune.models.llama2 import llama2
+
+    folder = base_run / "dist" / "epoch_0"
+    hf = transformers.LlamaForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
+    ours = llama2(vocab_size=hf.config.vocab_size, **TINY_DIMS).eval()
+    state = {"model": ours.state_dict()}
+    dcp.load(state, checkpoint_id=str(folder / "sharded_state"), no_dist=True)
+    ours.load_state_dict(state["model"])
+    tokens = torch.randint(0, hf.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(tokens).logits, ours(tokens), atol=1e-5, rtol=0)
+        final = transformers.LlamaForCausalLM.from_pretrained(base_run / "dist" / "epoch_1").eval()
+        single = transformers.LlamaForCausalLM.from_pretrained(base_run / "single" / "epoch_1").eval()
+        torch.testing.assert_close(final(tokens).logits, single(tokens).logits, atol=1e-4, rtol=0)
+
+
+def _rank_pid(launcher: subprocess.Popen, rank: int) -> int | None:
+    """The pid of the worker torchrun started for ``rank`` (read from each child's environment)."""
+    children = subprocess.run(["pgrep", "-P", str(launcher.pid)], capture_output=True, text=True).stdout.split()
+    for pid in children:
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in env:
+            return int(pid)
+    return None
+
+
+def test_kill_of_a_rank_during_a_step_save_leaves_the_previous_checkpoint(configs, tmp_path):
+    from torchtune.utils._checkpointing import verify_manifest
+
+    _, dist = configs
+    out = tmp_path / "out"
+    cmd = [TUNE, "run", *NPROC, "full_finetune_distributed", "--config", str(dist), f"output_dir={out}"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+    launcher = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    killed_mid_save = False
+    deadline = time.monotonic() + 240
+    try:
+        while time.monotonic() < deadline and launcher.poll() is None:
+            # rank 1 has written its shard of step_4 but the folder is not published yet
+            if any(out.glob(".tmp-step_4-*/sharded_state/__1_*.distcp")) and not (out / "step_4").exists():
+                pid = _rank_pid(launcher, 1)
+                if pid is not None:
+                    os.kill(pid, signal.SIGKILL)
+                    killed_mid_save = not (out / "step_4").exists()
+                    break
+            time.sleep(0.002)
+        output, _ = launcher.communicate(timeout=120)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode != 0, output[-3000:]
+    assert killed_mid_save, "the kill came too late (step_4 was already published); " + output[-2000:]
+    assert not (out / "step_4").exists()
+    verify_manifest(out / "step_2")  # complete and intact: sizes and checksums of every file
+    import torch.distributed.checkpoint as dcp
+
+    from torchtune.models.llama2 import llama2
+
+    cfg = OmegaConf.load(dist)
+    model = llama2(**{k: v for k, v in cfg.model.items() if k != "_component_"})
+    state = {"model": model.state_dict()}
+    dcp.load(state, checkpoint_id=str(out / "step_2" / "sharded_state"), no_dist=True)  # loadable
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_nodes_started_with_different_configs_fail_with_one_message(configs, tmp_path):
+    """Two "nodes" (two launchers meeting at one rendezvous) with different overrides."""
+    _, dist = configs
+    rdzv = ["--nnodes", "2", "--nproc_per_node", "1", "--rdzv-backend", "c10d"]
+    rdzv += ["--rdzv-endpoint", f"127.0.0.1:{_free_port()}", "--rdzv-id", "disagree"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+    nodes = [
+        subprocess.Popen(
+            [
+                TUNE,
+                "run",
+                *rdzv,
+                "full_finetune_distributed",
+                "--config",
+                str(dist),
+                f"output_dir={tmp_path}",
+                f"seed={s}",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for s in (1, 2)
+    ]
+    try:
+        outputs = [node.communicate(timeout=240) for node in nodes]
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                node.kill()
+    assert all(node.returncode != 0 for node in nodes)
+    stderr = "\n".join(err for _, err in outputs)
+    assert stderr.count("different configs") == 1, stderr[-4000:]
+    message = " ".join(stderr.split())
+    assert "seed: rank 0=1, rank 1=2" in message or "seed: rank 0=2, rank 1=1" in message
+
+
+def test_nproc_with_a_single_device_recipe_is_refused_before_starting(configs):
+    single, _ = configs
+    result = run_tune(["run", *NPROC, "full_finetune_single_device", "--config", str(single)])
+    assert result.returncode == 2
+    message = " ".join(result.stderr.split())
+    assert "runs in one process" in message and "full_finetune_distributed" in message
+    assert "torch.distributed.run" not in result.stderr and "OMP_NUM_THREADS" not in result.stderr  # nothing started
+
+
+def test_batch_that_does_not_split_is_refused_before_starting(configs):
+    _, dist = configs
+    result = run_tune(["run", "--nproc_per_node", "3", "full_finetune_distributed", "--config", str(dist)])
+    assert result.returncode == 2
+    assert "batch_size=4 (the global batch) does not split evenly over 3 processes" in " ".join(result.stderr.split())
+
+
+def test_backend_that_does_not_fit_the_device_is_refused(configs):
+    _, dist = configs
+    result = run_tune(["run", *NPROC, "full_finetune_distributed", "--config", str(dist), "dist_backend=nccl"])
+    assert result.returncode == 2
+    assert "dist_backend: nccl does not work with device: cpu" in " ".join(result.stderr.split())
+
+
+def test_resume_from_a_single_device_checkpoint_is_refused(configs, base_run, tmp_path):
+    _, dist = configs
+    state = base_run / "single" / "epoch_0" / "recipe_state.pt"
+    result = _tune_dist(
+        dist, tmp_path / "o", "resume_from_checkpoint=True", f"checkpointer.recipe_checkpoint={state}", nproc=False
+    )
+    assert result.returncode == 1
+    message = " ".join(result.stderr.split())
+    assert "written by the single-device recipe" in message and message.count("Error:") == 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(pytest.main([__file__, "-q"]))
