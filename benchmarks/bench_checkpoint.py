@@ -8,8 +8,8 @@ model (default ~1.06B parameters: 18 layers, dim 2048, vocab 32000) and a torch 
 same shapes (``exp_avg``, ``exp_avg_sq``: bf16 like the weights, so 3x the weights on disk).
 
 - ``ours``: ``FullModelHFCheckpointer.save_checkpoint`` (each tensor to the host and into HF layout,
-  streamed into ``model.safetensors``, ``recipe_state.pt`` through ``torch.save``, sha256 while
-  writing, fsync of every file, manifest, atomic rename). Load: the checkpointer's load (size checks,
+  streamed into ``model.safetensors``, ``recipe_state.pt`` through ``torch.save``, checksums
+  while writing, fsync of every file, manifest, atomic rename). Load: the checkpointer's load (size checks,
   sums in a background thread) into the model, ``recipe_state.pt`` memory-mapped into a fresh
   optimizer one parameter at a time (``torchtune.training.load_optimizer_state``).
 - ``plain``: ``safetensors.torch.save_file`` of the model's state dict and ``torch.save`` of the
@@ -17,8 +17,8 @@ same shapes (``exp_avg``, ``exp_avg_sq``: bf16 like the weights, so 3x the weigh
   ``torch.load`` into a fresh optimizer's ``load_state_dict``. ``plain+fsync`` adds the fsync of
   those two files, the durability ours has.
 
-Both loads end with the weights in the model and the state in the optimizer, compared bit for bit
-with what was saved. Before every timed operation ``os.sync()`` flushes what the previous one left
+Both loads end with the weights in the model and the state in the optimizer, spot-checked against
+what was saved (every tensor). Before every timed operation ``os.sync()`` flushes what the previous one left
 dirty, and the order of the variants alternates between repeats. Wall and process CPU time (all
 threads) are reported, medians over the repeats, with the ratios ours / plain.
 """
@@ -84,11 +84,18 @@ def fill_adamw_state(optimizer: torch.optim.Optimizer, seed: int = 1) -> None:
 
 
 def fingerprint(model: Any, optimizer: torch.optim.Optimizer) -> List[float]:
-    """Sums of every weight and state tensor (float64): equal before the save and after a load."""
-    sums = [float(p.detach().double().sum()) for p in model.parameters()]
+    """Every weight and state tensor, spot-checked: its first and last element and the float64 sum of
+    every 997th (a full comparison of 3B elements would take longer than the load; the tests compare
+    saved and loaded tensors bit for bit)."""
+
+    def spot(t: torch.Tensor) -> List[float]:
+        flat = t.detach().reshape(-1)
+        return [float(flat[0]), float(flat[-1]), float(flat[::997].double().sum())]
+
+    sums: List[float] = []
     for p in model.parameters():
         state = optimizer.state[p]
-        sums += [float(state["exp_avg"].double().sum()), float(state["exp_avg_sq"].double().sum())]
+        sums += spot(p) + spot(state["exp_avg"]) + spot(state["exp_avg_sq"]) + [float(state["step"])]
     return sums
 
 
@@ -118,8 +125,9 @@ def write_base_folder(model: Any, folder: Path, num_heads: int) -> None:
     )
 
 
-def timed(fn: Callable[[], Any]) -> Dict[str, float]:
-    os.sync()  # what an earlier operation left dirty is not this one's to write back
+def timed(fn: Callable[[], Any], sync_first: bool = True) -> Dict[str, float]:
+    if sync_first:
+        os.sync()  # what an earlier operation left dirty is not this one's to write back
     wall, cpu = time.perf_counter(), time.process_time()
     fn()
     return {"wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu}
@@ -188,7 +196,7 @@ def _run(args: argparse.Namespace, work: Path) -> Dict[str, Any]:
                         shutil.rmtree(old)
             else:
                 results["save plain"].append(timed(save_plain))
-                results["fsync plain"].append(timed(fsync_plain))
+                results["fsync plain"].append(timed(fsync_plain, sync_first=False))  # what save plain left dirty
         for name in order:
             optimizer.state.clear()  # each load fills a fresh optimizer
             if name == "ours":
@@ -199,7 +207,7 @@ def _run(args: argparse.Namespace, work: Path) -> Dict[str, Any]:
             else:
                 results["load plain"].append(timed(load_plain))
             if fingerprint(model, optimizer) != reference:
-                raise RuntimeError(f"the {name} load did not restore the saved weights and state bit for bit")
+                raise RuntimeError(f"the {name} load did not restore the saved weights and state")
         print(f"repeat {repeat + 1}/{args.repeats} done", file=sys.stderr, flush=True)
 
     med = {k: {m: statistics.median(r[m] for r in v) for m in ("wall_s", "cpu_s")} for k, v in results.items() if v}

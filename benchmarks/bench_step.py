@@ -24,6 +24,7 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -40,17 +41,45 @@ from torchtune.modules.loss import CROSS_ENTROPY_IGNORE_IDX  # noqa: E402
 
 PAD_ID = 0
 
-# name -> (optimizer config, optimizer_in_bwd). torch AdamW is fused in both modes: on CPU (and
-# CUDA) the fused kernel is one pass over param/grad/state, several times faster than the default
-# per-tensor loop on CPU (see docs/speed.md), and the comparison is only fair with the same kernel
-# in both modes. The *_unfused variants measure that choice.
-VARIANTS: Dict[str, tuple] = {
-    "adamw": ({"_component_": "torch.optim.AdamW", "fused": True}, False),
-    "adamw_bwd": ({"_component_": "torch.optim.AdamW", "fused": True}, True),
-    "bnb_adamw8bit_bwd": ({"_component_": "bitsandbytes.optim.AdamW8bit"}, True),
-    "ao_adamw8bit_bwd": ({"_component_": "torchao.optim.AdamW8bit"}, True),
-    "adamw_unfused": ({"_component_": "torch.optim.AdamW"}, False),
-    "adamw_bwd_unfused": ({"_component_": "torch.optim.AdamW"}, True),
+# name -> what the variant sets: the optimizer config and optimizer_in_bwd, and optionally
+#   group:   optimizer_in_bwd_group ("param" unless given)
+#   loss:    the loss node (default: --loss)
+#   select:  select_label_positions of the step (default True, as the recipe)
+#   logged:  "all": after each step do what the recipe's logged step does: read the loss and the
+#            gradient norm (armed before the step, added in the hooks), read the memory stats, write
+#            the row; "grad_norm": only the gradient norm (armed, summed in the hooks, read)
+# torch AdamW is fused in both modes: on CPU (and CUDA) the fused kernel is one pass over
+# param/grad/state, several times faster than the default per-tensor loop on CPU (see docs/speed.md),
+# and the comparison is only fair with the same kernel in both modes. The *_unfused variants measure
+# that choice; the adamw_bwd_* ones measure one recipe feature each against adamw_bwd.
+_FUSED = {"_component_": "torch.optim.AdamW", "fused": True}
+_CHUNKED = "torchtune.modules.loss.ChunkedCrossEntropyLoss"
+VARIANTS: Dict[str, Dict[str, Any]] = {
+    "adamw": {"optimizer": _FUSED, "in_bwd": False},
+    "adamw_bwd": {"optimizer": _FUSED, "in_bwd": True},
+    "bnb_adamw8bit_bwd": {"optimizer": {"_component_": "bitsandbytes.optim.AdamW8bit"}, "in_bwd": True},
+    "ao_adamw8bit_bwd": {"optimizer": {"_component_": "torchao.optim.AdamW8bit"}, "in_bwd": True},
+    "adamw_unfused": {"optimizer": {"_component_": "torch.optim.AdamW"}, "in_bwd": False},
+    "adamw_bwd_unfused": {"optimizer": {"_component_": "torch.optim.AdamW"}, "in_bwd": True},
+    "adamw_bwd_layer": {"optimizer": _FUSED, "in_bwd": True, "group": "layer"},
+    "adamw_bwd_no_select": {"optimizer": _FUSED, "in_bwd": True, "select": False},
+    "adamw_bwd_logged": {"optimizer": _FUSED, "in_bwd": True, "logged": "all"},
+    "adamw_bwd_grad_norm": {"optimizer": _FUSED, "in_bwd": True, "logged": "grad_norm"},
+    "adamw_bwd_chunked1": {
+        "optimizer": _FUSED,
+        "in_bwd": True,
+        "loss": {"_component_": _CHUNKED, "num_output_chunks": 1},
+    },
+    "adamw_bwd_chunked8": {
+        "optimizer": _FUSED,
+        "in_bwd": True,
+        "loss": {"_component_": _CHUNKED, "num_output_chunks": 8},
+    },
+    "adamw_bwd_chunked32": {
+        "optimizer": _FUSED,
+        "in_bwd": True,
+        "loss": {"_component_": _CHUNKED, "num_output_chunks": 32},
+    },
 }
 DEFAULT_VARIANTS = ("adamw", "adamw_bwd", "bnb_adamw8bit_bwd", "ao_adamw8bit_bwd")
 BASELINE = "adamw"
@@ -83,7 +112,7 @@ def bench_config(
     compile_model: bool = False,
 ) -> DictConfig:
     """A recipe config for ``variant``: the keys a training step reads (data/checkpoint keys unused)."""
-    optimizer, in_bwd = VARIANTS[variant]
+    spec = VARIANTS[variant]
     return OmegaConf.create(
         {
             "output_dir": "/tmp/bench_step_unused",
@@ -98,10 +127,11 @@ def bench_config(
             "epochs": 1,
             "max_steps_per_epoch": None,
             "gradient_accumulation_steps": 1,
-            "optimizer": {**optimizer, "lr": lr, "weight_decay": 0.0},
-            "optimizer_in_bwd": in_bwd,
+            "optimizer": {**spec["optimizer"], "lr": lr, "weight_decay": 0.0},
+            "optimizer_in_bwd": spec["in_bwd"],
+            "optimizer_in_bwd_group": spec.get("group", "param"),
             "lr_scheduler": None,
-            "loss": {"_component_": loss},
+            "loss": spec.get("loss", {"_component_": loss}),
             "clip_grad_norm": None,
             "compile": compile_model,
             "device": device,
@@ -117,11 +147,52 @@ def bench_config(
     )
 
 
-def build_step(cfg: DictConfig, weights_seed: int = 0) -> training.TrainStep:
+def build_step(cfg: DictConfig, weights_seed: int = 0, grad_norm: Any = None) -> training.TrainStep:
     """The recipe's training step for ``cfg``, on random weights (the same for every variant)."""
     device = utils.get_device(cfg.device)
     torch.manual_seed(weights_seed)  # every variant starts from the same weights
-    return training.TrainStep.from_config(cfg, device=device, dtype=utils.get_dtype(cfg.dtype, device))
+    return training.TrainStep.from_config(
+        cfg, device=device, dtype=utils.get_dtype(cfg.dtype, device), grad_norm=grad_norm
+    )
+
+
+class LoggedStep:
+    """A step followed by what the recipe does on a logged step (``log_every_n_steps: 1`` and
+    ``log_peak_memory_stats: True``, as in llama2/tiny_full): the gradient norm is armed before the
+    step and summed in the hooks, then the loss and the norm are read (the syncs), the memory stats
+    read and the row written to a metrics.jsonl."""
+
+    def __init__(self, cfg: DictConfig, log_dir: Path, what: str = "all") -> None:
+        from torchtune.training import memory
+        from torchtune.utils.metric_logging import DiskLogger
+
+        self.memory, self.what = memory, what
+        self.grad_norm = training.GradNormTracker()
+        self.step = build_step(cfg, grad_norm=self.grad_norm)
+        self.logger = DiskLogger(log_dir=str(log_dir))
+        self.count = 0
+
+    def __call__(self, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
+        self.grad_norm.arm(self.step.device)
+        loss = self.step(batch)
+        self.count += 1
+        if self.what == "grad_norm":
+            self.grad_norm.pop()
+            return loss
+        payload = {"loss": loss.item(), "grad_norm": self.grad_norm.pop()}
+        payload.update(self.memory.get_memory_stats(self.step.device))
+        self.logger.log_dict(payload, step=self.count)
+        return loss
+
+
+def build_variant(name: str, cfg: DictConfig, log_dir: Path) -> Callable[[Dict[str, torch.Tensor]], torch.Tensor]:
+    """The callable a variant times: the recipe's ``TrainStep`` as ``VARIANTS[name]`` sets it up."""
+    spec = VARIANTS[name]
+    if spec.get("logged"):
+        return LoggedStep(cfg, log_dir, spec["logged"])
+    step = build_step(cfg)
+    step.select_label_positions = spec.get("select", True)
+    return step
 
 
 def synthetic_batches(
@@ -177,9 +248,11 @@ def run_benchmark(
     train_steps = {}
     for name in variants:
         t0 = time.perf_counter()
-        train_steps[name] = build_step(bench_config(name, model, dtype, device, loss=loss, compile_model=compile_model))
+        cfg = bench_config(name, model, dtype, device, loss=loss, compile_model=compile_model)
+        train_steps[name] = build_variant(name, cfg, Path(tempfile.mkdtemp(prefix=f"bench_{name}_")))
         log(f"built {name} in {time.perf_counter() - t0:.1f}s")
-    n_params = sum(p.numel() for p in next(iter(train_steps.values())).model.parameters())
+    first = next(iter(train_steps.values()))
+    n_params = sum(p.numel() for p in getattr(first, "step", first).model.parameters())
     batches = synthetic_batches(warmup + steps, batch_size, seq_len, model["vocab_size"])
     sync = _sync(device)
     times: Dict[str, List[float]] = {name: [] for name in variants}
@@ -223,9 +296,9 @@ def run_benchmark(
         rows.append(
             {
                 "variant": name,
-                "optimizer": VARIANTS[name][0]["_component_"],
-                "fused": bool(VARIANTS[name][0].get("fused", False)),
-                "optimizer_in_bwd": VARIANTS[name][1],
+                "optimizer": VARIANTS[name]["optimizer"]["_component_"],
+                "fused": bool(VARIANTS[name]["optimizer"].get("fused", False)),
+                "optimizer_in_bwd": VARIANTS[name]["in_bwd"],
                 "step_s_median": step_s,
                 "step_s_min": min(times[name]),
                 "tokens_per_s_median": tps,

@@ -1,36 +1,56 @@
-"""Our recipe against torchtune 0.6.1's full_finetune_single_device: same model, data and settings.
+"""Our recipe against torchtune 0.6.1's full_finetune_single_device, side by side in one run.
 
     python3 -m venv /tmp/tt061
     /tmp/tt061/bin/pip install torch==2.13.0 torchtune==0.6.1 torchao==0.11.0   # torchao 0.18 lacks nf4tensor
-    .venv/bin/python benchmarks/compare_torchtune.py --tt-python /tmp/tt061/bin/python
+    .venv/bin/python benchmarks/compare_torchtune.py --tt-python /tmp/tt061/bin/python --scenario alpaca
 
-Both recipes run their own ``setup()`` and ``train()`` (each in its own process and venv) on the same
-random-weight Hugging Face checkpoint, the same SentencePiece tokenizer and the same Alpaca-style JSON
-data, with the same model dims, dtype, batch size, optimizer and settings. Every example is longer than
-``--seq-len`` so each is cut to exactly that length: both recipes do the same work (``batch x seq``
-tokens per step, no padding), whatever their templates. A step's time is recovered from what each
-recipe logs: its ``tokens_per_second`` (ours) / ``tokens_per_second_per_gpu`` (torchtune) is its own
-token count over its own step time, so the time is the count (recomputed from the same batches, the
-recipe's way) over the logged rate. The first ``--skip`` steps are left out; medians are reported.
-Runs alternate between the two recipes to share the machine's drift.
+Two scenarios, on the same random-weight Hugging Face checkpoint of one Llama2 model (``--size``), one
+SentencePiece tokenizer and one Alpaca-format JSON file, each recipe running its own ``setup()`` and
+``train()`` in its own process and venv:
+
+- ``identical``: the same work for both. Every example is longer than ``--seq-len``, so each is cut
+  to exactly that length (``batch x seq`` tokens per step, no padding), every token is trained on
+  (``train_on_input: True``), no packing, no compile, each recipe's plain cross-entropy, fused AdamW
+  in backward for both, logging every step (ours as llama2/tiny_full: with memory stats).
+- ``alpaca``: Alpaca-like instruction data (lengths drawn like the Alpaca set's: a ~40-token
+  template, instructions, inputs in 40% of rows, answers with a long tail), ``train_on_input: False``,
+  and each recipe at its best documented settings for it: torchtune with ``dataset.packed: True``,
+  ``compile: True`` and its chunked loss; ours with ``dataset.packed: True``, ``compile: True``, its
+  chunked loss, ``optimizer_in_bwd_group: layer`` and the label-position selection (always on).
+  ``--no-compile`` leaves compile off for both.
+
+A step's time is measured the same way for both: a forward pre-hook on the model records wall and
+process CPU time at the start of every step's forward, so step i lasts from its forward to the next
+one (loop, data, logging and optimizer included; the epoch-end checkpoint of the last step is not).
+"Tokens" are the trained tokens of each step's batch (labels not -100), counted from the recipe's own
+batches in the run's order; tokens/s is their sum over the timed steps' total time. The first
+``--skip`` steps (compile, warm-up) are left out. Runs alternate between the recipes (ours first in
+even repeats), ``--repeats`` times; the table shows the median over repeats of each run's median step,
+and the ratio of medians.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
-import re
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Dict, List
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-DIMS = dict(vocab_size=32000, num_layers=8, num_heads=16, num_kv_heads=16, embed_dim=1024, max_seq_len=512)
+SIZES = {
+    # the ~168M Llama2 of docs/speed.md
+    "168m": dict(vocab_size=32000, num_layers=8, num_heads=16, num_kv_heads=16, embed_dim=1024, max_seq_len=1024),
+    # a small one for trying the script out
+    "tiny": dict(vocab_size=2048, num_layers=2, num_heads=4, num_kv_heads=4, embed_dim=128, max_seq_len=1024),
+}
 LOSSES = {  # each recipe's own plain and chunked cross-entropy
     "plain": {"ours": "torchtune.modules.loss.CrossEntropyLoss", "torchtune": "torch.nn.CrossEntropyLoss"},
     "chunked": {
@@ -38,70 +58,121 @@ LOSSES = {  # each recipe's own plain and chunked cross-entropy
         "torchtune": "torchtune.modules.loss.CEWithChunkedOutputLoss",
     },
 }
+ALPACA_PROMPT = (
+    "Below is an instruction that describes a task, paired with an input that provides further context. "
+    "Write a response that appropriately completes the request. Instruction: Input: Response: "
+    "Below is an instruction that describes a task. Write a response that appropriately completes the request."
+)
 
 
-def prepare(work: Path, seq_len: int, n_examples: int) -> Dict[str, Path]:
+def _words() -> List[str]:
+    sys.path.insert(0, str(REPO_ROOT))
+    from scripts.make_demo_data import WORDS
+
+    return list(WORDS)
+
+
+def _text(rng: random.Random, words: List[str], n: int) -> str:
+    return " ".join(rng.choice(words) for _ in range(max(1, n)))
+
+
+def alpaca_like_rows(n: int, seed: int = 0) -> List[Dict[str, str]]:
+    """Rows shaped like Alpaca's in Llama2 tokens (one word is one token with the tokenizer below):
+    instructions of 5-28 tokens, an input in 40% of rows (4-44 tokens), answers log-normally long
+    (median 45 tokens, mean ~64, capped at 400)."""
+    rng, words = random.Random(seed), _words()
+    rows = []
+    for _ in range(n):
+        answer = min(400, int(math.exp(rng.gauss(math.log(45), 0.85))))
+        rows.append(
+            {
+                "instruction": _text(rng, words, rng.randint(5, 28)) + ".",
+                "input": _text(rng, words, rng.randint(4, 44)) if rng.random() < 0.4 else "",
+                "output": _text(rng, words, answer) + ".",
+            }
+        )
+    return rows
+
+
+def identical_rows(n: int, seq_len: int, seed: int = 0) -> List[Dict[str, str]]:
+    """Rows longer than ``seq_len`` tokens, so both recipes cut every one to exactly ``seq_len``."""
+    rng, words = random.Random(seed), _words()
+    return [{"instruction": _text(rng, words, seq_len), "input": "", "output": _text(rng, words, 8)} for _ in range(n)]
+
+
+def make_tokenizer(folder: Path, corpus: List[str], vocab_size: int) -> Path:
+    """A Llama2-style SentencePiece model of exactly ``vocab_size`` ids: BPE pieces learnt from
+    ``corpus`` (each word of it becomes one piece), the rest unused placeholder symbols, so that the
+    tokenizer fits the model's embedding table as a real one does."""
+    import sentencepiece as spm
+
+    folder.mkdir(parents=True, exist_ok=True)
+    text = folder / "corpus.txt"
+    text.write_text("\n".join(corpus * 4) + "\n")
+    learnt = min(1500, vocab_size // 2)
+    spm.SentencePieceTrainer.train(
+        input=str(text),
+        model_prefix=str(folder / "tokenizer"),
+        vocab_size=vocab_size,
+        model_type="bpe",
+        byte_fallback=True,
+        unk_id=0,
+        bos_id=1,
+        eos_id=2,
+        pad_id=-1,
+        normalization_rule_name="identity",
+        remove_extra_whitespaces=False,
+        character_coverage=1.0,
+        hard_vocab_limit=False,
+        num_threads=1,
+        minloglevel=2,
+        user_defined_symbols=[f"<unused_{i}>" for i in range(vocab_size - learnt)],
+    )
+    path = folder / "tokenizer.model"
+    size = spm.SentencePieceProcessor(model_file=str(path)).vocab_size()
+    assert vocab_size - 255 <= size <= vocab_size, f"tokenizer has {size} ids for a {vocab_size}-row model"
+    return path
+
+
+def prepare(work: Path, args: argparse.Namespace) -> Dict[str, Path]:
     """Checkpoint (random weights), tokenizer and data shared by both recipes."""
     sys.path.insert(0, str(REPO_ROOT))
     from tests._helpers.tiny_run import make_hf_checkpoint
-    from tests._helpers.tokenizer import make_spm_tokenizer
 
-    rng = random.Random(0)
-    words = [
-        "apple",
-        "river",
-        "stone",
-        "cloud",
-        "tiger",
-        "lemon",
-        "piano",
-        "candle",
-        "orbit",
-        "maple",
-        "quartz",
-        "violet",
-        "harbor",
-        "meadow",
-        "copper",
-        "falcon",
-    ]
-    rows = [
-        {
-            "instruction": " ".join(rng.choice(words) for _ in range(seq_len)),
-            "input": "",
-            "output": " ".join(rng.choice(words) for _ in range(8)),
-        }
-        for _ in range(n_examples)
-    ]
+    n = args.batch_size * (args.steps + 2) * (8 if args.scenario == "alpaca" else 1)
+    rows = alpaca_like_rows(n) if args.scenario == "alpaca" else identical_rows(n, args.seq_len)
     data = work / "data.json"
     data.write_text(json.dumps(rows))
-    tokenizer = make_spm_tokenizer(work / "tok", [r["instruction"] for r in rows[:50]], vocab_size=300)
-    ckpt = make_hf_checkpoint(work / "base", seed=0, **DIMS)
+    corpus = [ALPACA_PROMPT] * 20 + [" ".join(r.values()) for r in rows[:400]]
+    tokenizer = make_tokenizer(work / "tok", corpus, SIZES[args.size]["vocab_size"])
+    ckpt = make_hf_checkpoint(work / "base", seed=0, **SIZES[args.size])
     return {"data": data, "tokenizer": tokenizer, "checkpoint": ckpt}
 
 
-def config(impl: str, assets: Dict[str, Path], out: Path, args: argparse.Namespace, in_bwd: bool) -> Dict[str, Any]:
+def config(impl: str, assets: Dict[str, Path], out: Path, args: argparse.Namespace) -> Dict[str, Any]:
+    best = args.scenario == "alpaca"
+    loss = LOSSES["chunked" if best else "plain"][impl]
     common = {
         "output_dir": str(out),
         "seed": 0,
         "shuffle": True,
         "resume_from_checkpoint": False,
-        "model": {"_component_": "torchtune.models.llama2.llama2", **DIMS},
+        "model": {"_component_": "torchtune.models.llama2.llama2", **SIZES[args.size]},
         "batch_size": args.batch_size,
         "epochs": 1,
         "max_steps_per_epoch": args.steps,
         "gradient_accumulation_steps": 1,
         "optimizer": {"_component_": "torch.optim.AdamW", "lr": 2e-5, "weight_decay": 0.0, "fused": True},
-        "optimizer_in_bwd": in_bwd,
-        "loss": {"_component_": LOSSES[args.loss][impl]},
+        "optimizer_in_bwd": True,
+        "loss": {"_component_": loss},
         "clip_grad_norm": None,
-        "compile": False,
+        "compile": best and args.compile,
         "device": args.device,
         "dtype": args.dtype,
         "enable_activation_checkpointing": False,
         "enable_activation_offloading": False,
         "log_every_n_steps": 1,
-        "log_peak_memory_stats": False,
+        "log_peak_memory_stats": True,  # torchtune 0.6.1 turns it off on CPU itself
     }
     ckpt = {
         "checkpoint_dir": str(assets["checkpoint"]),
@@ -114,28 +185,30 @@ def config(impl: str, assets: Dict[str, Path], out: Path, args: argparse.Namespa
         "_component_": "torchtune.datasets.alpaca_dataset",
         "source": "json",
         "data_files": str(assets["data"]),
-        "train_on_input": True,
-        "packed": False,
+        "train_on_input": not best,
+        "packed": best,
         "split": "train",
     }
     if impl == "ours":
-        if args.loss == "chunked":
+        if best:
             common["loss"]["num_output_chunks"] = 8
         return {
             **common,
+            "optimizer_in_bwd_group": "layer" if best else "param",
             "tokenizer": {
                 "_component_": "torchtune.models.llama2.llama2_tokenizer",
                 "path": str(assets["tokenizer"]),
                 "max_seq_len": None,
             },
-            "dataset": {**data, "max_seq_len": args.seq_len},
+            "dataset": {**data, "max_seq_len": args.seq_len, "cache_dir": str(out / "hf_cache")},
             "checkpointer": {"_component_": "torchtune.utils.FullModelHFCheckpointer", **ckpt},
             "lr_scheduler": None,
             "save_every_n_steps": None,
             "keep_last_n_checkpoints": None,
-            "metric_logger": {"_component_": "torchtune.utils.metric_logging.DiskLogger", "log_dir": str(out / "logs")},
+            "metric_logger": [],
             "validation_dataset": None,
             "eval_every_n_steps": None,
+            "eval_after_training": None,
         }
     return {
         **common,
@@ -144,79 +217,98 @@ def config(impl: str, assets: Dict[str, Path], out: Path, args: argparse.Namespa
             "path": str(assets["tokenizer"]),
             "max_seq_len": args.seq_len,
         },
-        "dataset": data,
+        "dataset": {**data, "cache_dir": str(out / "hf_cache")},
         "checkpointer": {"_component_": "torchtune.training.FullModelHFCheckpointer", **ckpt},
         "metric_logger": {"_component_": "torchtune.training.metric_logging.DiskLogger", "log_dir": str(out / "logs")},
     }
 
 
-def worker(impl: str, config_path: Path, result_path: Path) -> None:
-    """Run one recipe's setup() + train() and write its per-step times (count / logged rate)."""
-    from omegaconf import OmegaConf
-
-    cfg = OmegaConf.load(config_path)
+def _load_recipe(impl: str, cfg: Any) -> Any:
     if impl == "ours":
         sys.path.insert(0, str(REPO_ROOT))
         from recipes.full_finetune_single_device import FullFinetuneRecipeSingleDevice
-        from torchtune.utils.metric_logging import read_metrics
 
         recipe = FullFinetuneRecipeSingleDevice(cfg)
         recipe.setup()
-        recipe.train()
-        recipe.cleanup()
-        rates = [row["tokens_per_second"] for row in read_metrics(Path(cfg.output_dir) / "logs" / "metrics.jsonl")]
-        # The same batches again, in the run's order: the order depends only on (seed, epoch).
-        from torchtune import config, training
+        return recipe
+    import importlib.util
+    import sysconfig
 
-        data = training.build_dataloader(
-            cfg.dataset,
-            config.instantiate(cfg.tokenizer),
-            batch_size=cfg.batch_size,
-            shuffle=cfg.shuffle,
-            seed=recipe.seed,
+    import torchtune
+
+    assert "site-packages" in torchtune.__file__, torchtune.__file__
+    # torchtune's recipes/__init__.py refuses imports; load the recipe file itself
+    path = Path(sysconfig.get_paths()["purelib"]) / "recipes" / "full_finetune_single_device.py"
+    spec = importlib.util.spec_from_file_location("tt_full_finetune_single_device", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    recipe = module.FullFinetuneRecipeSingleDevice(cfg)
+    recipe.setup(cfg)
+    return recipe
+
+
+def worker(impl: str, config_path: Path, result_path: Path) -> None:
+    """Run one recipe's setup() + train(); write per-step wall/CPU times, trained and padded tokens."""
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.load(config_path)
+    recipe = _load_recipe(impl, cfg)
+    model = recipe._model
+    loader = recipe._data.dataloader if impl == "ours" else recipe._dataloader
+    marks: List[tuple] = []
+    model.register_forward_pre_hook(lambda module, args: marks.append((time.perf_counter(), time.process_time())))
+    recipe.train()
+    recipe.cleanup()
+    loader.sampler.set_epoch(0)  # the same batches again, in the run's order (seed, epoch)
+    batches = [b for b, _ in zip(loader, range(len(marks)))]
+    trained = [int((b["labels"] != -100).sum()) for b in batches]
+    positions = [int(b["tokens"].numel()) for b in batches]
+    real = [int((b["tokens"] != 0).sum()) for b in batches]  # both pad with id 0 (the Llama2 tokenizer's pad)
+    wall = [b[0] - a[0] for a, b in zip(marks, marks[1:])]
+    cpu = [b[1] - a[1] for a, b in zip(marks, marks[1:])]
+    result_path.write_text(
+        json.dumps({"wall_s": wall, "cpu_s": cpu, "trained": trained, "positions": positions, "real": real})
+    )
+
+
+def _summary(runs: List[Dict[str, Any]], skip: int) -> Dict[str, float]:
+    """Per-run medians of the timed steps, then the median over runs; tokens/s over all timed steps."""
+    per_run = []
+    for r in runs:
+        wall, cpu = r["wall_s"][skip:], r["cpu_s"][skip:]
+        trained = r["trained"][skip : skip + len(wall)]
+        positions = r["positions"][skip : skip + len(wall)]
+        per_run.append(
+            {
+                "wall": statistics.median(wall),
+                "cpu": statistics.median(cpu),
+                "tok_s": sum(trained) / sum(wall),
+                "tok_cpu_s": sum(trained) / sum(cpu),
+                "trained": statistics.median(trained),
+                "padding": 1 - sum(r["real"][skip : skip + len(wall)]) / sum(positions),
+            }
         )
-        data.sampler.set_epoch(0)
-        batches = [b for b, _ in zip(data.dataloader, rates)]
-        counts = [data.num_tokens(b) for b in batches]
-        tokens = [int(b["tokens"].numel()) for b in batches]
-    else:
-        import importlib.util
-        import sysconfig
-
-        import torchtune
-
-        assert "site-packages" in torchtune.__file__, torchtune.__file__
-        # torchtune's recipes/__init__.py refuses imports; load the recipe file itself
-        path = Path(sysconfig.get_paths()["purelib"]) / "recipes" / "full_finetune_single_device.py"
-        spec = importlib.util.spec_from_file_location("tt_full_finetune_single_device", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        FullFinetuneRecipeSingleDevice = module.FullFinetuneRecipeSingleDevice
-        recipe = FullFinetuneRecipeSingleDevice(cfg)
-        recipe.setup(cfg)
-        recipe.train()
-        recipe.cleanup()
-        text = "\n".join(p.read_text() for p in sorted((Path(cfg.output_dir) / "logs").glob("*.txt")))
-        rates = [float(x) for x in re.findall(r"tokens_per_second_per_gpu:([0-9.eE+-]+)", text)]
-        recipe._dataloader.sampler.set_epoch(0)
-        batches = [b for b, _ in zip(recipe._dataloader, rates)]
-        counts = [int((b["labels"] != -100).sum()) for b in batches]  # torchtune 0.6.1's own ignore index
-        tokens = [int(b["tokens"].numel()) for b in batches]
-    result_path.write_text(json.dumps({"step_s": [c / r for c, r in zip(counts, rates)], "tokens": tokens}))
+    return {k: statistics.median(p[k] for p in per_run) for k in per_run[0]} | {"runs": per_run}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tt-python", default="/tmp/tt061/bin/python", help="python of the torchtune 0.6.1 venv")
-    parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--skip", type=int, default=2, help="first steps left out (warm-up)")
+    parser.add_argument("--scenario", default="alpaca", choices=["alpaca", "identical"])
+    parser.add_argument("--size", default="168m", choices=sorted(SIZES))
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--skip", type=int, default=2, help="first steps left out (compile, warm-up)")
     parser.add_argument("--batch-size", type=int, default=2)
-    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--seq-len", type=int, default=512)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
-    parser.add_argument("--loss", default="plain", choices=sorted(LOSSES))
-    parser.add_argument("--modes", default="bwd,std", help="bwd: optimizer in backward; std: standard step")
-    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--no-compile",
+        dest="compile",
+        action="store_false",
+        help="alpaca scenario without compile for both (compiling a 168M model takes CPU-minutes per run)",
+    )
     parser.add_argument("--json", dest="json_out")
     parser.add_argument("--worker", choices=["ours", "torchtune"], help=argparse.SUPPRESS)
     parser.add_argument("--config", help=argparse.SUPPRESS)
@@ -225,53 +317,81 @@ def main() -> None:
     if args.worker:
         return worker(args.worker, Path(args.config), Path(args.result))
 
+    import shutil
+
     import yaml  # only the orchestrator needs it (pyyaml comes with omegaconf)
 
     work = Path(tempfile.mkdtemp(prefix="compare_tt_"))
-    assets = prepare(work, args.seq_len, n_examples=args.batch_size * (args.steps + 2))
+    assets = prepare(work, args)
     pythons = {"ours": sys.executable, "torchtune": args.tt_python}
-    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
-    results: Dict[str, List[float]] = {}
-    run = 0
-    for _ in range(args.repeats):
-        for mode in args.modes.split(","):
-            for impl in ("ours", "torchtune") if run % 2 == 0 else ("torchtune", "ours"):
-                run += 1
-                out = work / f"run{run}_{impl}_{mode}"
-                out.mkdir()
-                cfg_path, res_path = out / "config.yaml", out / "result.json"
-                cfg_path.write_text(yaml.safe_dump(config(impl, assets, out, args, in_bwd=(mode == "bwd"))))
-                print(f"run {run}: {impl} {mode} ...", file=sys.stderr, flush=True)
-                proc = subprocess.run(
-                    [pythons[impl], __file__, "--worker", impl, "--config", str(cfg_path), "--result", str(res_path)],
-                    cwd=str(work),
-                    env=env,
-                    capture_output=True,
-                    text=True,
-                )
-                if proc.returncode != 0:
-                    raise SystemExit(f"{impl} {mode} failed:\n{proc.stderr[-3000:]}")
-                res = json.loads(res_path.read_text())
-                assert all(t == args.batch_size * args.seq_len for t in res["tokens"]), res["tokens"]
-                results.setdefault(f"{impl}_{mode}", []).extend(res["step_s"][args.skip :])
-                print(f"  step times: {[round(s, 2) for s in res['step_s']]}", file=sys.stderr, flush=True)
-    import shutil
-
-    shutil.rmtree(work, ignore_errors=True)  # a saved 168M checkpoint per run: gigabytes
-    tokens = args.batch_size * args.seq_len
+    env = {
+        **os.environ,
+        "HF_DATASETS_OFFLINE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONUNBUFFERED": "1",
+        # one compile cache for every run: the first run of each recipe pays the cold compile
+        "TORCHINDUCTOR_CACHE_DIR": str(work / "inductor"),
+    }
+    runs: Dict[str, List[Dict[str, Any]]] = {"ours": [], "torchtune": []}
+    started = time.perf_counter()
+    for repeat in range(args.repeats):
+        for impl in ("ours", "torchtune") if repeat % 2 == 0 else ("torchtune", "ours"):
+            out = work / f"run{repeat}_{impl}"
+            out.mkdir()
+            cfg_path, res_path = out / "config.yaml", out / "result.json"
+            cfg_path.write_text(yaml.safe_dump(config(impl, assets, out, args)))
+            print(f"repeat {repeat + 1}: {impl} ...", file=sys.stderr, flush=True)
+            proc = subprocess.run(
+                [pythons[impl], __file__, "--worker", impl, "--config", str(cfg_path), "--result", str(res_path)],
+                cwd=str(work),
+                env=env,
+                capture_output=True,
+                text=True,
+            )
+            if proc.returncode != 0:
+                raise SystemExit(f"{impl} failed:\n{proc.stderr[-4000:]}")
+            res = json.loads(res_path.read_text())
+            if args.scenario == "identical":
+                assert all(p == args.batch_size * args.seq_len for p in res["positions"]), res["positions"]
+            runs[impl].append(res)
+            if args.json_out:  # after every run: a long comparison cut short still has its results
+                Path(args.json_out).write_text(json.dumps({"args": vars(args), "runs": runs}, indent=2))
+            for d in out.glob("epoch_*"):
+                shutil.rmtree(d, ignore_errors=True)  # a 168M checkpoint per run: gigabytes
+            print(
+                f"  step wall {[round(s, 2) for s in res['wall_s']]}\n  step cpu  {[round(s, 2) for s in res['cpu_s']]}"
+                f"\n  trained tokens {res['trained']}",
+                file=sys.stderr,
+                flush=True,
+            )
+    shutil.rmtree(work, ignore_errors=True)
+    ours, theirs = _summary(runs["ours"], args.skip), _summary(runs["torchtune"], args.skip)
+    dims = SIZES[args.size]
+    note = " (no compile)" if args.scenario == "alpaca" and not args.compile else ""
     print(
-        f"\nLlama2 {DIMS}, {args.dtype} on {args.device}, batch {args.batch_size} x seq {args.seq_len} (no padding), "
-        f"AdamW fused, loss {args.loss}, {args.steps} steps per run (first {args.skip} left out), "
-        f"{args.repeats} run(s) each\n"
+        f"\nScenario {args.scenario}{note}: Llama2 {dims}, {args.dtype} on {args.device}, batch {args.batch_size} x "
+        f"seq {args.seq_len}, {args.steps} steps per run (first {args.skip} left out), {args.repeats} interleaved "
+        f"run(s) per recipe, {time.perf_counter() - started:.0f}s in all\n"
     )
-    print("| mode | recipe | step (s, median) | tokens/s | ours vs torchtune 0.6.1 (speed) |\n|---|---|---|---|---|")
-    for mode in args.modes.split(","):
-        ours, theirs = statistics.median(results[f"ours_{mode}"]), statistics.median(results[f"torchtune_{mode}"])
-        label = "optimizer in backward" if mode == "bwd" else "standard"
-        print(f"| {label} | ours | {ours:.3f} | {tokens / ours:.1f} | {theirs / ours:.3f}x |")
-        print(f"| {label} | torchtune 0.6.1 | {theirs:.3f} | {tokens / theirs:.1f} | |")
+    print(
+        "| recipe | step wall (s) | step CPU (s) | trained tokens/step | padding | trained tokens/s (wall) | "
+        "trained tokens/s (CPU) |\n|---|---|---|---|---|---|---|"
+    )
+    for name, s in (("ours", ours), ("torchtune 0.6.1", theirs)):
+        print(
+            f"| {name} | {s['wall']:.3f} | {s['cpu']:.3f} | {s['trained']:.0f} | {100 * s['padding']:.1f}% | "
+            f"{s['tok_s']:.1f} | {s['tok_cpu_s']:.1f} |"
+        )
+    print(
+        f"\nours / torchtune: tokens/s {ours['tok_s'] / theirs['tok_s']:.3f}x (wall), "
+        f"{ours['tok_cpu_s'] / theirs['tok_cpu_s']:.3f}x (CPU time); step time {ours['wall'] / theirs['wall']:.3f}x "
+        f"(wall), {ours['cpu'] / theirs['cpu']:.3f}x (CPU)"
+    )
+    for name in ("ours", "torchtune"):
+        per = _summary(runs[name], args.skip)["runs"]
+        print(f"  {name} per run: " + ", ".join(f"{p['tok_s']:.1f} tok/s ({p['wall']:.2f}s)" for p in per))
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps({"args": vars(args), "step_s": results}, indent=2))
+        Path(args.json_out).write_text(json.dumps({"args": vars(args), "runs": runs}, indent=2))
 
 
 if __name__ == "__main__":

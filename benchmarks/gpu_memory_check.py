@@ -1,145 +1,321 @@
-"""Measure the real GPU memory of the low-memory 7B recipe on random weights (no download).
+"""Measure a whole low-memory 7B run on a real GPU under a real memory cap, beside the estimate.
 
-Builds Llama2-7B with random weights straight on the GPU in bf16 as the recipe does
-(``torchtune.training.TrainStep.from_config``), runs ``--steps`` steps of the
-``llama2/7B_full_low_memory`` settings (optimizer in backward, activation checkpointing and
-offloading, chunked loss) on synthetic batches, and prints the memory statistics of
-``torchtune.training.memory`` and tokens/s for each sequence length, next to
-``tune estimate-memory``'s figure when ``--estimate`` is given.
+The phases of ``tune estimate-memory``, for real, in one process, with random weights built straight on
+the GPU (nothing is downloaded):
 
-    python benchmarks/gpu_memory_check.py --cap-gb 16                  # 7B, seq 512 and 2048
-    python benchmarks/gpu_memory_check.py --model tiny --device cpu --steps 2   # CPU smoke test
+1. set-up: Llama2-7B in bf16 with the ``llama2/7B_full_low_memory`` settings (optimizer in backward,
+   activation checkpointing and offloading, chunked loss; ``torchtune.training.TrainStep.from_config``);
+2. training steps: ``--steps`` steps of ``--batch-size`` x ``--seq-len`` tokens, tokens/s after the first;
+3. step checkpoint save through the config's checkpointer (HF safetensors + ``recipe_state.pt``);
+4. resume load as a new run does it (``resolve_resume``, the checkpointer, ``build_model`` with the
+   saved weights, ``load_optimizer_state``), after everything of the first run is freed;
+5. one more training step on the resumed run.
 
-Running it on a machine with PyTorch but without network access: the recipe needs omegaconf (and
-its antlr4-python3-runtime, PyYAML) and tqdm, and the shipped config's optimizer needs bitsandbytes.
-Carry them as wheels, made on a machine with network access:
+The cap is real: ``--leave-gb N`` fills the card with a ballast allocation up to all but N GB
+(1 GB = 1e9 bytes), so the CUDA context, PyTorch's allocations and the managed memory of a paged
+optimizer all compete for those N GB, and the driver really pages managed memory out to host RAM.
+For each phase it prints PyTorch's peak allocated/reserved memory (without the ballast), the driver's
+peak of device memory in use (NVML, sampled in a thread by ``torchtune.training.memory.DeviceMemoryPeak``;
+without the ballast, with the CUDA context), the host's peak RSS (sampled the same way) and the
+estimate of ``tune estimate-memory`` for the phase; one JSON line per phase follows (``--json`` also
+writes them to a file).
 
-    pip download omegaconf antlr4-python3-runtime PyYAML tqdm bitsandbytes -d wheels/ \
-        --only-binary=:all: --python-version 3.11 --platform manylinux2014_x86_64
-    # on the GPU machine, from the repository root:
-    pip install --no-index --find-links wheels/ omegaconf tqdm bitsandbytes
-    PYTHONPATH=. python benchmarks/gpu_memory_check.py --cap-gb 16
+    python benchmarks/gpu_memory_check.py --leave-gb 16       # 7B, batch 2 x 2048, ~5 min on an H100/H200
+    python benchmarks/gpu_memory_check.py --model tiny --device cpu --steps 2 --seq-len 32   # CPU smoke test
 
-Without bitsandbytes pass ``--optimizer torch.optim.AdamW`` (its state is on the GPU: 27 GB for 7B,
-so only with a large card and no cap).
+Disk: the step checkpoint of 7B with PagedAdamW is 13.5 GB of weights + 54 GB of optimizer state
+(``--optimizer bitsandbytes.optim.PagedAdamW8bit``: 13.7 GB of state); host RAM: the paged state plus a
+few GB. The script checks the free disk space of ``--output-dir`` first.
+
+Running it on a machine without network access: besides PyTorch (a CUDA build), the training layer
+needs omegaconf (with antlr4-python3-runtime and PyYAML), safetensors, tqdm and psutil, the shipped
+optimizer needs bitsandbytes, and NVML is read through nvidia-ml-py. Carry them as wheels made on a
+machine with network access (same Python version and platform as the GPU machine):
+
+    pip download omegaconf antlr4-python3-runtime PyYAML safetensors tqdm psutil bitsandbytes nvidia-ml-py \\
+        -d wheels/ --only-binary=:all: --python-version 3.11 --platform manylinux2014_x86_64
+    # on the GPU machine, from the repository root (no install of the project itself needed):
+    pip install --no-index --find-links wheels/ omegaconf safetensors tqdm psutil bitsandbytes nvidia-ml-py
+    PYTHONPATH=. python benchmarks/gpu_memory_check.py --leave-gb 16
+
+Without nvidia-ml-py the driver's figure comes from ``torch.cuda.mem_get_info`` (the same number, read
+differently).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
+from typing import Any, Optional
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
 
 MODELS = {"7b": "torchtune.models.llama2.llama2_7b", "tiny": "torchtune.models.llama2.llama2_tiny"}
+GB = 1e9
 
 
-def _load_recipe_config(args: argparse.Namespace):
+def _load_recipe_config(args: argparse.Namespace, output_dir: Path) -> Any:
     try:
         from omegaconf import OmegaConf  # noqa: F401
 
         from torchtune.config import load_config
     except ImportError as exc:
-        raise SystemExit(f"{exc}: carry omegaconf/tqdm as wheels, see the top of {__file__}.") from exc
+        raise SystemExit(f"{exc}: carry omegaconf/safetensors/tqdm as wheels, see the top of {__file__}.") from exc
     overrides = [
         f"model._component_={MODELS[args.model]}",
         f"device={args.device}",
         f"dtype={args.dtype}",
         f"optimizer._component_={args.optimizer}",
         f"batch_size={args.batch_size}",
+        f"output_dir={output_dir}",
         "compile=False",
     ]
     return load_config("llama2/7B_full_low_memory", overrides)
 
 
+class _Phase:
+    """Peaks of one phase: PyTorch's counters, the driver's in-use memory and the host RSS, sampled."""
+
+    def __init__(self, name: str, device: torch.device, ballast_bytes: int) -> None:
+        from torchtune.training import memory
+
+        self.name, self.device, self.ballast = name, device, ballast_bytes
+        self.cuda = device.type == "cuda"
+        self._rss = memory.DeviceMemoryPeak(device, interval_s=0.01, read=_rss_bytes, source="host RSS (psutil)")
+        self._driver = memory.DeviceMemoryPeak(device) if self.cuda else None
+        self.result: dict[str, Any] = {"phase": name}
+
+    def __enter__(self) -> "_Phase":
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._driver.start()
+        self._rss.start()
+        self._start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+        self.result["seconds"] = time.perf_counter() - self._start
+        self._rss.stop()
+        self.result["host_peak_rss_gb"] = self._rss.peak_bytes / GB
+        if self.cuda:
+            self._driver.stop()
+            stats = torch.cuda.memory_stats(self.device)
+            self.result["torch_peak_allocated_gb"] = (stats["allocated_bytes.all.peak"] - self.ballast) / GB
+            self.result["torch_peak_reserved_gb"] = (stats["reserved_bytes.all.peak"] - self.ballast) / GB
+            self.result["driver_peak_in_use_gb"] = (self._driver.peak_bytes - self.ballast) / GB
+            self.result["driver_source"] = self._driver.source
+
+
+def _rss_bytes() -> int:
+    import psutil
+
+    return psutil.Process().memory_info().rss
+
+
+def _ballast(device: torch.device, leave_gb: Optional[float]) -> tuple[Optional[torch.Tensor], int]:
+    """All but ``leave_gb`` of the card's free memory, taken by one allocation (after the CUDA context)."""
+    if leave_gb is None or device.type != "cuda":
+        return None, 0
+    torch.cuda.init()
+    torch.empty(1, device=device)  # the context exists before free memory is read
+    free, total = torch.cuda.mem_get_info(device)
+    used_before = total - free  # the CUDA context (and anything else on the card)
+    size = int(free - (leave_gb * GB - used_before))
+    if size <= 0:
+        return None, 0
+    return torch.empty(size, dtype=torch.uint8, device=device), size
+
+
+def _check_disk(output_dir: Path, need_bytes: int) -> None:
+    free = shutil.disk_usage(output_dir).free
+    if free < need_bytes * 1.05:
+        raise SystemExit(
+            f"{output_dir} has {free / GB:.1f} GB free; the step checkpoint needs about {need_bytes / GB:.1f} GB. "
+            "Pass --output-dir on a larger disk, or --optimizer bitsandbytes.optim.PagedAdamW8bit (a quarter "
+            "of the optimizer state)."
+        )
+
+
 def run(args: argparse.Namespace) -> list[dict]:
-    """Run the check; returns one result dict per sequence length (also printed as JSON lines)."""
+    """Run the check; returns one result dict per phase (also printed as JSON lines)."""
     from torchtune.training import memory
 
     if args.device.startswith("cuda"):
         memory.set_cuda_alloc_conf()  # before the first CUDA allocation, as the recipe does
-    from torchtune import training, utils
+    from torchtune import config, training, utils
+    from torchtune.training import _checkpoint_memory as phases_code
 
-    cfg = _load_recipe_config(args)
     device = utils.get_device(args.device)
-    if args.cap_gb is not None and device.type == "cuda":
-        total = torch.cuda.get_device_properties(device).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, args.cap_gb * 1e9 / total), device)
-    train_step = training.TrainStep.from_config(cfg, device=device, dtype=utils.get_dtype(cfg.dtype, device))
-    model = train_step.model
-    memory.log_memory_stats(memory.get_memory_stats(device), title="after setup")
-    print(memory.format_memory_stats(memory.get_memory_stats(device), "Memory after setup"), flush=True)
-    vocab = model.tok_embeddings.num_embeddings
+    ballast, ballast_bytes = _ballast(device, args.leave_gb)
+    work = Path(args.output_dir or tempfile.mkdtemp(prefix="gpu-memory-check-"))
+    work.mkdir(parents=True, exist_ok=True)
+    cfg = _load_recipe_config(args, work / "output")
+    dtype = utils.get_dtype(cfg.dtype, device)
+    estimates = {}
+    if args.estimate:
+        from torchtune.training._memory_estimator import estimate_run_memory
+
+        run_estimate = estimate_run_memory(cfg, seq_len=args.seq_len, batch_size=args.batch_size)
+        estimates = {p.name: p for p in run_estimate.phases}
+        # fail before minutes of training if the step checkpoint cannot be written (checked again, exactly, later)
+        breakdown = run_estimate.steps.breakdown
+        _check_disk(
+            work, breakdown["weights"] + breakdown["optimizer_state"] + run_estimate.steps.paged_optimizer_bytes
+        )
+
+    results: list[dict] = []
     generator = torch.Generator().manual_seed(0)
-    results = []
-    for seq_len in args.seq_lens:
-        seq_len = min(seq_len, model.max_seq_len)
-        batch = {
-            "tokens": torch.randint(0, vocab, (args.batch_size, seq_len), generator=generator),
-            "labels": torch.randint(0, vocab, (args.batch_size, seq_len), generator=generator),
+
+    def batch(vocab: int, seq_len: int) -> dict[str, torch.Tensor]:
+        shape = (args.batch_size, seq_len)
+        return {
+            "tokens": torch.randint(0, vocab, shape, generator=generator),
+            "labels": torch.randint(0, vocab, shape, generator=generator),
         }
-        memory.reset_peak_memory_stats(device)
+
+    with _Phase("set-up (load weights)", device, ballast_bytes) as phase:
+        step = training.TrainStep.from_config(cfg, device=device, dtype=dtype)
+        phase.result["note"] = "random weights built on the device (no file read)"
+    results.append(phase.result)
+    model = step.model
+    seq_len = min(args.seq_len, model.max_seq_len)
+    vocab = model.tok_embeddings.num_embeddings
+    data = batch(vocab, seq_len)
+
+    with _Phase("training steps", device, ballast_bytes) as phase:
         losses, start = [], None
-        for step in range(args.steps):
-            if step == 1:  # the first step warms up kernels and allocates the optimizer state
+        for i in range(args.steps):
+            if i == 1:  # the first step warms up kernels and allocates the optimizer state
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
                 start = time.perf_counter()
-            losses.append(train_step(batch))
+            losses.append(step(data))  # kept on the device: no host sync inside the timed steps
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        timed = max(args.steps - 1, 1)
-        elapsed = time.perf_counter() - start if start is not None else float("nan")
-        result = {
-            "seq_len": seq_len,
-            "batch_size": args.batch_size,
-            "steps": args.steps,
-            "optimizer": args.optimizer,
-            "model": args.model,
-            "device": str(device),
-            "tokens_per_second": args.batch_size * seq_len * timed / elapsed if start else None,
-            "last_loss": float(losses[-1]),
-            **memory.get_memory_stats(device),
-        }
-        if args.estimate:
-            from torchtune.training._memory_estimator import estimate_recipe_memory
+        if start is not None:
+            tokens = args.batch_size * seq_len * (args.steps - 1)
+            phase.result["tokens_per_second"] = tokens / (time.perf_counter() - start)
+        phase.result["last_loss"] = float(losses[-1])
+    results.append(phase.result)
 
-            result["estimated_peak"] = (
-                estimate_recipe_memory(cfg, seq_len=seq_len, batch_size=args.batch_size).peak_bytes / 1e9
-            )
-        print(
-            memory.format_memory_stats(
-                {
-                    k: v
-                    for k, v in result.items()
-                    if isinstance(v, float) and k not in ("tokens_per_second", "last_loss")
-                },
-                f"Memory, batch {args.batch_size} x {seq_len} tokens",
-            )
-        )
-        print(json.dumps(result), flush=True)
-        results.append(result)
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    state_bytes = sum(
+        v.numel() * v.element_size()
+        for opt in getattr(step.optimizer, "optim_map", {"": step.optimizer}).values()
+        for s in opt.state.values()
+        for v in s.values()
+        if isinstance(v, torch.Tensor)
+    )
+    source = work / "source"
+    phases_code.write_hf_folder(model, source)  # config.json + an empty weights file: the checkpointer's input
+    cfg.checkpointer.checkpoint_dir = str(source)
+    cfg.checkpointer.checkpoint_files = ["model.safetensors"]
+    cfg.checkpointer.output_dir = str(work / "output")
+    _check_disk(work, weights + state_bytes)
+    checkpointer = training.build_checkpointer(cfg.checkpointer, None)
+
+    with _Phase("step checkpoint save", device, ballast_bytes) as phase:
+        phases_code.save_step_checkpoint(checkpointer, model, step.optimizer, cfg)
+    results.append(phase.result)
+    folder = phases_code.latest_step_folder(work / "output")
+
+    phases_code.release(step.optimizer)
+    del step, model, checkpointer, data
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+    cfg.resume_from_checkpoint = True
+    cfg.checkpointer.recipe_checkpoint = str(folder / "recipe_state.pt")
+    with _Phase("resume load", device, ballast_bytes) as phase:
+        checkpointer, model, optimizer = phases_code.setup_run(cfg, device, dtype, simulated=False)
+    results.append(phase.result)
+
+    resumed = training.TrainStep(
+        model,
+        optimizer,
+        config.instantiate(cfg.loss),
+        device=device,
+        activations_ctx=training.get_act_offloading_ctx_manager(model, bool(cfg.enable_activation_offloading)),
+        clip_grad_norm=cfg.clip_grad_norm,
+    )
+    with _Phase("one more step", device, ballast_bytes) as phase:
+        phase.result["last_loss"] = float(resumed(batch(vocab, seq_len)))
+    results.append(phase.result)
+
+    common = {
+        "model": args.model,
+        "device": str(device),
+        "optimizer": args.optimizer,
+        "batch_size": args.batch_size,
+        "seq_len": seq_len,
+        "leave_gb": args.leave_gb,
+        "ballast_gb": ballast_bytes / GB,
+    }
+    for r in results:
+        estimate = estimates.get(r["phase"]) or estimates.get("training steps" if r["phase"] == "one more step" else "")
+        if estimate is not None:
+            r["estimated_device_peak_gb"] = estimate.device_peak / GB
+            r["estimated_host_ram_gb"] = estimate.host_ram_peak / GB
+        r.update(common)
+    print(_table(results))
+    for r in results:
+        print(json.dumps(r), flush=True)
+    if args.json:
+        Path(args.json).write_text("".join(json.dumps(r) + "\n" for r in results))
+    del ballast
+    if args.output_dir is None:
+        shutil.rmtree(work, ignore_errors=True)
     return results
 
 
-def main(argv=None) -> int:
+def _table(results: list[dict]) -> str:
+    columns = [
+        ("estimated_device_peak_gb", "estimate"),
+        ("torch_peak_allocated_gb", "torch alloc"),
+        ("torch_peak_reserved_gb", "torch reserved"),
+        ("driver_peak_in_use_gb", "driver (NVML)"),
+        ("estimated_host_ram_gb", "est. host RAM"),
+        ("host_peak_rss_gb", "host RSS"),
+    ]
+    lines = ["Peak memory per phase (GB = 1e9 bytes; device figures without the ballast, driver's with the context):"]
+    lines.append(f"  {'phase':<24}" + "".join(f"{label:>16}" for _, label in columns) + f"{'tokens/s':>12}")
+    for r in results:
+        cells = "".join(f"{r[key]:>16.2f}" if key in r else f"{'-':>16}" for key, _ in columns)
+        tps = f"{r['tokens_per_second']:>12.0f}" if "tokens_per_second" in r else f"{'':>12}"
+        lines.append(f"  {r['phase']:<24}{cells}{tps}")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[list] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", choices=sorted(MODELS), default="7b")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default="bf16")
     parser.add_argument("--optimizer", default="bitsandbytes.optim.PagedAdamW")
     parser.add_argument("--batch-size", type=int, default=2)
-    parser.add_argument("--seq-lens", type=int, nargs="+", default=[512, 2048])
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--seq-len", type=int, default=2048)
+    parser.add_argument("--steps", type=int, default=8, help="training steps (the first is not timed)")
     parser.add_argument(
-        "--cap-gb", type=float, default=None, help="cap the process at this many GB (1e9) of GPU memory, e.g. 16"
+        "--leave-gb",
+        type=float,
+        default=None,
+        help="fill the GPU with a ballast allocation up to all but this many GB (1e9), e.g. 16",
     )
-    parser.add_argument("--estimate", action="store_true", help="also print tune estimate-memory's figure")
+    parser.add_argument("--output-dir", default=None, help="where the step checkpoint goes (default: a temp dir)")
+    parser.add_argument("--no-estimate", dest="estimate", action="store_false", help="skip tune estimate-memory")
+    parser.add_argument("--json", default=None, help="also write the JSON lines to this file")
     run(parser.parse_args(argv))
     return 0
 

@@ -76,7 +76,8 @@ class EleutherEvalRecipe:
     Raises:
         ConfigError: unknown or missing keys, bad values of the eval keys.
         TuneError: lm-eval missing (with the install command); an unknown task (with the closest names);
-            a task whose data must be downloaded while offline; missing checkpoint or tokenizer files;
+            a task whose data must be downloaded while offline; a ``results_file`` that cannot be
+            written (checked before the eval); missing checkpoint or tokenizer files;
             weights or a tokenizer that do not fit ``model``; ``max_seq_length`` above the model's.
     """
 
@@ -90,6 +91,7 @@ class EleutherEvalRecipe:
     def setup(self, cfg: DictConfig) -> None:
         """Find lm-eval and the tasks first (seconds), then build checkpointer, model and tokenizer."""
         evaluation.import_lm_eval()
+        self._results_file = evaluation.check_writable(Path(str(cfg.results_file)))
         self._tasks = evaluation.resolve_tasks(self._settings.tasks)
         checkpointer = config.instantiate(cfg.checkpointer)
         self._checkpoint_dir = Path(cfg.checkpointer.checkpoint_dir).expanduser()
@@ -109,7 +111,7 @@ class EleutherEvalRecipe:
         print(evaluation.results_table(results))
         path = evaluation.write_results(
             results,
-            Path(str(cfg.results_file)),
+            self._results_file,
             extra={
                 "checkpoint_dir": str(self._checkpoint_dir),
                 "model": str(cfg.model._component_),
@@ -127,8 +129,6 @@ class EleutherEvalRecipe:
 def recipe_main(cfg: DictConfig) -> dict:
     """Entry point: ``tune run eleuther_eval --config ...``."""
     logging.basicConfig(level=logging.INFO, handlers=[training.ProgressBarLogHandler(sys.stderr)])
-    logging.getLogger("lm-eval").setLevel(logging.WARNING)  # its per-task INFO lines drown the table
-    logging.getLogger("lm_eval").setLevel(logging.WARNING)
     recipe = EleutherEvalRecipe(cfg)
     recipe.setup(cfg)
     return recipe.evaluate(cfg)

@@ -52,6 +52,7 @@ RECIPE_KEYS = (
     "gradient_accumulation_steps",
     "optimizer",
     "optimizer_in_bwd",
+    "optimizer_in_bwd_group",
     "lr_scheduler",
     "loss",
     "clip_grad_norm",
@@ -157,7 +158,8 @@ class FullFinetuneRecipeDistributed:
           ``fsdp_cpu_offload`` (parameters, gradients and optimizer state in pinned host memory);
         - weights loaded memory-mapped, each rank copying only its shards;
         - activation checkpointing and offloading, chunked loss and compile as on one device;
-        - optimizer in backward on the sharded parameters (stepped after each reduce-scatter), or a
+        - optimizer in backward on the sharded parameters (stepped after each reduce-scatter; one
+          optimizer per parameter or, ``optimizer_in_bwd_group: layer``, per decoder layer), or a
           standard optimizer with gradient accumulation and clipping by the global norm;
         - ``batch_size`` is the global batch, split evenly over the processes; the loss is normalised
           by the token count of all ranks, so any number of processes computes the gradient one
@@ -353,7 +355,11 @@ class FullFinetuneRecipeDistributed:
         from its post-accumulate-grad hook, which FSDP2 runs right after that parameter's
         reduce-scatter. A resumed state is loaded later, by ``load_sharded_checkpoint``."""
         return training.build_optimizer(
-            cfg_optimizer, self._model, optimizer_in_bwd=optimizer_in_bwd, grad_norm=self._grad_norm
+            cfg_optimizer,
+            self._model,
+            optimizer_in_bwd=optimizer_in_bwd,
+            grad_norm=self._grad_norm,
+            in_bwd_group=self._cfg.optimizer_in_bwd_group,
         )
 
     def _count_steps_per_epoch(self) -> int:
@@ -475,7 +481,7 @@ class FullFinetuneRecipeDistributed:
         """Called on every rank (the gradient norm and token counts are summed over ranks); rank 0 writes."""
         loss_value = step_loss.item()  # the one sync per logged step; already summed over ranks
         self._nan_guard.check(epoch, self._last_checkpoint)
-        self._check_loaded_checksums(wait=False)  # background sha256: no wait
+        self._check_loaded_checksums(wait=False)  # background checksums: no wait
         grad_norm = self._grad_norm.pop()
         if self._dist.world_size > 1:
             totals = torch.tensor([tokens, tokens_per_second], dtype=torch.float64)
@@ -575,7 +581,7 @@ class FullFinetuneRecipeDistributed:
         return folder
 
     def _check_loaded_checksums(self, wait: bool) -> None:
-        """The background sha256 checks of what set-up read (``checkpointer.verify_checksums``), agreed
+        """The background checksum checks of what set-up read (``checkpointer.verify_checksums``), agreed
         by all ranks: a damaged file stops every rank with one message."""
         error: Optional[BaseException] = None
         try:

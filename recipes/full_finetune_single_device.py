@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 from torch.optim import Optimizer
 from tqdm import tqdm
 
-from torchtune import config, training, utils
+from torchtune import config, evaluation, training, utils
 from torchtune._errors import TuneError
 from torchtune.training import memory
 
@@ -41,6 +41,7 @@ RECIPE_KEYS = (
     "gradient_accumulation_steps",
     "optimizer",
     "optimizer_in_bwd",
+    "optimizer_in_bwd_group",
     "lr_scheduler",
     "loss",
     "clip_grad_norm",
@@ -56,7 +57,10 @@ RECIPE_KEYS = (
     "log_peak_memory_stats",
     "validation_dataset",
     "eval_every_n_steps",
+    "eval_after_training",
 )
+# The keys of eval_after_training (those of the eleuther_eval recipe that say what to evaluate).
+EVAL_AFTER_TRAINING_KEYS = ("tasks", "limit", "num_fewshot", "batch_size", "max_seq_length")
 
 
 def validate_config(cfg: DictConfig) -> None:
@@ -77,6 +81,27 @@ def validate_config(cfg: DictConfig) -> None:
     training.check_resume_keys(cfg)
     training.check_validation_settings(cfg)
     training.check_metric_logger(cfg)
+    eval_after_training_settings(cfg)
+
+
+def eval_after_training_settings(cfg: DictConfig) -> Optional[evaluation.EvalSettings]:
+    """The checked ``eval_after_training`` node, or None when it is null (no eval).
+
+    Raises:
+        ConfigError: a node that is not a mapping of exactly ``EVAL_AFTER_TRAINING_KEYS``, or a bad value.
+    """
+    node = cfg.eval_after_training
+    if node is None:
+        return None
+    if not isinstance(node, DictConfig) or set(node.keys()) != set(EVAL_AFTER_TRAINING_KEYS):
+        raise config.ConfigError(
+            "eval_after_training must be null (no eval) or a mapping of exactly "
+            f"{', '.join(EVAL_AFTER_TRAINING_KEYS)}, e.g. eval_after_training={{tasks: [truthfulqa_mc2], limit: null, "
+            f"num_fewshot: null, batch_size: 8, max_seq_length: null}}; got {node!r}."
+        )
+    return evaluation.eval_settings(
+        node, prefix="eval_after_training.", seed=cfg.seed if cfg.seed is not None else 1234
+    )
 
 
 class FullFinetuneRecipeSingleDevice:
@@ -85,12 +110,17 @@ class FullFinetuneRecipeSingleDevice:
     Features (each switched in the YAML config; details in docs/recipe.md):
         - bf16 or fp32 weights built in place on the device, loaded memory-mapped (HF or Meta format);
         - activation checkpointing and offloading;
-        - optimizer in backward: one optimizer per parameter stepped from its post-accumulate-grad
-          hook, which frees the gradient (torch, bitsandbytes or torchao optimizers); or a standard
+        - optimizer in backward: one optimizer per parameter (or per decoder layer) stepped from the
+          post-accumulate-grad hooks, which free the gradients (torch, bitsandbytes or torchao
+          optimizers); or a standard
           optimizer with gradient accumulation and clipping;
-        - an LR schedule; a loss over the final hidden states (chunked: no full fp32 logits);
+        - an LR schedule; a loss over the final hidden states (chunked: no full fp32 logits), computed
+          only at the positions that have a label (prompt and padding tokens skip the output
+          projection);
+        - packed datasets (best-fit packs, built once and cached next to the dataset); the share of
+          padding is logged per step and per epoch;
         - step and epoch checkpoints written atomically, tensor by tensor (no device memory beyond
-          the weights), with sha256 sums computed while writing; exact resume, also mid-epoch, with
+          the weights), with checksums computed while writing; exact resume, also mid-epoch, with
           the optimizer state memory-mapped and restored one parameter at a time;
         - checkpoint sizes checked on load, sums before it or in the background
           (``checkpointer.verify_checksums``); a damaged file stops the run before anything is saved;
@@ -98,10 +128,14 @@ class FullFinetuneRecipeSingleDevice:
           the run without saving those weights.
         - metrics to output_dir/logs/metrics.jsonl and the loggers of ``metric_logger`` at once; a
           validation loss every ``eval_every_n_steps`` and at each epoch end; a run summary at the end.
+        - ``eval_after_training``: the final model scored on lm-eval tasks (as ``eleuther_eval`` does),
+          lm-eval's table printed and the scores written to the final checkpoint's
+          ``eval_results.json`` and logged as ``eval/<task>/<metric>``.
 
     Raises (as ``TuneError``, printed as one paragraph by ``tune``): unknown or missing keys and
     values out of range; a device or dtype this machine cannot run; conflicting optimizer settings;
-    a missing optional package; a resume that cannot continue (missing or damaged state, another
+    a missing optional package (lm-eval for ``eval_after_training``, checked with its tasks before
+    training starts); a resume that cannot continue (missing or damaged state, another
     model, other optimizer/batch settings); weights or a tokenizer that do not fit the model; an
     empty dataset; a NaN or infinite loss. Each message names the key to change.
     """
@@ -138,6 +172,8 @@ class FullFinetuneRecipeSingleDevice:
         self._grad_norm = training.GradNormTracker()
         self._nan_guard = training.NonFiniteLossGuard(self._device)
         self._stop = training.StopSignals()
+        self._eval_settings = eval_after_training_settings(cfg)
+        self._eval_tasks: Optional[evaluation.ResolvedTasks] = None
         self._resume: Optional[training.ResumePlan] = None
         self._last_checkpoint: Optional[Path] = None
         self._last_checkpoint_step: Optional[int] = None
@@ -153,6 +189,9 @@ class FullFinetuneRecipeSingleDevice:
         """Build everything, in order: resume plan, checkpointer, model, tokenizer, optimizer, loss,
         data, LR schedule, metric logger."""
         cfg = self._cfg
+        if self._eval_settings is not None:  # before training: a missing lm-eval or a typo in a task name
+            evaluation.import_lm_eval()
+            self._eval_tasks = evaluation.resolve_tasks(self._eval_settings.tasks)
         self._resume = training.resolve_resume(cfg, self._settings)
         self.seed = utils.set_seed(self._resume.seed if self._resume else cfg.seed)
         if self._resume is not None:
@@ -211,7 +250,11 @@ class FullFinetuneRecipeSingleDevice:
         registers each one's step on its parameter with ``register_post_accumulate_grad_hook`` and
         returns them as an ``OptimInBackwardWrapper``. The recipe holds that one object either way."""
         optimizer = training.build_optimizer(
-            cfg_optimizer, self._model, optimizer_in_bwd=optimizer_in_bwd, grad_norm=self._grad_norm
+            cfg_optimizer,
+            self._model,
+            optimizer_in_bwd=optimizer_in_bwd,
+            grad_norm=self._grad_norm,
+            in_bwd_group=self._cfg.optimizer_in_bwd_group,
         )
         if opt_state_dict is not None:
             training.load_optimizer_state(optimizer, opt_state_dict)
@@ -250,6 +293,8 @@ class FullFinetuneRecipeSingleDevice:
                 )
                 step_loss = torch.zeros((), device=self._device)
                 interval_tokens, interval_start = 0, time.perf_counter()
+                interval_positions = 0
+                epoch_tokens, epoch_positions = 0, 0  # counted on the host batches: no sync
                 for idx, batch in enumerate(self._data.dataloader):
                     if progress.steps_run_in_epoch >= self._steps_per_epoch:
                         break
@@ -258,7 +303,11 @@ class FullFinetuneRecipeSingleDevice:
                     if will_log:
                         self._grad_norm.arm(self._device)  # the in-backward hooks add to it
                     lr = self._optimizer.param_groups[0]["lr"]  # the LR this step applies
-                    interval_tokens += self._data.num_tokens(batch)
+                    batch_tokens, batch_positions = self._data.num_tokens(batch), batch["tokens"].numel()
+                    interval_tokens += batch_tokens
+                    interval_positions += batch_positions
+                    epoch_tokens += batch_tokens
+                    epoch_positions += batch_positions
                     loss = training.forward_backward(
                         self._model,
                         self._loss_fn,
@@ -286,8 +335,9 @@ class FullFinetuneRecipeSingleDevice:
 
                     if will_log:
                         tokens_per_second = interval_tokens / max(time.perf_counter() - interval_start, 1e-9)
-                        self._log_step(epoch, step_loss, lr, interval_tokens, tokens_per_second, pbar)
-                        interval_tokens, interval_start = 0, time.perf_counter()
+                        padding_share = 1.0 - interval_tokens / max(interval_positions, 1)
+                        self._log_step(epoch, step_loss, lr, interval_tokens, tokens_per_second, padding_share, pbar)
+                        interval_tokens, interval_start, interval_positions = 0, time.perf_counter(), 0
                     pbar.update(1)
                     step_loss = torch.zeros((), device=self._device)
                     if self._validation is not None and self._validation.due(progress.global_step):
@@ -302,6 +352,14 @@ class FullFinetuneRecipeSingleDevice:
                 if self._validation is not None and self._validation.due(progress.global_step, end_of_epoch=True):
                     self._log_validation_loss(pbar)
                 pbar.close()
+                if epoch_positions:
+                    log.info(
+                        "Epoch %d: %.1f%% of the %d token positions trained on were padding%s",
+                        epoch + 1,
+                        100.0 * (1.0 - epoch_tokens / epoch_positions),
+                        epoch_positions,
+                        "" if self._data.packed else " (dataset.packed=True packs examples to avoid it)",
+                    )
                 progress.epochs_run += 1
                 progress.steps_run_in_epoch = 0
                 self.save_checkpoint(epoch=epoch, step_checkpoint=False)
@@ -312,17 +370,24 @@ class FullFinetuneRecipeSingleDevice:
         log.info(self._metric_logger.summary.report(checkpoint=self._last_checkpoint, device=self._device))
 
     def _log_step(
-        self, epoch: int, step_loss: torch.Tensor, lr: float, tokens: int, tokens_per_second: float, pbar: tqdm
+        self,
+        epoch: int,
+        step_loss: torch.Tensor,
+        lr: float,
+        tokens: int,
+        tokens_per_second: float,
+        padding_share: float,
+        pbar: tqdm,
     ) -> None:
         loss_value = step_loss.item()  # the one sync per logged step
-        self._nan_guard.check(epoch, self._last_checkpoint)
-        training.check_loaded_checksums(self._resume, self._checkpointer)  # background sha256: no wait
+        self._check_loss_and_loaded_checkpoint(epoch, before_save=False)
         payload = {
             "epoch": epoch,
             "loss": loss_value,
             "lr": lr,
             "tokens": tokens,  # non-padding tokens since the last logged step
             "tokens_per_second": tokens_per_second,
+            "padding_share": padding_share,  # of the token positions since the last logged step
             "grad_norm": self._grad_norm.pop(),
         }
         if self._log_peak_memory_stats:
@@ -348,9 +413,7 @@ class FullFinetuneRecipeSingleDevice:
         ``step_checkpoint`` saves into ``output_dir/step_N``; otherwise ``output_dir/epoch_N``. The NaN
         guard is checked first: weights after a NaN/inf loss are never written.
         """
-        self._nan_guard.check(epoch, self._last_checkpoint)
-        # Nothing trained from a damaged checkpoint is saved: wait for its background checksums.
-        training.check_loaded_checksums(self._resume, self._checkpointer, wait=True)
+        self._check_loss_and_loaded_checkpoint(epoch, before_save=True)
         # state_dict() holds references, not copies; the checkpointer moves one tensor at a time to
         # the host and converts it there, so a save needs no device memory beyond the weights.
         state: Dict[str, Any] = {"model": self._model.state_dict()}
@@ -378,6 +441,18 @@ class FullFinetuneRecipeSingleDevice:
             )
         return folder
 
+    def _check_loss_and_loaded_checkpoint(self, epoch: int, *, before_save: bool) -> None:
+        """Stop on a non-finite loss, or on a damaged checkpoint found by the background checksums
+        (``checkpointer.verify_checksums: background``). Before a save the checksums are waited for,
+        so nothing trained from a damaged file is saved; a non-finite loss waits for them too, since
+        a damaged checkpoint is then the likelier cause and the one to report."""
+        try:
+            self._nan_guard.check(epoch, self._last_checkpoint)
+        except TuneError:
+            training.check_loaded_checksums(self._resume, self._checkpointer, wait=True)
+            raise
+        training.check_loaded_checksums(self._resume, self._checkpointer, wait=before_save)
+
     def _stop_and_exit(self, epoch: int) -> None:
         if self._last_checkpoint is not None and self._last_checkpoint_step == self.global_step:
             folder = self._last_checkpoint  # just written (epoch end or a step checkpoint): no second save
@@ -394,6 +469,30 @@ class FullFinetuneRecipeSingleDevice:
         else:
             print(f"\nStopped by {self._stop.name}; training had finished. Final weights in {folder}.", file=sys.stderr)
         raise SystemExit(128 + int(self._stop.signum))
+
+    def evaluate(self) -> Optional[Dict[str, Any]]:
+        """Score the final model on ``eval_after_training``'s tasks (nothing when it is null): print
+        lm-eval's table, write ``eval_results.json`` into the final checkpoint folder, log the scores."""
+        if self._eval_settings is None or self._eval_tasks is None:
+            return None
+        start = time.perf_counter()
+        lm = evaluation.build_lm(self._model, self._tokenizer, self._eval_settings)
+        results = evaluation.run_tasks(lm, self._eval_tasks, self._eval_settings)
+        self._model.train()  # build_lm put it in eval mode
+        print(evaluation.results_table(results))
+        scores = evaluation.primary_scores(results)
+        self._metric_logger.log_dict(
+            {f"eval/{task}/{metric}": value for task, metrics in scores.items() for metric, value in metrics.items()},
+            step=self.global_step,
+        )
+        if self._last_checkpoint is not None:
+            path = evaluation.write_results(
+                results,
+                self._last_checkpoint / "eval_results.json",
+                extra={"checkpoint_dir": str(self._last_checkpoint), "settings": self._eval_settings.as_dict()},
+            )
+            log.info("Scores of the final model written to %s (%.0f s)", path, time.perf_counter() - start)
+        return results
 
     def _log_memory(self, title: str) -> None:
         stats = memory.get_memory_stats(self._device, self._device_peak)
@@ -414,6 +513,7 @@ def recipe_main(cfg: DictConfig) -> None:
     recipe.setup()
     try:
         recipe.train()
+        recipe.evaluate()  # eval_after_training: null does nothing
     finally:
         recipe.cleanup()
 

@@ -7,6 +7,9 @@
    recipe prints.
 3. Measures the finetuned model the same way, prints a few generations next to the expected
    answers, and draws the loss curve.
+4. Scores the base and the finetuned model with EleutherAI's lm-evaluation-harness on the bundled
+   offline tasks (`tune run eleuther_eval --config llama2/tiny_eval`): demo_mc (multiple choice,
+   acc / acc_norm) and demo_gen (greedy answers, exact_match), and prints both side by side.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from torchtune.generation import evaluate_exact_match, heldout_loss  # noqa: E40
 from torchtune.utils.metric_logging import read_metrics  # noqa: E402
 
 CONFIG = "llama2/tiny_full"
+EVAL_CONFIG = "llama2/tiny_eval"
 BUNDLE = REPO / "torchtune" / "assets" / "demo"
 TUNE = str(Path(sys.executable).parent / "tune")
 
@@ -86,6 +90,28 @@ def run_streaming(cmd: list[str], stop_at_step: int | None, metrics: Path) -> tu
     return proc.returncode, b"".join(captured).decode(errors="replace")
 
 
+def lm_eval_scores(checkpoint_dir: Path, results_file: Path) -> dict[str, dict[str, float]]:
+    """``tune run eleuther_eval`` on ``checkpoint_dir``: ``{task: {metric: value}}`` from its results file."""
+    cmd = [
+        TUNE,
+        "run",
+        "eleuther_eval",
+        "--config",
+        EVAL_CONFIG,
+        f"checkpointer.checkpoint_dir={checkpoint_dir}",
+        f"results_file={results_file}",
+    ]
+    print("$ " + " ".join(shlex.quote(c) for c in cmd), flush=True)
+    done = subprocess.run(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if done.returncode != 0:
+        sys.stderr.write(done.stderr)
+        raise SystemExit(f"The eval of {checkpoint_dir} failed (exit status {done.returncode}).")
+    print(done.stdout, flush=True)
+    from torchtune.evaluation import primary_scores
+
+    return primary_scores(json.loads(results_file.read_text()))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output-dir", default=str(REPO / "demo_out"))
@@ -101,11 +127,11 @@ def main() -> int:
     heldout_rows = json.loads((BUNDLE / "heldout.json").read_text())
 
     started = time.perf_counter()
-    print("== 1/3 Base model on the held-out split", flush=True)
+    print("== 1/4 Base model on the held-out split", flush=True)
     base_loss, base_acc, _ = evaluate(cfg, BUNDLE / "base_model", heldout_rows, args.exact_match_examples)
     print(f"   held-out loss {base_loss:.3f}, exact match {base_acc:.1%}", flush=True)
 
-    print(f"== 2/3 Finetune ({CONFIG}), interrupted at step {args.stop_at_step} and resumed", flush=True)
+    print(f"== 2/4 Finetune ({CONFIG}), interrupted at step {args.stop_at_step} and resumed", flush=True)
     metrics = out / "logs" / "metrics.jsonl"
     cmd = [TUNE, "run", "full_finetune_single_device", "--config", CONFIG, *overrides]
     code, stderr = run_streaming(cmd, args.stop_at_step, metrics)
@@ -121,12 +147,16 @@ def main() -> int:
             return 1
     final = max(out.glob("epoch_*"), key=lambda p: int(p.name.split("_")[1]))
 
-    print("== 3/3 Finetuned model on the held-out split", flush=True)
+    print("== 3/4 Finetuned model on the held-out split", flush=True)
     loss, acc, results = evaluate(cfg, final, heldout_rows, args.exact_match_examples)
     png = out / "loss_curve.png"
     from torchtune.utils.plotting import plot_metrics
 
     plot_metrics(metrics, png)
+
+    print("== 4/4 lm-evaluation-harness on the bundled tasks (demo_mc, demo_gen): base, then finetuned", flush=True)
+    base_scores = lm_eval_scores(BUNDLE / "base_model", out / "eval_base_model.json")
+    tuned_scores = lm_eval_scores(final, final / "eval_results.json")
 
     print("\nGreedy generations (held-out):")
     for prompt, want, got in results[:6]:
@@ -137,6 +167,10 @@ def main() -> int:
     print("\nResults")
     print(f"  held-out loss        {base_loss:.3f} -> {loss:.3f}")
     print(f"  exact-match accuracy {base_acc:.1%} -> {acc:.1%}  ({args.exact_match_examples} held-out examples)")
+    for task, metrics in tuned_scores.items():
+        for metric, value in metrics.items():
+            before = base_scores.get(task, {}).get(metric, float("nan"))
+            print(f"  lm-eval {task:8s} {metric:11s} {before:.3f} -> {value:.3f}")
     print(f"  finetuned checkpoint {final}")
     print(f"  loss curve           {png}")
     print(f"  total time           {time.perf_counter() - started:.0f} s")

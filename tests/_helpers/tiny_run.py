@@ -139,6 +139,7 @@ def base_config(tmp_path: Path, ckpt: Path, tokenizer: Path, data: Path, vocab: 
             "recipe_checkpoint": None,
             "output_dir": "${output_dir}",
             "model_type": "LLAMA2",
+            "verify_checksums": "background",  # as the shipped configs
         },
         "resume_from_checkpoint": False,
         "batch_size": 4,
@@ -147,6 +148,7 @@ def base_config(tmp_path: Path, ckpt: Path, tokenizer: Path, data: Path, vocab: 
         "gradient_accumulation_steps": 1,
         "optimizer": {"_component_": "torch.optim.AdamW", "lr": 1e-3, "weight_decay": 0.01},
         "optimizer_in_bwd": True,
+        "optimizer_in_bwd_group": "param",
         "lr_scheduler": {
             "_component_": "torchtune.training.lr_schedulers.get_cosine_schedule_with_warmup",
             "num_warmup_steps": 2,
@@ -165,6 +167,7 @@ def base_config(tmp_path: Path, ckpt: Path, tokenizer: Path, data: Path, vocab: 
         "log_peak_memory_stats": False,
         "validation_dataset": None,
         "eval_every_n_steps": None,
+        "eval_after_training": None,
     }
 
 

@@ -116,13 +116,23 @@ def test_task_yaml_by_path(tmp_path, capsys, monkeypatch):
         (["limit=1.5"], ["limit of 1 or more counts examples and must be whole"]),
         (["max_seq_length=512"], ["max_seq_length=512 does not fit the model, which reads at most 256"]),
         (["+batch_sizee=2"], ["unknown key 'batch_sizee' (did you mean batch_size?)"]),
+        (["results_file=/proc/no/scores.json"], ["results_file=/proc/no/scores.json cannot be written"]),
     ],
-    ids=["unknown-task", "offline-download", "missing-yaml", "no-tasks", "fractional-limit", "too-long", "typo"],
+    ids=[
+        "unknown-task",
+        "offline-download",
+        "missing-yaml",
+        "no-tasks",
+        "fractional-limit",
+        "too-long",
+        "typo",
+        "unwritable-results",
+    ],
 )
 def test_bad_inputs_get_one_clear_message(overrides, fragments, tmp_path, capsys, monkeypatch):
     for key, value in OFFLINE.items():
         monkeypatch.setenv(key, value)
-    rc, _, err = _tune_in_process(capsys, f"results_file={tmp_path / 'r.json'}", *overrides)
+    rc, _, err = _tune_in_process(capsys, f"results_file={tmp_path / 'r.json'}", *overrides)  # later ones win
     assert rc in (1, 2) and "Traceback" not in err, err
     for fragment in fragments:
         assert fragment in err, err
@@ -138,3 +148,83 @@ def test_missing_lm_eval_prints_the_install_command(monkeypatch):
     assert str(err.value).endswith('pip install "lm-eval>=0.4.13,<0.5"')
     # The same range as the `eval` extra that `pip install "plaintune[eval]"` installs.
     assert '"lm-eval>=0.4.13,<0.5"' in (REPO_ROOT / "pyproject.toml").read_text()
+
+
+def test_eval_after_training_scores_the_final_model_like_eleuther_eval(tmp_path, capsys, monkeypatch):
+    """The finetune's eval_after_training writes the final epoch folder's eval_results.json and logs the
+    scores; eleuther_eval on that folder gives the same numbers."""
+    from omegaconf import OmegaConf
+
+    from tests._helpers.tiny_run import build_recipe, make_tiny_run
+    from torchtune.utils.metric_logging import read_metrics
+
+    for key, value in OFFLINE.items():
+        monkeypatch.setenv(key, value)
+    node = {"tasks": ["demo_mc"], "limit": 8, "num_fewshot": None, "batch_size": 4, "max_seq_length": None}
+    config_path = make_tiny_run(tmp_path, eval_after_training=node, max_steps_per_epoch=2, batch_size=4)
+    recipe = build_recipe(config_path)
+    recipe.train()
+    results = recipe.evaluate()
+    recipe.cleanup()
+    final = max((tmp_path / "out").glob("epoch_*"))
+    saved = json.loads((final / "eval_results.json").read_text())
+    acc = results["results"]["demo_mc"]["acc,none"]
+    assert saved["results"]["demo_mc"]["acc,none"] == acc and saved["settings"]["limit"] == 8
+    logged = [row for row in read_metrics(tmp_path / "out" / "logs" / "metrics.jsonl") if "eval/demo_mc/acc" in row]
+    assert logged and logged[-1]["eval/demo_mc/acc"] == acc and logged[-1]["step"] == recipe.global_step
+    assert "|demo_mc|" in capsys.readouterr().out.replace(" ", "")
+
+    cfg = OmegaConf.load(config_path)
+    out = tmp_path / "again.json"
+    rc = tune_main(
+        [
+            "run",
+            "eleuther_eval",
+            "--config",
+            "llama2/tiny_eval",
+            f"checkpointer.checkpoint_dir={final}",
+            f"tokenizer.path={cfg.tokenizer.path}",
+            *(f"model.{k}={v}" for k, v in cfg.model.items() if k != "_component_"),
+            *([] if "intermediate_dim" in cfg.model else ["~model.intermediate_dim"]),
+            "tasks=[demo_mc]",
+            "limit=8",
+            f"results_file={out}",
+        ]
+    )
+    assert rc == 0, capsys.readouterr().err
+    again = json.loads(out.read_text())["results"]["demo_mc"]
+    assert again["acc,none"] == pytest.approx(acc, abs=1e-6)
+    assert again["acc_norm,none"] == pytest.approx(results["results"]["demo_mc"]["acc_norm,none"], abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    "node, fragment",
+    [
+        ({"tasks": ["demo_mc"]}, "eval_after_training must be null (no eval) or a mapping of exactly tasks, limit"),
+        (
+            {"tasks": ["demo_mc"], "limit": 0, "num_fewshot": None, "batch_size": 4, "max_seq_length": None},
+            "eval_after_training.limit must be a number of examples",
+        ),
+    ],
+)
+def test_eval_after_training_is_checked_at_start(tmp_path, node, fragment):
+    from omegaconf import OmegaConf
+
+    from recipes.full_finetune_single_device import validate_config
+    from tests._helpers.tiny_run import make_tiny_run
+
+    cfg = OmegaConf.load(make_tiny_run(tmp_path, eval_after_training=node))
+    with pytest.raises(TuneError) as err:
+        validate_config(cfg)
+    assert fragment in str(err.value)
+
+
+def test_unknown_eval_task_stops_the_finetune_before_training(tmp_path, monkeypatch):
+    from tests._helpers.tiny_run import build_recipe, make_tiny_run
+
+    for key, value in OFFLINE.items():
+        monkeypatch.setenv(key, value)
+    node = {"tasks": ["demo_mcq"], "limit": None, "num_fewshot": None, "batch_size": 4, "max_seq_length": None}
+    with pytest.raises(TuneError, match="Did you mean demo_mc"):
+        build_recipe(make_tiny_run(tmp_path, eval_after_training=node))
+    assert not (tmp_path / "out" / "logs").exists()  # nothing was started

@@ -45,6 +45,7 @@ def configs(tmp_path_factory):
     root = tmp_path_factory.mktemp("dist")
     single = make_tiny_run(root, **RUN)
     cfg = OmegaConf.load(single)
+    cfg.pop("eval_after_training")  # the single-device recipe's lm-eval hook; not a key of this recipe
     cfg.update(DIST_KEYS)
     dist = root / "dist.yaml"
     OmegaConf.save(cfg, dist)
@@ -182,7 +183,7 @@ def test_kill_of_a_rank_during_a_step_save_leaves_the_previous_checkpoint(config
     assert launcher.returncode != 0, output[-3000:]
     assert killed_mid_save, "the kill came too late (step_4 was already published); " + output[-2000:]
     assert not (out / "step_4").exists()
-    verify_manifest(out / "step_2")  # complete and intact: sizes and sha256 of every file
+    verify_manifest(out / "step_2")  # complete and intact: sizes and checksums of every file
     import torch.distributed.checkpoint as dcp
 
     from torchtune.models.llama2 import llama2

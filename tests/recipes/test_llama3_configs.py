@@ -23,7 +23,7 @@ def estimates():
     """`tune estimate-memory --seq-len 512` of every config, started together (each takes 10-20 s)."""
     procs = {
         name: subprocess.Popen(
-            [TUNE, "estimate-memory", "--config", name, "--seq-len", "512"],
+            [TUNE, "estimate-memory", "--config", name, "--seq-len", "512", "--steps-only"],
             cwd=REPO_ROOT,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

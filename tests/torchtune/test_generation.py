@@ -95,6 +95,20 @@ def test_stops_at_the_first_stop_token(model):
         assert row == (unstopped[: unstopped.index(stop)] if stop in unstopped else unstopped)
 
 
+def test_stop_when_ends_each_prompt_on_its_own(model):
+    """``stop_when`` (lm-eval's stop strings) ends one row, keeping its tokens so far; the others go on."""
+    full = generate_batch(model, PROMPTS, 8, stop_tokens=None)
+    calls = []
+
+    def stop_when(row: int, new_tokens: list[int]) -> bool:
+        calls.append((row, len(new_tokens)))
+        return row == 1 and len(new_tokens) == 3
+
+    stopped = generate_batch(model, PROMPTS, 8, stop_tokens=None, stop_when=stop_when)
+    assert stopped == [full[0], full[1][:3], full[2]]
+    assert (1, 4) not in calls and (0, 8) in calls  # a stopped row is not asked again
+
+
 def test_max_new_tokens_and_max_seq_len(model):
     assert len(generate(model, PROMPTS[0], 7, stop_tokens=())) == 7
     long_prompt = [1] + [5] * 44  # 45 of 48 positions: room for 3 new tokens

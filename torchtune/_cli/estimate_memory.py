@@ -3,7 +3,10 @@
 Runs the training step a recipe runs (torchtune.training.TrainStep: model, optimizer, loss) twice on fake tensors,
 with no weights and no GPU, and prints the peak device memory split into weights, gradients,
 optimizer state, activations and temporaries, plus what lives outside the device peak (paged
-optimizer state, offloaded activations) and the host RAM that needs.
+optimizer state, offloaded activations) and the host RAM that needs. Then one line per phase of the
+whole run: set-up (loading the weights), training steps, step checkpoint save and resume load, each
+run through the recipe's checkpointer and training-layer code on fake tensors, with its device peak
+and host RAM.
 
 A config of ``full_finetune_distributed`` (one with ``fsdp_*`` keys) is estimated per GPU for each
 ``--world-size`` (default 1): rank 0 of that many processes, FSDP2-sharded, on a fake process group
@@ -20,10 +23,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser = subparsers.add_parser(
         "estimate-memory",
         help="estimate a config's peak GPU memory without weights or a GPU",
-        description="Estimate the peak device memory of `tune run full_finetune_single_device` for a "
-        "config: the recipe's own model, optimizer and loss run two training steps on fake tensors "
-        "(nothing is downloaded or allocated for real). For a full_finetune_distributed config, the "
-        "per-GPU peak at each --world-size, simulated on one CPU process with a fake process group. "
+        description="Estimate the peak device memory and host RAM of `tune run full_finetune_single_device` "
+        "for a config, phase by phase: set-up, training steps (the recipe's own model, optimizer and loss, "
+        "two steps), step checkpoint save and resume load, all on fake tensors (nothing is downloaded or "
+        "allocated for real). For a full_finetune_distributed config, the per-GPU peak of the training "
+        "steps at each --world-size, simulated on one CPU process with a fake process group. "
         "See docs/memory.md and docs/distributed.md.",
     )
     parser.add_argument(
@@ -60,6 +64,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="distributed configs: number of GPUs (processes) to estimate per-GPU memory for, or a "
         "comma-separated list, e.g. 1,2,8 (default 1); batch_size is the global batch split over them",
     )
+    parser.add_argument(
+        "--steps-only",
+        action="store_true",
+        help="only the training steps: skip the set-up, step checkpoint save and resume load phases (faster)",
+    )
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
     parser.set_defaults(func=estimate_memory_command, accepts_overrides=True)
     return parser
@@ -71,7 +80,11 @@ def estimate_memory_command(args: argparse.Namespace) -> int:
 
     from torchtune._errors import UsageError
     from torchtune.config import load_config
-    from torchtune.training._memory_estimator import default_seq_len, estimate_recipe_memory
+    from torchtune.training._memory_estimator import (
+        default_seq_len,
+        estimate_recipe_memory,
+        estimate_run_memory,
+    )
 
     for name in ("seq_len", "batch_size", "steps"):
         value = getattr(args, name)
@@ -89,7 +102,10 @@ def estimate_memory_command(args: argparse.Namespace) -> int:
             "--world-size 8, or drop --world-size."
         )
     start = time.perf_counter()
-    estimate = estimate_recipe_memory(cfg, seq_len=seq_len, batch_size=batch_size, steps=args.steps)
+    if args.steps_only:
+        estimate = estimate_recipe_memory(cfg, seq_len=seq_len, batch_size=batch_size, steps=args.steps)
+    else:
+        estimate = estimate_run_memory(cfg, seq_len=seq_len, batch_size=batch_size, steps=args.steps)
     optimizer = cfg.optimizer._component_
     title = (
         f"Estimated peak device memory for {args.config}: batch {batch_size} x {seq_len} tokens, "
@@ -97,7 +113,8 @@ def estimate_memory_command(args: argparse.Namespace) -> int:
         f"{cfg.enable_activation_checkpointing}, offloading={cfg.enable_activation_offloading}"
     )
     print(estimate.format(title))
-    print(f"({args.steps} steps on fake tensors in {time.perf_counter() - start:.0f} s)")
+    what = f"{args.steps} steps" + ("" if args.steps_only else " and the checkpoint phases")
+    print(f"({what} on fake tensors in {time.perf_counter() - start:.0f} s)")
     return 0
 
 
@@ -134,8 +151,8 @@ def _estimate_distributed(args: argparse.Namespace, cfg: object, seq_len: int, b
         print(f"({args.steps} steps on fake tensors in {time.perf_counter() - start:.0f} s)\n")
         label = f"on {world_size} GPU{'s' if world_size > 1 else ''}:"
         summary.append(
-            f"  {label:<13}{estimate.peak_bytes / 1e9:7.2f} GB per GPU, host RAM "
-            f"{estimate.host_bytes_needed / 1e9:.2f} GB per process"
+            f"  {label:<13}{estimate.peak_bytes / 1e9:7.2f} GB per GPU, plus {estimate.host_bytes_needed / 1e9:.2f} GB "
+            "of pinned/paged host RAM per process"
         )
     print(f"{args.config}, estimated (fake tensors), batch {batch_size} x {seq_len} tokens in all:")
     print("\n".join(summary))

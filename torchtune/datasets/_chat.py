@@ -227,7 +227,23 @@ def chat_dataset(
         **load_dataset_kwargs,
     )
     if packed:
+        from torchtune.datasets._pack_cache import pack_cache_file
         from torchtune.datasets._packed import PackedDataset
 
-        return PackedDataset(ds, max_seq_len=ds.max_seq_len, padding_idx=max(int(tokenizer.pad_id), 0))
+        padding_idx = max(int(tokenizer.pad_id), 0)
+        cache_file = pack_cache_file(
+            ds._data,
+            {
+                "conversation_column": ds.conversation_column,
+                "conversation_style": ds.conversation_style,
+                "train_on_input": ds.train_on_input,
+                "max_seq_len": ds.max_seq_len,
+            },
+            [ds],
+            tokenizer,
+            max_seq_len=ds.max_seq_len,
+            padding_idx=padding_idx,
+            split_across_pack=False,
+        )
+        return PackedDataset(ds, max_seq_len=ds.max_seq_len, padding_idx=padding_idx, cache_file=cache_file)
     return ds

@@ -9,6 +9,7 @@ from torch.utils.data import Dataset
 
 from torchtune._errors import TuneError
 from torchtune.datasets._loading import describe_source, load_hf_dataset
+from torchtune.datasets._pack_cache import pack_cache_file
 from torchtune.datasets._packed import PackedDataset
 from torchtune.datasets._templates import InstructTemplate, TemplateLike, resolve_template
 from torchtune.modules.loss import CROSS_ENTROPY_IGNORE_IDX
@@ -198,7 +199,8 @@ def instruct_dataset(
     **load_dataset_kwargs: Any,
 ) -> Dataset:
     """Config builder: an ``InstructDataset``, or, with ``packed=True``, a ``PackedDataset`` of it
-    (then ``max_seq_len`` is required: it is the length of every pack)."""
+    (then ``max_seq_len`` is required: it is the length of every pack). The packs are cached next to
+    the dataset's cache files, keyed by data, tokenizer and settings (``torchtune.datasets._pack_cache``)."""
     if packed and max_seq_len is None and getattr(tokenizer, "max_seq_len", None) is None:
         raise TuneError("dataset.packed=True needs dataset.max_seq_len (the length of each packed sequence).")
     ds = InstructDataset(
@@ -212,7 +214,22 @@ def instruct_dataset(
         **load_dataset_kwargs,
     )
     if packed:
-        return PackedDataset(ds, max_seq_len=ds.max_seq_len, padding_idx=_padding_idx(tokenizer))
+        padding_idx = _padding_idx(tokenizer)
+        cache_file = pack_cache_file(
+            ds._data,
+            {
+                "template": repr(ds.template),
+                "column_map": ds.column_map,
+                "train_on_input": ds.train_on_input,
+                "max_seq_len": ds.max_seq_len,
+            },
+            [ds, ds.template],
+            tokenizer,
+            max_seq_len=ds.max_seq_len,
+            padding_idx=padding_idx,
+            split_across_pack=False,
+        )
+        return PackedDataset(ds, max_seq_len=ds.max_seq_len, padding_idx=padding_idx, cache_file=cache_file)
     return ds
 
 

@@ -3,9 +3,13 @@ picks the collate function that fits a dataset, packed or not."""
 
 from __future__ import annotations
 
+import bisect
+import logging
 import sys
+import time
 from functools import partial
-from typing import Any, Callable, Dict, List, Mapping
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Mapping, Optional
 
 import torch
 from torch.utils.data import Dataset
@@ -13,20 +17,27 @@ from tqdm.auto import tqdm
 
 from torchtune._errors import TuneError
 from torchtune.datasets._collate import packed_collate, padded_collate
+from torchtune.datasets._pack_cache import load_packs, save_packs
 from torchtune.modules.loss import CROSS_ENTROPY_IGNORE_IDX
+
+log = logging.getLogger("torchtune")
 
 
 class PackedDataset(Dataset):
-    """Greedily packs the examples of ``ds`` (items ``{"tokens", "labels"}``) into sequences of
-    exactly ``max_seq_len`` tokens, once, at construction (each example is tokenized once; a tqdm bar
-    shows progress on a terminal).
+    """Packs the examples of ``ds`` (items ``{"tokens", "labels"}``) into sequences of exactly
+    ``max_seq_len`` tokens, once, at construction (each example is tokenized once; a tqdm bar shows
+    progress on a terminal).
 
     Each pack is ``{"tokens", "labels", "input_pos": Long[max_seq_len], "seq_lens": Long[n]}``:
 
-    - examples are added in order while they fit; the next one starts a new pack. With
-      ``split_across_pack=True`` a pack is filled to the brim and the rest of the example continues in
-      the next pack (as a new segment, positions from 0). Otherwise an example longer than
-      ``max_seq_len`` is cut to it, keeping its final token (the EOS) and that token's label;
+    - examples are taken in order, each into the pack it fits best: the open pack with the least room
+      that still holds it, else a new pack ("best fit"). Instruction examples of mixed lengths then
+      leave a few percent of padding where filling one pack at a time ("next fit") leaves a large
+      share (every example that does not fit closes a pack with its room unused). Packs keep the order
+      they were opened in; inside a pack, examples keep their order. An example longer than
+      ``max_seq_len`` is cut to it, keeping its final token (the EOS) and that token's label. With
+      ``split_across_pack=True`` packs are filled one at a time to the brim instead, and the rest of an
+      example continues in the next pack (as a new segment, positions from 0);
     - the tail is padded with ``padding_idx`` (labels -100). Padding is a segment of its own:
       ``seq_lens`` lists every example's length and then the padding length (if any), and
       ``input_pos`` restarts at 0 for every segment, padding included, so that the causal block of the
@@ -37,44 +48,121 @@ class PackedDataset(Dataset):
       token of the next as its target, so no target crosses an example boundary.
 
     ``packed_collate`` turns ``seq_lens`` into the block-diagonal causal attention mask.
+
+    With ``cache_file`` (the dataset builders pass the one ``torchtune.datasets._pack_cache`` names,
+    keyed by data, tokenizer and max_seq_len) the packs are read from that file when it exists and
+    written to it after packing otherwise: the examples are tokenized and packed once, not per run.
+    ``padding_share`` is the fraction of all pack positions that are padding; ``num_examples`` how
+    many examples went in.
     """
 
-    def __init__(self, ds: Any, max_seq_len: int, padding_idx: int = 0, split_across_pack: bool = False) -> None:
+    def __init__(
+        self,
+        ds: Any,
+        max_seq_len: int,
+        padding_idx: int = 0,
+        split_across_pack: bool = False,
+        cache_file: Optional[Path] = None,
+    ) -> None:
         if max_seq_len is None or int(max_seq_len) < 2:
             raise TuneError(f"Packing needs dataset.max_seq_len of at least 2, got {max_seq_len}.")
         self.max_seq_len = int(max_seq_len)
         self.padding_idx = int(padding_idx)
         self.split_across_pack = split_across_pack
-        self.packs: List[Dict[str, torch.Tensor]] = []
+        self.cache_file = cache_file
+        start = time.perf_counter()
+        cached = load_packs(cache_file) if cache_file is not None else None
+        if cached is not None:
+            self._tokens, self._labels = cached["tokens"], cached["labels"]
+            self._seq_lens, self._padding = cached["seq_lens"], cached["padding"]
+            self.num_examples = cached["num_examples"]
+            how = f"read from the cache {cache_file}"
+        else:
+            self._build(ds)
+            how = f"packed in {time.perf_counter() - start:.1f}s"
+            if cache_file is not None:
+                save_packs(cache_file, self._tokens, self._labels, self._seq_lens, self._padding, self.num_examples)
+                how += f", cached in {cache_file}"
+            else:
+                how += " (not cached: the data was not loaded from cache files, or the tokenizer has no model file)"
+        self.padding_share = float(self._padding.sum()) / self._tokens.numel()
+        log.info(
+            "Packed dataset: %d examples in %d packs of %d tokens, %.1f%% padding (%s)",
+            self.num_examples,
+            len(self),
+            self.max_seq_len,
+            100 * self.padding_share,
+            how,
+        )
+
+    def _build(self, ds: Any) -> None:
+        self._rows: Dict[str, List[Any]] = {"tokens": [], "labels": [], "seq_lens": [], "padding": []}
+        self.num_examples = 0
         self._pack(ds)
-        if not self.packs:
+        if not self._rows["tokens"]:
             raise TuneError("The dataset to pack has no examples; check dataset.source / dataset.data_files.")
+        self._tokens = torch.tensor(self._rows["tokens"], dtype=torch.long)
+        self._labels = torch.tensor(self._rows["labels"], dtype=torch.long)
+        self._seq_lens = [torch.tensor(n, dtype=torch.long) for n in self._rows["seq_lens"]]
+        self._padding = torch.tensor(self._rows["padding"], dtype=torch.long)
+        del self._rows
 
     def _pack(self, ds: Any) -> None:
+        progress = tqdm(range(len(ds)), desc="Packing dataset", unit="example", disable=not sys.stderr.isatty())
+        examples = (self._example(ds, index) for index in progress)
+        if self.split_across_pack:
+            self._pack_splitting(examples)
+        else:
+            self._pack_best_fit(examples)
+
+    def _example(self, ds: Any, index: int) -> Optional[tuple]:
+        item = ds[index]
+        tokens, labels = list(item["tokens"]), list(item["labels"])
+        if len(tokens) != len(labels):
+            raise ValueError(f"example {index}: tokens and labels differ in length")
+        if not tokens:
+            return None
+        self.num_examples += 1
+        if not self.split_across_pack and len(tokens) > self.max_seq_len:
+            tokens = tokens[: self.max_seq_len - 1] + tokens[-1:]
+            labels = labels[: self.max_seq_len - 1] + labels[-1:]
+        return tokens, labels
+
+    def _pack_best_fit(self, examples: Any) -> None:
+        packs: List[tuple] = []  # (tokens, labels, seq_lens) in the order they were opened
+        rooms: List[tuple] = []  # sorted (room, pack index) of the packs that are not full
+        for example in examples:
+            if example is None:
+                continue
+            tokens, labels = example
+            n = len(tokens)
+            at = bisect.bisect_left(rooms, (n, -1))  # the least room that still holds n tokens
+            if at < len(rooms):
+                room, index = rooms.pop(at)
+            else:
+                room, index = self.max_seq_len, len(packs)
+                packs.append(([], [], []))
+            pack_tokens, pack_labels, seq_lens = packs[index]
+            pack_tokens += tokens
+            pack_labels += [CROSS_ENTROPY_IGNORE_IDX] + labels[1:]
+            seq_lens.append(n)
+            if room > n:
+                bisect.insort(rooms, (room - n, index))
+        for pack in packs:
+            self._close(*pack)
+
+    def _pack_splitting(self, examples: Any) -> None:
         tokens: List[int] = []
         labels: List[int] = []
         seq_lens: List[int] = []
-        progress = tqdm(range(len(ds)), desc="Packing dataset", unit="example", disable=not sys.stderr.isatty())
-        for index in progress:
-            item = ds[index]
-            ex_tokens, ex_labels = list(item["tokens"]), list(item["labels"])
-            if len(ex_tokens) != len(ex_labels):
-                raise ValueError(f"example {index}: tokens and labels differ in length")
-            if not ex_tokens:
+        for example in examples:
+            if example is None:
                 continue
-            if not self.split_across_pack and len(ex_tokens) > self.max_seq_len:
-                ex_tokens = ex_tokens[: self.max_seq_len - 1] + ex_tokens[-1:]
-                ex_labels = ex_labels[: self.max_seq_len - 1] + ex_labels[-1:]
+            ex_tokens, ex_labels = example
             while ex_tokens:
-                room = self.max_seq_len - len(tokens)
-                if len(ex_tokens) > room and not self.split_across_pack:
-                    self._close(tokens, labels, seq_lens)
-                    tokens, labels, seq_lens = [], [], []
-                    room = self.max_seq_len
-                take = min(room, len(ex_tokens))
-                segment_labels = [CROSS_ENTROPY_IGNORE_IDX] + ex_labels[1:take]
+                take = min(self.max_seq_len - len(tokens), len(ex_tokens))
                 tokens += ex_tokens[:take]
-                labels += segment_labels
+                labels += [CROSS_ENTROPY_IGNORE_IDX] + ex_labels[1:take]
                 seq_lens.append(take)
                 ex_tokens, ex_labels = ex_tokens[take:], ex_labels[take:]
                 if len(tokens) == self.max_seq_len:
@@ -85,23 +173,22 @@ class PackedDataset(Dataset):
 
     def _close(self, tokens: List[int], labels: List[int], seq_lens: List[int]) -> None:
         pad = self.max_seq_len - len(tokens)
-        if pad:
-            seq_lens = seq_lens + [pad]
-        input_pos = torch.cat([torch.arange(n) for n in seq_lens])
-        self.packs.append(
-            {
-                "tokens": torch.tensor(tokens + [self.padding_idx] * pad, dtype=torch.long),
-                "labels": torch.tensor(labels + [CROSS_ENTROPY_IGNORE_IDX] * pad, dtype=torch.long),
-                "input_pos": input_pos.to(torch.long),
-                "seq_lens": torch.tensor(seq_lens, dtype=torch.long),
-            }
-        )
+        self._rows["tokens"].append(tokens + [self.padding_idx] * pad)
+        self._rows["labels"].append(labels + [CROSS_ENTROPY_IGNORE_IDX] * pad)
+        self._rows["seq_lens"].append(seq_lens + [pad] if pad else list(seq_lens))
+        self._rows["padding"].append(pad)
 
     def __len__(self) -> int:
-        return len(self.packs)
+        return self._tokens.size(0)
 
     def __getitem__(self, index: int) -> Dict[str, torch.Tensor]:
-        return self.packs[index]
+        seq_lens = self._seq_lens[index]
+        return {
+            "tokens": self._tokens[index],
+            "labels": self._labels[index],
+            "input_pos": torch.cat([torch.arange(int(n)) for n in seq_lens]),
+            "seq_lens": seq_lens,
+        }
 
 
 def collate_for(

@@ -10,8 +10,11 @@ What the eval recipe (and the finetune recipe's ``eval_after_training``) compose
     evaluation.write_results(results, path)
 
 Importing this package does not import lm-eval; the functions above do, with an install hint when it
-is missing. ``TuneLM`` itself lives in ``torchtune.evaluation._lm`` (it subclasses lm-eval's class).
+is missing, and so does ``torchtune.evaluation.TuneLM`` (the wrapper, an lm-eval ``TemplateLM``), which
+is imported on first use.
 """
+
+from typing import Any
 
 from torchtune.evaluation._harness import (
     BUNDLED_TASKS_DIR,
@@ -19,6 +22,7 @@ from torchtune.evaluation._harness import (
     EvalSettings,
     ResolvedTasks,
     build_lm,
+    check_writable,
     eval_settings,
     import_lm_eval,
     primary_scores,
@@ -29,11 +33,13 @@ from torchtune.evaluation._harness import (
 )
 
 __all__ = [
+    "TuneLM",
     "BUNDLED_TASKS_DIR",
     "EvalSettings",
     "INSTALL_COMMAND",
     "ResolvedTasks",
     "build_lm",
+    "check_writable",
     "eval_settings",
     "import_lm_eval",
     "primary_scores",
@@ -42,3 +48,13 @@ __all__ = [
     "run_tasks",
     "write_results",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # TuneLM subclasses lm-eval's TemplateLM: importing it imports lm-eval, so only when asked for.
+    if name == "TuneLM":
+        import_lm_eval()
+        from torchtune.evaluation._lm import TuneLM
+
+        return TuneLM
+    raise AttributeError(f"module 'torchtune.evaluation' has no attribute {name!r}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
+import functools
 import importlib.metadata
 import json
 import logging
@@ -157,8 +158,6 @@ def resolve_tasks(tasks: Sequence[str]) -> ResolvedTasks:
     Raises:
         TuneError: a missing YAML file, or an unknown name (with the closest known names).
     """
-    from lm_eval.tasks import TaskManager
-
     include = [str(asset_path(BUNDLED_TASKS_DIR))]
     specs: list[str] = []
     names: list[str] = []
@@ -177,9 +176,9 @@ def resolve_tasks(tasks: Sequence[str]) -> ResolvedTasks:
         else:
             names.append(task)
             specs.append(task)
-    manager = TaskManager(include_path=include, include_defaults=False)
+    manager = _task_manager(tuple(include), include_defaults=False)
     if any(not _known(name, manager.all_tasks) for name in names):
-        manager = TaskManager(include_path=include)  # with lm-eval's own tasks
+        manager = _task_manager(tuple(include), include_defaults=True)  # with lm-eval's own tasks
     expanded: list[str] = []
     for spec in specs:
         if spec in names and any(c in spec for c in "*?["):
@@ -192,6 +191,16 @@ def resolve_tasks(tasks: Sequence[str]) -> ResolvedTasks:
         else:
             expanded.append(spec)
     return ResolvedTasks(specs=expanded, task_manager=manager, include_paths=include)
+
+
+@functools.lru_cache(maxsize=4)
+def _task_manager(include: tuple[str, ...], include_defaults: bool) -> Any:
+    """lm-eval's index of the task YAMLs under ``include`` (and its own, with ``include_defaults``).
+    Kept for the process: the full index takes 10-20 s to build and the YAML files do not change under
+    a running eval (the finetune checks its tasks at start-up and runs them at the end)."""
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(include_path=list(include), include_defaults=include_defaults)
 
 
 def _known(name: str, known: Sequence[str]) -> bool:
@@ -231,6 +240,14 @@ def _needs_network(exc: BaseException) -> bool:
     return False
 
 
+class _DropCustomDatasetHint(logging.Filter):
+    """lm-eval warns on every task with a ``custom_dataset`` loader (the bundled tasks) that such loaders
+    can take ``--metadata`` arguments: an lm-eval command-line flag these recipes do not have."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Custom kwargs can be passed to `--metadata`" not in record.getMessage()
+
+
 def run_tasks(lm: Any, tasks: ResolvedTasks, settings: EvalSettings) -> dict[str, Any]:
     """Run ``tasks`` on ``lm`` (an lm-eval ``LM``) with lm-eval's ``simple_evaluate``; returns its results.
 
@@ -241,6 +258,13 @@ def run_tasks(lm: Any, tasks: ResolvedTasks, settings: EvalSettings) -> dict[str
     limit = settings.limit
     if limit is not None and limit >= 1:
         limit = int(limit)
+    task_logger, hint_filter = logging.getLogger("lm_eval.api.task"), _DropCustomDatasetHint()
+    task_logger.addFilter(hint_filter)
+    # lm-eval logs a dozen INFO lines per task (seeds, splits, request counts) around the progress bars;
+    # its warnings stay. A level the user set on its logger is kept.
+    quieted = [lg for lg in (logging.getLogger("lm_eval"), logging.getLogger("lm-eval")) if lg.level == logging.NOTSET]
+    for lg in quieted:
+        lg.setLevel(logging.WARNING)
     try:
         results = lm_eval.simple_evaluate(
             model=lm,
@@ -263,6 +287,10 @@ def run_tasks(lm: Any, tasks: ResolvedTasks, settings: EvalSettings) -> dict[str
                 "evaluate on a local task such as tasks=[demo_mc]."
             ) from exc
         raise
+    finally:
+        task_logger.removeFilter(hint_filter)
+        for lg in quieted:
+            lg.setLevel(logging.NOTSET)
     if results is None:
         raise TuneError("lm-eval returned no results (this process is not rank 0).")
     return results
@@ -295,6 +323,26 @@ def _finite(value: Any) -> Any:
     if isinstance(value, list):
         return [_finite(v) for v in value]
     return value
+
+
+def check_writable(path: Path, key: str = "results_file") -> Path:
+    """Make sure ``path`` can be written before an eval of minutes or hours runs; returns it expanded.
+
+    Raises:
+        TuneError: naming ``key``, the path and the reason.
+    """
+    path = Path(path).expanduser()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(prefix=f".{path.name}.", dir=path.parent):
+            pass
+    except OSError as exc:
+        raise TuneError(
+            f"{key}={path} cannot be written ({exc.strerror or exc}): set {key} to a file in a folder you can write to."
+        ) from exc
+    if path.is_dir():
+        raise TuneError(f"{key}={path} is a folder: set {key} to a file name, e.g. {path / 'eval_results.json'}.")
+    return path
 
 
 def write_results(results: dict[str, Any], path: Path, extra: Optional[dict[str, Any]] = None) -> Path:
@@ -346,6 +394,7 @@ __all__ = [
     "INSTALL_COMMAND",
     "ResolvedTasks",
     "build_lm",
+    "check_writable",
     "eval_settings",
     "import_lm_eval",
     "primary_scores",

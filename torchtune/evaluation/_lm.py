@@ -27,11 +27,28 @@ from tqdm import tqdm
 from torchtune._errors import TuneError
 from torchtune.generation import generate_batch
 
+# Continuation positions projected to the vocabulary at once when scoring (bounds the fp32 log-probabilities).
+SCORE_CHUNK = 2048
 # lm-eval's own default for a task that sets no max_gen_toks (HFLM.max_gen_toks).
 DEFAULT_MAX_GEN_TOKS = 256
 # Generation keys a task may set that mean nothing more than greedy decoding / sampling with
 # temperature and top-k, which is what torchtune.generation does.
 _GENERATION_KEYS = {"until", "max_gen_toks", "do_sample", "temperature", "top_k"}
+
+
+def _special_token_text(tokenizer: Any, token_id: int) -> Optional[str]:
+    """The text that ``tokenizer`` reads as ``token_id`` inside a string, or None when no text does.
+
+    Llama 3's tokenizer turns ``<|begin_of_text|>`` in a text into the token; SentencePiece reads ``<s>``
+    as three characters, so for Llama 2 there is none (its ``decode`` has no ``skip_special_tokens``).
+    """
+    if token_id < 0:
+        return None
+    try:
+        text = tokenizer.decode([token_id], skip_special_tokens=False)
+    except TypeError:
+        return None
+    return text or None
 
 
 class TuneLM(TemplateLM):
@@ -78,6 +95,7 @@ class TuneLM(TemplateLM):
         self._generator = torch.Generator(device=self._device).manual_seed(seed)
         stop_tokens = getattr(tokenizer, "stop_tokens", None) or [tokenizer.eos_id]
         self._stop_tokens = tuple(int(t) for t in stop_tokens)  # Llama 3: EOS and <|eot_id|>
+        self._bos_text = _special_token_text(tokenizer, int(tokenizer.bos_id))
 
     # --- what lm-eval reads ------------------------------------------------------------------------
     @property
@@ -113,8 +131,13 @@ class TuneLM(TemplateLM):
 
     def tok_encode(self, string: str, add_special_tokens: Optional[bool] = None, **kwargs: Any) -> list[int]:
         """Token ids of ``string``: with BOS unless ``add_special_tokens`` is False (as a Llama tokenizer
-        in transformers, whose default adds BOS); never EOS."""
-        return self._tokenizer.encode(string, add_bos=add_special_tokens is not False, add_eos=False)
+        in transformers, whose default adds BOS), or it is None and ``string`` already starts with the
+        BOS token's text (Llama 3's ``<|begin_of_text|>``, which the tokenizer reads as the token, as
+        HFLM does); never EOS."""
+        add_bos = add_special_tokens is not False
+        if add_special_tokens is None and self._bos_text is not None and string.startswith(self._bos_text):
+            add_bos = False
+        return self._tokenizer.encode(string, add_bos=add_bos, add_eos=False)
 
     def tok_decode(self, tokens: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._tokenizer.decode(list(tokens))
@@ -129,6 +152,7 @@ class TuneLM(TemplateLM):
         Requests run longest first, ``batch_size`` at a time, right-padded: causal attention keeps the
         padding out of every real position. Only the continuation's positions go through the output
         projection, so no ``[batch, seq, vocab]`` logits exist (32000 x 4096 fp32 logits are 0.5 GB a row).
+        Sums are taken in float64 (the order of a float32 sum would otherwise show in the 7th digit).
         """
         results: list[Optional[tuple[float, bool]]] = [None] * len(requests)
         order = sorted(range(len(requests)), key=lambda i: -(len(requests[i][1]) + len(requests[i][2])))
@@ -154,18 +178,45 @@ class TuneLM(TemplateLM):
                 for row, ids in enumerate(rows):
                     tokens[row, : len(ids)] = torch.tensor(ids, dtype=torch.long, device=self._device)
                 hidden = self._model(tokens, output_hidden_states=True)
-                for row, (i, ids, cont) in enumerate(zip(chunk, rows, conts)):
-                    positions = hidden[row, len(ids) - len(cont) : len(ids)]
-                    logprobs = F.log_softmax(self._model.output(positions).float(), dim=-1)
-                    target = torch.tensor(cont, dtype=torch.long, device=self._device)
-                    score = float(logprobs.gather(-1, target.unsqueeze(-1)).sum())
-                    greedy = bool((logprobs.argmax(dim=-1) == target).all())
-                    results[i] = (score, greedy)
+                scores, greedy = self._score_continuations(hidden, rows, conts)
+                for i, score, all_greedy in zip(chunk, scores, greedy):
+                    results[i] = (score, all_greedy)
                     request_str = requests[i][0]
                     if request_str is not None:  # None: a window of a rolling request, cached per text
                         self.cache_hook.add_partial("loglikelihood", request_str, results[i])
                     pbar.update(1)
         return results  # type: ignore[return-value]
+
+    def _score_continuations(
+        self, hidden: torch.Tensor, rows: list[list[int]], conts: list[list[int]]
+    ) -> tuple[list[float], list[bool]]:
+        """Per row: the summed log-probability of its continuation tokens and whether each is the argmax.
+
+        The continuation positions of every row are gathered and projected together, in pieces of
+        ``SCORE_CHUNK`` positions (a 4096-token rolling window of a 32000-token vocabulary is 0.5 GB of
+        fp32 log-probabilities a row), and the results come to the host once per batch.
+        """
+        row_of, position, target = [], [], []
+        for row, (ids, cont) in enumerate(zip(rows, conts)):
+            row_of += [row] * len(cont)
+            position += range(len(ids) - len(cont), len(ids))
+            target += cont
+        device = hidden.device
+        row_of_t = torch.tensor(row_of, dtype=torch.long, device=device)
+        position_t = torch.tensor(position, dtype=torch.long, device=device)
+        target_t = torch.tensor(target, dtype=torch.long, device=device)
+        token_logprob = torch.empty(len(target), dtype=torch.float32, device=device)
+        token_greedy = torch.empty(len(target), dtype=torch.bool, device=device)
+        for start in range(0, len(target), SCORE_CHUNK):
+            piece = slice(start, start + SCORE_CHUNK)
+            logprobs = F.log_softmax(self._model.output(hidden[row_of_t[piece], position_t[piece]]).float(), dim=-1)
+            token_logprob[piece] = logprobs.gather(-1, target_t[piece].unsqueeze(-1)).squeeze(-1)
+            token_greedy[piece] = logprobs.argmax(dim=-1) == target_t[piece]
+        scores = torch.zeros(len(rows), dtype=torch.float64, device=device)
+        scores.index_add_(0, row_of_t, token_logprob.double())
+        misses = torch.zeros(len(rows), dtype=torch.long, device=device)
+        misses.index_add_(0, row_of_t, (~token_greedy).long())
+        return scores.tolist(), (misses == 0).tolist()
 
     def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
         """Log-likelihood of each whole text, in disjoint windows of ``max_length`` tokens.
@@ -220,7 +271,6 @@ class TuneLM(TemplateLM):
                 ordered = sorted(indices, key=lambda i: -len(encoded[i]))
                 for start in range(0, len(ordered), self._batch_size):
                     chunk = ordered[start : start + self._batch_size]
-
                     outputs = generate_batch(
                         self._model,
                         [encoded[i] for i in chunk],

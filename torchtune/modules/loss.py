@@ -23,7 +23,9 @@ CROSS_ENTROPY_IGNORE_IDX = -100
 class CrossEntropyLoss(nn.Module):
     """Mean token cross-entropy over labels that are not ``ignore_index``, in fp32.
 
-    ``labels`` are already shifted by the recipe: ``labels[:, t]`` is the target of position ``t``.
+    ``labels`` are already shifted by the recipe: ``labels[:, t]`` is the target of position ``t``. The
+    recipe passes only the positions that have a label (``[n, dim]`` hidden states, ``[n]`` labels;
+    see ``torchtune.training.forward_loss``); any leading shape works.
     A batch whose labels are all ignored gives 0 (not NaN) and a zero gradient, with the graph still
     attached so ``backward()`` (and the optimizer-in-backward hooks) run as usual.
 
@@ -36,7 +38,8 @@ class CrossEntropyLoss(nn.Module):
         self.ignore_index = ignore_index
 
     def forward(self, output_proj: nn.Linear, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """Loss of ``output_proj(hidden)`` (``[b, s, dim]``) against ``labels`` (``[b, s]``)."""
+        """Loss of ``output_proj(hidden)`` (``[b, s, dim]``, or ``[n, dim]`` for selected positions) against
+        ``labels`` (``[b, s]``, or ``[n]``)."""
         logits = output_proj(hidden).float()
         loss_sum = F.cross_entropy(
             logits.reshape(-1, logits.size(-1)), labels.reshape(-1), ignore_index=self.ignore_index, reduction="sum"
@@ -50,9 +53,9 @@ class ChunkedCrossEntropyLoss(nn.Module):
     """Mean token cross-entropy in fp32, computed ``num_output_chunks`` token chunks at a time.
 
     Same inputs, value and gradients as ``CrossEntropyLoss``: called with the output projection, the
-    final hidden states ``[b, s, dim]`` and already-shifted labels ``[b, s]``; labels equal to
-    ``ignore_index`` are left out; a batch with no label gives 0 and zero gradients. The full fp32
-    logits never exist at once (see ``torchtune.modules._chunked_loss``).
+    final hidden states ``[b, s, dim]`` (or ``[n, dim]``) and already-shifted labels ``[b, s]`` (or
+    ``[n]``); labels equal to ``ignore_index`` are left out; a batch with no label gives 0 and zero
+    gradients. The full fp32 logits never exist at once (see ``torchtune.modules._chunked_loss``).
 
     Args:
         num_output_chunks: how many token chunks the logits are computed in. More chunks: a smaller

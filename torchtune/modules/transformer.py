@@ -113,6 +113,7 @@ class TransformerDecoder(nn.Module):
         mask: Optional[torch.Tensor] = None,
         input_pos: Optional[torch.Tensor] = None,
         output_hidden_states: bool = False,
+        output_positions: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         """Run the model.
 
@@ -124,9 +125,15 @@ class TransformerDecoder(nn.Module):
                 caches, where in the cache these tokens go. ``None`` means ``0..s-1``.
             output_hidden_states: return the final-normed hidden states ``[b, s, dim]`` instead of
                 logits, so the loss can apply ``self.output`` chunk by chunk.
+            output_positions: flat indices into the ``b * s`` positions (row-major, on the model's
+                device): only these rows go through the final norm and the output projection, e.g.
+                the positions that have a label (``torchtune.training.label_positions``). The others
+                cost nothing there, and gradients are the same as if the rows had been taken from the
+                full output.
 
         Returns:
-            fp32 logits ``[b, s, vocab_size]``, or hidden states in the model's dtype.
+            fp32 logits ``[b, s, vocab_size]``, or hidden states in the model's dtype; with
+            ``output_positions``, ``[n, vocab_size]`` or ``[n, dim]`` for its ``n`` positions.
         """
         bsz, seq_len = tokens.shape
         if seq_len > self.max_seq_len:
@@ -149,6 +156,10 @@ class TransformerDecoder(nn.Module):
         h = self.tok_embeddings(tokens)
         for layer in self.layers:
             h = layer(h, mask=mask, input_pos=input_pos)
+        if output_positions is not None:
+            # A gather with a known index: the shape comes from the index, so nothing is read back
+            # from the device. Backward scatters into zeros, which is what the unselected rows got.
+            h = h.reshape(-1, h.size(-1)).index_select(0, output_positions)
         h = self.norm(h)
         if output_hidden_states:
             return h

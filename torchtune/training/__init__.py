@@ -65,6 +65,7 @@ from torchtune.training._model import (
 from torchtune.training._optimizer import (
     GradNormTracker,
     build_optimizer,
+    in_bwd_groups,
     load_optimizer_state,
     register_optim_in_bwd_hooks,
     step_optimizer,
@@ -84,7 +85,7 @@ from torchtune.training._resume import (
 )
 from torchtune.training._run_control import CheckpointPolicy, NonFiniteLossGuard, StopSignals
 from torchtune.training._sampler import ResumableSampler
-from torchtune.training._step import TrainStep, forward_backward, shift_labels
+from torchtune.training._step import TrainStep, forward_backward, forward_loss, label_positions, shift_labels
 from torchtune.training._validation import Validation, build_validation, check_validation_settings
 from torchtune.training.lr_schedulers import build_lr_scheduler
 
@@ -129,11 +130,14 @@ __all__ = [
     "check_validation_settings",
     "destroy_distributed",
     "forward_backward",
+    "forward_loss",
     "gather_full_state_dict",
+    "in_bwd_groups",
     "get_act_offloading_ctx_manager",
     "get_world_size_and_rank",
     "init_distributed",
     "is_rank_zero",
+    "label_positions",
     "launched_by_torchrun",
     "load_full_state_dict",
     "load_optimizer_state",

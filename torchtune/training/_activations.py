@@ -223,6 +223,15 @@ class _Offloaded:
         self.uses = 1  # how many saved-tensor slots hold it (one tensor saved by several ops is moved once)
 
 
+class _ViewOf:
+    """A saved view of an offloaded tensor: the view's geometry on top of the tensor brought back."""
+
+    __slots__ = ("base", "size", "stride", "offset")
+
+    def __init__(self, base: _Offloaded, size: torch.Size, stride: tuple[int, ...], offset: int) -> None:
+        self.base, self.size, self.stride, self.offset = base, size, stride, offset
+
+
 class OffloadActivations(saved_tensors_hooks):
     """Context manager: tensors saved for backward go to (pinned) host memory and come back in backward.
 
@@ -245,8 +254,8 @@ class OffloadActivations(saved_tensors_hooks):
     device copies alive to about ``prefetch + 3`` however far the CPU runs ahead, and costs no GPU
     time while the CPU is that far ahead (it stays one layer ahead with checkpointing).
 
-    A tensor saved by several ops (an RMSNorm saves its input twice) is moved once each way, unless it
-    was changed in place in between.
+    A tensor saved by several ops (an RMSNorm saves its input twice; q, k and v projections each save a
+    flattened view of the same input) is moved once each way, unless it was changed in place in between.
 
     On CPU there is no device memory to save, so packing is a no-op by design; the tensors that would
     move are still counted (``offloaded_bytes``, ``offloaded_tensors``), which keeps the code path
@@ -364,6 +373,14 @@ class OffloadActivations(saved_tensors_hooks):
             self.offloaded_bytes += nbytes  # CPU: already in host memory; counted as what would move
             self.offloaded_tensors += 1
             return t
+        root = self._whole_base(t)
+        if root is not t:
+            # a reshaped or transposed view of a whole tensor (the q/k/v projections' flattened input):
+            # move the tensor it views, once, and rebuild the view in backward
+            packed = self._pack(root)
+            if isinstance(packed, _Offloaded):
+                return _ViewOf(packed, t.size(), t.stride(), t.storage_offset() - root.storage_offset())
+            return _observe(t)
         seen = self._packed_ids.get(id(t))
         if seen is not None and seen[0]() is t and seen[1] == t._version and seen[2].index in self._by_index:
             seen[2].uses += 1  # the same tensor, unchanged, saved again: it is on its way already
@@ -390,6 +407,16 @@ class OffloadActivations(saved_tensors_hooks):
         self._packed_ids[id(t)] = (weakref.ref(t), t._version, packed)
         return packed
 
+    def _whole_base(self, t: torch.Tensor) -> torch.Tensor:
+        """The tensor ``t`` is a view of, when ``t`` covers all of it (same elements and dtype, contiguous
+        base, so a copy of the base has its layout); else ``t`` itself (a slice is moved on its own)."""
+        base = t._base
+        if base is None or base.numel() != t.numel() or base.dtype != t.dtype or not base.is_contiguous():
+            return t
+        if self._is_param_like(base):
+            return t
+        return base
+
     def _bring_back(self, packed: _Offloaded) -> tuple[torch.Tensor, Any]:
         """A device copy of ``packed`` and the event after which it is complete (None: complete now)."""
         engine = packed.engine
@@ -408,6 +435,9 @@ class OffloadActivations(saved_tensors_hooks):
         return device_copy, ready
 
     def _unpack(self, packed: Any) -> torch.Tensor:
+        if isinstance(packed, _ViewOf):
+            base = self._unpack(packed.base)
+            return base.as_strided(packed.size, packed.stride, base.storage_offset() + packed.offset)
         if not isinstance(packed, _Offloaded):
             return packed  # already reported to the observer when it was packed
         self._release_in_flight(keep=0)  # backward has started: forward's copies are all queued

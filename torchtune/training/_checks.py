@@ -8,7 +8,10 @@ from omegaconf import DictConfig
 
 from torchtune._errors import ConfigError
 
-__all__ = ["check_optimizer_settings", "positive_int"]
+__all__ = ["IN_BWD_GROUPS", "check_optimizer_settings", "positive_int"]
+
+# optimizer_in_bwd_group: how many parameters one in-backward optimizer steps together
+IN_BWD_GROUPS = ("param", "layer")
 
 
 def positive_int(cfg: Any, key: str, allow_none: bool = False) -> Optional[int]:
@@ -34,6 +37,14 @@ def check_optimizer_settings(cfg: Any) -> None:
         ConfigError: naming the conflicting keys and the settings that work.
     """
     in_bwd = bool(cfg.optimizer_in_bwd)
+    # a recipe that has the key requires it (check_recipe_keys); one without it steps per parameter
+    group = cfg.optimizer_in_bwd_group if "optimizer_in_bwd_group" in cfg else "param"
+    if group not in IN_BWD_GROUPS:
+        raise ConfigError(
+            f"optimizer_in_bwd_group={group!r} is not a grouping: use 'param' (one optimizer per parameter, each "
+            "gradient freed as soon as it is complete) or 'layer' (one optimizer per decoder layer, stepped by one "
+            "foreach/fused call when the layer's last gradient arrives)."
+        )
     accumulation = positive_int(cfg, "gradient_accumulation_steps")
     if in_bwd and accumulation > 1:
         raise ConfigError(

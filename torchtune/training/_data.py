@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader
 
 from torchtune import config
 from torchtune._errors import TuneError
-from torchtune.datasets import collate_for
+from torchtune.datasets import PackedDataset, collate_for
 from torchtune.modules.loss import CROSS_ENTROPY_IGNORE_IDX
 from torchtune.training._sampler import ResumableSampler
 
@@ -33,6 +33,11 @@ class TrainingData:
     dataloader: DataLoader
     sampler: ResumableSampler
     pad_id: int
+
+    @property
+    def packed(self) -> bool:
+        """Whether the batches are packs (``dataset.packed: True``)."""
+        return isinstance(self.dataloader.dataset, PackedDataset)
 
     def num_tokens(self, batch: Dict[str, torch.Tensor]) -> int:
         """Non-padding tokens of a batch (see :func:`num_tokens`)."""

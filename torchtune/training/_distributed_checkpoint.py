@@ -42,11 +42,13 @@ from torchtune.utils._checkpointing._atomic import (
 )
 from torchtune.utils._checkpointing._checkpoint_utils import OptimInBackwardWrapper
 from torchtune.utils._checkpointing._manifest import (
+    HASH_NAME,
     MANIFEST_FORMAT_VERSION,
     MANIFEST_NAME,
     RECIPE_STATE_NAME,
+    file_digest,
     read_manifest,
-    sha256_of,
+    verify_manifest,
 )
 
 __all__ = [
@@ -64,7 +66,8 @@ SHARDED_STATE_MARKER = {"saved_with": "torch.distributed.checkpoint", "folder": 
 
 def _optimizers(optimizer: Optimizer) -> List[Optimizer]:
     if isinstance(optimizer, OptimInBackwardWrapper):
-        return list(optimizer.optim_map.values())
+        # one optimizer may hold several parameters (optimizer_in_bwd_group: layer): each once
+        return list({id(opt): opt for opt in optimizer.optim_map.values()}.values())
     return [optimizer]
 
 
@@ -74,13 +77,13 @@ def _state(model: nn.Module, optimizer: Optimizer) -> Dict[str, Any]:
 
 
 def _own_files(folder: Path, rank: int) -> Dict[str, Dict[str, Any]]:
-    """Size and sha256 of the files this rank wrote (DCP names them ``__<rank>_<n>.distcp``; rank 0
+    """Size and checksum of the files this rank wrote (DCP names them ``__<rank>_<n>.distcp``; rank 0
     also writes ``.metadata``), each fsynced."""
     entries = {}
     for path in sorted((folder / SHARDED_STATE_DIR).iterdir()):
         if path.name.startswith(f"__{rank}_") or (rank == 0 and not path.name.startswith("__")):
             fsync_file(path)
-            entries[path.relative_to(folder).as_posix()] = {"size": path.stat().st_size, "sha256": sha256_of(path)}
+            entries[path.relative_to(folder).as_posix()] = {"size": path.stat().st_size, HASH_NAME: file_digest(path)}
     return entries
 
 
@@ -238,7 +241,7 @@ def _publish(job: _Publish, gathered: List[Dict[str, Any]], world_size: int) -> 
         name = path.relative_to(tmp).as_posix()
         if name not in files:
             fsync_file(path)
-            files[name] = {"size": path.stat().st_size, "sha256": hashed.get(name) or sha256_of(path)}
+            files[name] = {"size": path.stat().st_size, HASH_NAME: hashed.get(name) or file_digest(path)}
     manifest = {
         "format_version": MANIFEST_FORMAT_VERSION,
         "step": job.step,
@@ -275,7 +278,7 @@ def save_sharded_checkpoint(
         recipe_state: written by rank 0 as ``recipe_state.pt`` (its ``optimizer`` entry should be
             ``SHARDED_STATE_MARKER``: the state itself is in the DCP folder).
         write_rank0_files: more files rank 0 writes into the folder before it is published (the
-            full HF weights of an epoch checkpoint); it may return ``{name: sha256}`` of the files it
+            full HF weights of an epoch checkpoint); it may return ``{name: checksum}`` of the files it
             hashed while writing, which are then not read again.
 
     Raises:
@@ -315,14 +318,8 @@ def load_sharded_checkpoint(folder: Path, *, model: nn.Module, optimizer: Optimi
             )
         manifest = read_manifest(folder) or {"files": {}}
         names = sorted(n for n in manifest["files"] if n.startswith(f"{SHARDED_STATE_DIR}/"))
-        for name in names[info.rank :: info.world_size]:
-            entry, path = manifest["files"][name], folder / name
-            if not path.is_file() or path.stat().st_size != entry["size"] or sha256_of(path) != entry["sha256"]:
-                raise TuneError(
-                    f"Checkpoint file {path} is missing or damaged (size or sha256 differs from its manifest), so "
-                    f"this checkpoint cannot be loaded. Resume from an earlier step_N folder instead "
-                    "(checkpointer.recipe_checkpoint)."
-                )
+        # Each rank checks a share of the files, in parallel.
+        verify_manifest(folder, only=names[info.rank :: info.world_size])
     except TuneError as exc:
         error = exc
     raise_if_any_rank_failed(error, info, f"Checking the checkpoint {folder}")

@@ -33,6 +33,7 @@ from torchtune._errors import TuneError
 from torchtune.training._memory_estimator import (
     CATEGORIES,
     MemoryEstimate,
+    _device_type,
     _inner_tensors,
     _storage_key,
     _Tracker,
@@ -127,12 +128,15 @@ def estimate_distributed_memory(
     batch_size: Optional[int] = None,
     steps: int = 2,
     fake: bool = True,
+    attention: str = "target",
 ) -> MemoryEstimate:
     """Per-GPU peak memory of ``full_finetune_distributed`` for ``cfg`` on ``world_size`` GPUs.
 
     ``batch_size`` is the global batch (the config's ``batch_size``, split evenly over the ranks);
     each simulated rank runs ``batch_size // world_size`` sequences of ``seq_len`` tokens. With
     ``fake=False`` the same runs on real CPU tensors (to check the estimate on a small model).
+    ``attention`` as in ``estimate_recipe_memory``: ``"target"`` counts the kernel ``cfg.device``
+    runs (CUDA flash / memory-efficient SDPA), ``"native"`` the CPU's own.
 
     Raises:
         TuneError: the batch does not split over ``world_size`` ranks; an optimizer FSDP2 cannot use.
@@ -142,6 +146,8 @@ def estimate_distributed_memory(
     from torchtune.training._distributed import shard_model
     from torchtune.training._step import TrainStep
 
+    if attention not in ("target", "native"):
+        raise ValueError(f"attention must be 'target' or 'native', got {attention!r}")
     if world_size < 1:
         raise TuneError(f"world_size must be at least 1, got {world_size}.")
     seq_len = int(seq_len) if seq_len is not None else default_seq_len(cfg)
@@ -190,6 +196,7 @@ def estimate_distributed_memory(
             device=device,
             activations_ctx=get_act_offloading_ctx_manager(model, bool(cfg.enable_activation_offloading)),
             clip_grad_norm=cfg.clip_grad_norm,
+            select_label_positions=False,  # every position labelled: the worst case, and fake labels say no more
         )
         vocab = model.tok_embeddings.num_embeddings
         data = {
@@ -199,7 +206,14 @@ def estimate_distributed_memory(
         return model, lambda: step(data)
 
     with fake_world(world_size) as mesh, _simulated_cpu_offload(tracker) if offload else contextlib.nullcontext():
-        estimate = profile_memory(setup, steps=steps, fake=fake, tracker=tracker, categories=DISTRIBUTED_CATEGORIES)
+        estimate = profile_memory(
+            setup,
+            steps=steps,
+            fake=fake,
+            tracker=tracker,
+            categories=DISTRIBUTED_CATEGORIES,
+            attention_device=_device_type(cfg) if attention == "target" else "cpu",
+        )
     if offload:
         estimate.host_label = "FSDP offload, activations"  # parameters, gradients, optimizer
         notes.append(
@@ -281,26 +295,24 @@ def _simulated_cpu_offload(tracker: _Tracker) -> Iterator[None]:
 
 
 def fsdp_settings(cfg: Any) -> dict[str, Any]:
-    """``shard_model``'s keyword arguments from the config's FSDP keys."""
+    """``shard_model``'s keyword arguments from the config's FSDP keys, as the distributed recipe reads them."""
     from torchtune.utils import get_dtype
 
-    def dtype_or_none(key: str) -> Optional[torch.dtype]:
-        value = cfg.get(key)
-        return None if value is None else get_dtype(value, torch.device("cpu"))
-
+    param_dtype = cfg.fsdp_param_dtype
     return {
-        "param_dtype": dtype_or_none("fsdp_param_dtype"),
-        "reduce_dtype": dtype_or_none("fsdp_reduce_dtype"),
-        "reshard_after_forward": cfg.fsdp_reshard_after_forward,
+        "param_dtype": None if param_dtype is None else get_dtype(param_dtype, torch.device("cpu")),
+        "reduce_dtype": torch.float32 if cfg.fsdp_reduce_dtype == "fp32" else None,
+        "reshard_after_forward": bool(cfg.fsdp_reshard_after_forward),
         "cpu_offload": bool(cfg.fsdp_cpu_offload),
     }
 
 
 def _describe(settings: dict[str, Any]) -> str:
-    def name(dtype: Optional[torch.dtype]) -> str:
-        return "the storage dtype" if dtype is None else str(dtype).replace("torch.", "")
-
+    param = settings["param_dtype"]
+    compute = "the storage dtype" if param is None else str(param).replace("torch.", "")
+    reduce = "fp32" if settings["reduce_dtype"] is not None else "the compute dtype"
     return (
-        f"param_dtype={name(settings['param_dtype'])}, reduce_dtype={name(settings['reduce_dtype'])}, "
-        f"reshard_after_forward={settings['reshard_after_forward']}, cpu_offload={settings['cpu_offload']}"
+        f"parameters gathered in {compute}, gradients reduced in {reduce}, "
+        f"reshard_after_forward={settings['reshard_after_forward']}, "
+        f"cpu_offload={settings['cpu_offload']}"
     )

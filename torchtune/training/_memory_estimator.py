@@ -34,7 +34,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import weakref
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, ContextManager, Iterator, Optional
 
 import torch
 from torch import nn
@@ -55,6 +55,8 @@ __all__ = [
 
 GB = 1e9
 CATEGORIES = ("weights", "gradients", "optimizer_state", "activations", "temporaries")
+# device memory, anonymous host RAM, CUDA managed memory (paged optimizers), file pages of mmap loads
+MEMORY_KINDS = ("device", "host", "managed", "mapped")
 _ALIGN = 512  # the CUDA caching allocator rounds every block up to a multiple of 512 bytes
 
 
@@ -89,43 +91,101 @@ def _inner_tensors(t: torch.Tensor) -> list[torch.Tensor]:
 class StorageCounter(TorchDispatchMode):
     """Counts the bytes of live tensor storages created by ops while the mode is active.
 
-    ``current``/``peak`` are device bytes; allocations made inside ``host()`` are host bytes
-    (``host_current``/``host_peak``). ``classify`` (optional) is called at every new device peak and
-    returns ``{storage key: category}`` for the storages it recognises (one of ``categories``); the
-    rest are temporaries. Storages resized in place (FSDP2 frees and re-allocates its all-gather
-    buffers with ``untyped_storage().resize_``, which no dispatch mode sees) are followed inside ``resizes()``.
+    ``current``/``peak`` are device bytes. Host-side memory is counted apart, in three kinds:
+    ``host`` (anonymous host RAM: allocations made inside ``host()``, and, with ``cpu_is_host``, every
+    CPU tensor), ``managed`` (CUDA managed memory of paged optimizers: allocations inside ``managed()``)
+    and ``mapped`` (file pages of memory-mapped loads: allocations inside ``mapped()``).
+    ``cpu_is_host=False`` (the training steps) lets CPU fake tensors stand for the device;
+    ``cpu_is_host=True`` (set-up, save, resume) has meta fake tensors stand for the device and CPU
+    tensors for the host, so device-to-host copies are seen as what they are.
+    ``classify`` (optional) is called at every new device peak and returns ``{storage key: category}``
+    for the storages it recognises (one of ``categories``); the rest are temporaries. Storages resized in
+    place (FSDP2 frees and re-allocates its all-gather buffers with ``untyped_storage().resize_``, which
+    no dispatch mode sees) are followed inside ``resizes()``.
     """
 
     def __init__(
         self,
         classify: Optional[Callable[[], dict[int, str]]] = None,
         on_free: Optional[Callable[[int], None]] = None,
+        cpu_is_host: bool = False,
         categories: tuple[str, ...] = CATEGORIES,
     ) -> None:
         super().__init__()
         self.classify = classify
         self.on_free = on_free
+        self.cpu_is_host = cpu_is_host
         self.categories = categories
-        self.current = 0
-        self.peak = 0
-        self.window_peak = 0  # peak since the last reset_window(): one training step
-        self.host_current = 0
-        self.host_peak = 0
         self.peak_breakdown: dict[str, int] = {c: 0 for c in categories}
         self.peak_op = ""  # the op whose output made the peak
         self._op = ""
-        self._live: dict[int, int] = {}
-        self._host_live: dict[int, int] = {}
-        self._in_host = 0
+        self._tables: dict[str, dict[int, int]] = {kind: {} for kind in MEMORY_KINDS}
+        # "host_ram": host + managed together, the host RAM a run needs when paged state is paged out
+        self._current = {kind: 0 for kind in (*MEMORY_KINDS, "host_ram")}
+        self._peak = dict(self._current)
+        self._window_peak = dict(self._current)  # since the last reset_window()
+        self._context: list[str] = []
+        self._released: set[int] = set()  # storages alive but no longer counted (see release())
 
+    # --- the figures ----------------------------------------------------------------------------
+    @property
+    def current(self) -> int:
+        return self._current["device"]
+
+    @property
+    def peak(self) -> int:
+        return self._peak["device"]
+
+    @property
+    def window_peak(self) -> int:
+        return self._window_peak["device"]
+
+    @property
+    def host_current(self) -> int:
+        return self._current["host"]
+
+    @property
+    def host_peak(self) -> int:
+        return self._peak["host"]
+
+    @property
+    def _live(self) -> dict[int, int]:
+        return self._tables["device"]
+
+    @property
+    def _host_live(self) -> dict[int, int]:
+        return self._tables["host"]
+
+    def current_bytes(self, kind: str) -> int:
+        return self._current[kind]
+
+    def window_peak_bytes(self, kind: str) -> int:
+        return self._window_peak[kind]
+
+    def reset_window(self) -> None:
+        """Start a new window (one training step, one phase) for the ``window_peak`` figures."""
+        self._window_peak = dict(self._current)
+
+    # --- where new storages are counted -----------------------------------------------------------
     @contextlib.contextmanager
-    def host(self) -> Iterator[None]:
-        """Allocations made inside count as host memory (pinned host copies of offloaded tensors)."""
-        self._in_host += 1
+    def _kind(self, kind: str) -> Iterator[None]:
+        self._context.append(kind)
         try:
             yield
         finally:
-            self._in_host -= 1
+            self._context.pop()
+
+    def host(self) -> ContextManager[None]:
+        """Allocations made inside count as host memory (pinned host copies of offloaded tensors)."""
+        return self._kind("host")
+
+    def managed(self) -> ContextManager[None]:
+        """Allocations made inside count as CUDA managed memory (paged optimizer state)."""
+        return self._kind("managed")
+
+    def mapped(self) -> ContextManager[None]:
+        """Allocations made inside count as file pages of a memory-mapped load."""
+        return self._kind("mapped")
 
     @contextlib.contextmanager
     def resizes(self) -> Iterator[None]:
@@ -146,66 +206,90 @@ class StorageCounter(TorchDispatchMode):
     def _resized(self, storage: torch.UntypedStorage) -> None:
         key = storage._cdata
         nbytes = _rounded(storage.nbytes())
-        table = self._host_live if key in self._host_live else self._live if key in self._live else None
-        if table is None:  # a storage made before the counting started
-            table = self._host_live if self._in_host else self._live
-            table[key] = 0
+        kind = next((k for k, table in self._tables.items() if key in table), None)
+        if kind is None:  # a storage made before the counting started
+            kind = self._context[-1] if self._context else "device"
+            self._tables[kind][key] = 0
             weakref.finalize(storage, self._free, key)
-        self._add(table, key, nbytes - table[key])
+        self._add(kind, key, nbytes - self._tables[kind][key])
+
+    def release(self, t: torch.Tensor, kind: str) -> None:
+        """Stop counting ``t``'s storage if it is counted as ``kind`` (its pages were given back)."""
+        for inner in _inner_tensors(t):
+            key = _storage_key(inner)
+            if key in self._tables[kind]:
+                nbytes = self._tables[kind].pop(key)
+                self._current[kind] -= nbytes
+                if kind in ("host", "managed"):
+                    self._current["host_ram"] -= nbytes
+                self._released.add(key)  # still alive: a later view of it must not count it again
+
+    def counts_as(self, t: torch.Tensor, kind: str) -> bool:
+        return _storage_key(t) in self._tables[kind]
 
     @property
     def in_host(self) -> bool:
         """True inside ``host()``."""
-        return self._in_host > 0
+        return "host" in self._context
 
     def host_keys(self) -> set[int]:
         """Keys of the live storages counted as host memory."""
-        return set(self._host_live)
-
-    def reset_window(self) -> None:
-        self.window_peak = self.current
+        return set(self._tables["host"])
 
     def track(self, t: torch.Tensor) -> None:
         """Count ``t``'s storage if it is not counted yet (also for tensors made before the mode)."""
         for inner in _inner_tensors(t):
             self._track_plain(inner)
 
+    def _kind_of_new(self, t: torch.Tensor) -> str:
+        if self._context:
+            return self._context[-1]
+        if self.cpu_is_host and t.device.type == "cpu":
+            return "host"
+        return "device"
+
     def _track_plain(self, t: torch.Tensor) -> None:
-        if t.device.type == "meta":  # no memory (a model built on meta, then sharded or loaded)
+        if t.device.type == "meta" and not self.cpu_is_host:  # no memory (a model built on meta, then sharded)
             return
         key = _storage_key(t)
-        if key is None:
+        if key is None or key in self._released:
             return
         nbytes = _rounded(t.untyped_storage().nbytes())
-        table = self._host_live if key in self._host_live else self._live
-        if key in table:
-            if table[key] != nbytes:  # resized in place (an out= op grew it)
-                self._add(table, key, nbytes - table[key])
-            return
-        if key in self._live or key in self._host_live:
-            return
-        table = self._host_live if self._in_host else self._live
-        table[key] = 0
+        for kind, table in self._tables.items():
+            if key in table:
+                if table[key] != nbytes:  # resized in place (an out= op grew it)
+                    self._add(kind, key, nbytes - table[key])
+                return
+        kind = self._kind_of_new(t)
+        self._tables[kind][key] = 0
         weakref.finalize(t.untyped_storage(), self._free, key)
-        self._add(table, key, nbytes)
+        self._add(kind, key, nbytes)
 
-    def _add(self, table: dict[int, int], key: int, delta: int) -> None:
-        table[key] += delta
-        if table is self._host_live:
-            self.host_current += delta
-            self.host_peak = max(self.host_peak, self.host_current)
-            return
-        self.current += delta
-        self.window_peak = max(self.window_peak, self.current)
-        if self.current > self.peak:
-            self.peak = self.current
-            self._snapshot()
+    def _add(self, kind: str, key: int, delta: int) -> None:
+        self._tables[kind][key] += delta
+        self._count(kind, delta)
+        if kind in ("host", "managed"):
+            self._count("host_ram", delta)
+
+    def _count(self, kind: str, delta: int) -> None:
+        self._current[kind] += delta
+        current = self._current[kind]
+        if current > self._window_peak[kind]:
+            self._window_peak[kind] = current
+        if current > self._peak[kind]:
+            self._peak[kind] = current
+            if kind == "device":
+                self._snapshot()
 
     def _free(self, key: int) -> None:
-        if key in self._live:
-            self.current -= self._live.pop(key)
-        elif key in self._host_live:
-            self.host_current -= self._host_live.pop(key)
+        self._released.discard(key)
+        for kind, table in self._tables.items():
+            if key in table:
+                nbytes = table.pop(key)
+                self._current[kind] -= nbytes
+                if kind in ("host", "managed"):
+                    self._current["host_ram"] -= nbytes
+                break
         if self.on_free is not None:
             self.on_free(key)  # the address may be reused by a new storage: forget its tags
 
@@ -298,13 +382,32 @@ def measure_state_layout(
     return result
 
 
+# The counter of the estimate that is running: LayoutOptimizer allocates paged state as managed memory in it.
+_ACTIVE_COUNTER: Optional[StorageCounter] = None
+
+
+@contextlib.contextmanager
+def _active(counter: StorageCounter) -> Iterator[StorageCounter]:
+    global _ACTIVE_COUNTER
+    previous, _ACTIVE_COUNTER = _ACTIVE_COUNTER, counter
+    try:
+        yield counter
+    finally:
+        _ACTIVE_COUNTER = previous
+
+
 class LayoutOptimizer(torch.optim.Optimizer):
     """Stands in for a bitsandbytes/torchao optimizer under the fake mode (memory estimation only).
 
-    Allocates, per parameter, the state bytes the real class ``optimizer_component`` creates
-    (``measure_state_layout``) as one uint8 buffer on the parameter's device, adds the paged share to
-    ``paged_bytes`` instead of allocating it, and applies a plain in-place update so the step's
-    memory behaviour (grads read in place, no copies) matches the fused kernels.
+    Per parameter it allocates the state bytes the real class ``optimizer_component`` creates
+    (``measure_state_layout``), laid out as bitsandbytes lays them out: for a paged optimizer the two
+    moments ``state1``/``state2`` (the parameter's shape; fp32 for 32-bit, uint8 for 8-bit) in CUDA
+    managed memory through ``get_state_buffer``, the rest (absmax, quantization maps) as one uint8
+    ``device_state`` buffer on the parameter's device. ``is_paged``, ``get_state_buffer`` and, for
+    bitsandbytes, ``load_state_dict`` (the real class's own method: it deep-copies the state and moves
+    it to the device) behave as the real class's, so checkpoint code runs on it unchanged. The step is a
+    plain in-place update, so the step's memory behaviour (grads read in place, no copies) matches the
+    fused kernels.
     """
 
     paged_bytes_total = 0  # summed over every instance: one optimizer per parameter in backward
@@ -315,7 +418,36 @@ class LayoutOptimizer(torch.optim.Optimizer):
         self.real_kwargs = kwargs
         self.is_paged = optimizer_component.rsplit(".", 1)[-1].startswith("Paged")
         self.paged_bytes = 0
+        # bitsandbytes' load_state_dict moves these keys to the device without casting them
+        self.non_castable_tensor_keys = {"state1", "state2", "device_state", "paged_state"}
+        self._FSDP_WRAPPED_QUANT_STATE_KEY = getattr(self.optimizer_cls, "_FSDP_WRAPPED_QUANT_STATE_KEY", None)
         super().__init__(params, {"lr": kwargs.get("lr", 1e-3)})
+
+    def get_state_buffer(self, p: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """A state buffer of ``p``'s shape: managed memory when paged (bitsandbytes' rule: >= 1e5 elements)."""
+        if not self.is_paged or p.numel() < 1e5:
+            return torch.zeros_like(p, dtype=dtype)
+        counter = _ACTIVE_COUNTER
+        with counter.managed() if counter is not None else contextlib.nullcontext():
+            buffer = torch.zeros_like(p, dtype=dtype)
+        buffer.is_paged = True  # as bitsandbytes marks its paged buffers
+        return buffer
+
+    def _init_state(self, p: torch.Tensor, state: dict[str, Any]) -> None:
+        device_bytes, paged_bytes = measure_state_layout(self.optimizer_cls, self.real_kwargs, p.numel(), p.dtype)
+        state["step"] = 0
+        moment_bytes = paged_bytes // (2 * p.numel()) if paged_bytes else 0
+        if paged_bytes and paged_bytes == 2 * p.numel() * moment_bytes and moment_bytes in (1, 4):
+            dtype = torch.float32 if moment_bytes == 4 else torch.uint8
+            state["state1"] = self.get_state_buffer(p, dtype)
+            state["state2"] = self.get_state_buffer(p, dtype)
+        elif paged_bytes:
+            counter = _ACTIVE_COUNTER
+            with counter.managed() if counter is not None else contextlib.nullcontext():
+                state["paged_state"] = torch.zeros(paged_bytes, dtype=torch.uint8, device=p.device)
+        state["device_state"] = torch.zeros(device_bytes, dtype=torch.uint8, device=p.device)
+        self.paged_bytes += paged_bytes
+        LayoutOptimizer.paged_bytes_total += paged_bytes
 
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
@@ -325,14 +457,17 @@ class LayoutOptimizer(torch.optim.Optimizer):
                     continue
                 state = self.state[p]
                 if not state:
-                    device_bytes, paged_bytes = measure_state_layout(
-                        self.optimizer_cls, self.real_kwargs, p.numel(), p.dtype
-                    )
-                    state["state"] = torch.zeros(device_bytes, dtype=torch.uint8, device=p.device)
-                    self.paged_bytes += paged_bytes
-                    LayoutOptimizer.paged_bytes_total += paged_bytes
+                    self._init_state(p, state)
+                state["step"] += 1
                 p.add_(p.grad, alpha=-group["lr"])
         return None
+
+    def load_state_dict(self, state_dict: dict[str, Any], **kwargs: Any) -> None:
+        if self.optimizer_component.startswith("bitsandbytes."):
+            # the real class's loading (move_to_device=...), run on this object's state
+            self.optimizer_cls.load_state_dict(self, state_dict, **kwargs)
+        else:
+            super().load_state_dict(state_dict, **kwargs)
 
 
 def layout_optimizer_config(component: str, kwargs: dict[str, Any]) -> Optional[dict[str, Any]]:
@@ -357,6 +492,7 @@ class MemoryEstimate:
     fake: bool = True
     peak_op: str = ""
     notes: list[str] = dataclasses.field(default_factory=list)
+    attention: str = ""  # which attention kernel was counted
     host_label: str = "offloaded activations"  # what host_offload_peak_bytes holds
 
     @property
@@ -388,6 +524,8 @@ class MemoryEstimate:
         lines.append(f"{host_label:<34}{self.host_offload_peak_bytes / GB:>9.2f} GB  (pinned host memory)")
         lines.append(f"{'  host RAM needed for these':<34}{self.host_bytes_needed / GB:>9.2f} GB")
         lines += [f"Note: {note}" for note in self.notes]
+        if self.attention:
+            lines.append(f"Note: {self.attention}")
         return "\n".join(lines)
 
 
@@ -435,6 +573,7 @@ def profile_memory(
     fake: bool = True,
     tracker: Optional[_Tracker] = None,
     categories: tuple[str, ...] = CATEGORIES,
+    attention_device: str = "cpu",
 ) -> MemoryEstimate:
     """Peak memory of ``steps`` calls of a training step, counted by ``StorageCounter``.
 
@@ -442,11 +581,13 @@ def profile_memory(
     returns ``(model, step)``; ``step()`` runs one training step (forward, loss, backward, optimizer).
     Offloaded activations (``OffloadActivations``) are simulated as if CPU tensors were device tensors,
     their host copies counted separately. ``tracker`` (a ``_Tracker``) and ``categories`` replace the
-    default split into categories (the distributed estimate adds gathered weights).
+    default split into categories (the distributed estimate adds gathered weights). ``attention_device="cuda"``
+    counts attention as the CUDA kernels (``torchtune.training._attention_kernels``); only on fake tensors.
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from torchtune.training._activations import simulate_offloading
+    from torchtune.training._attention_kernels import describe_attention, target_attention
 
     tracker = tracker if tracker is not None else _Tracker()
     counter = StorageCounter(classify=tracker.classify, categories=categories)
@@ -466,6 +607,8 @@ def profile_memory(
             fake_mode,
             counter,
             counter.resizes(),
+            _active(counter),
+            target_attention(attention_device if fake else "cpu") as kernels,
             simulate_offloading(counter.host, tracker.on_saved),
             torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
         ):
@@ -485,6 +628,7 @@ def profile_memory(
                 step_peaks=step_peaks,
                 fake=fake,
                 peak_op=counter.peak_op,
+                attention=describe_attention(kernels, attention_device if fake else "cpu"),
             )
             del model, step
     finally:
@@ -510,8 +654,17 @@ def default_seq_len(cfg: Any) -> int:
     )
 
 
+def _device_type(cfg: Any) -> str:
+    return str(cfg.device).split(":", 1)[0]
+
+
 def estimate_recipe_memory(
-    cfg: Any, seq_len: Optional[int] = None, batch_size: Optional[int] = None, steps: int = 2, fake: bool = True
+    cfg: Any,
+    seq_len: Optional[int] = None,
+    batch_size: Optional[int] = None,
+    steps: int = 2,
+    fake: bool = True,
+    attention: str = "target",
 ) -> MemoryEstimate:
     """Peak memory of a finetune recipe's training step for ``cfg``, without weights or GPU.
 
@@ -520,9 +673,13 @@ def estimate_recipe_memory(
     and runs it ``steps`` times on a synthetic batch of ``batch_size`` x ``seq_len`` tokens. The device
     is simulated on CPU tensors; bitsandbytes/torchao optimizers become ``LayoutOptimizer``. With
     ``fake=False`` the same runs on real CPU tensors (to check the estimate on a small model).
+    ``attention="target"`` counts attention as the kernel ``cfg.device`` runs (CUDA: flash or
+    memory-efficient SDPA), ``"native"`` as the CPU's own kernel (what a real CPU run does).
     """
     from torchtune import training
 
+    if attention not in ("target", "native"):
+        raise ValueError(f"attention must be 'target' or 'native', got {attention!r}")
     seq_len = int(seq_len) if seq_len is not None else default_seq_len(cfg)
     batch = int(batch_size) if batch_size is not None else training.positive_int(cfg, "batch_size")
     cfg, device, dtype, notes = prepare_estimate(cfg)
@@ -530,6 +687,9 @@ def estimate_recipe_memory(
     def setup() -> tuple[nn.Module, Callable[[], Any]]:
         # compile does not run on fake tensors; it changes temporaries only
         step = training.TrainStep.from_config(cfg, device=device, dtype=dtype, compile_model=False)
+        # Every position labelled (the worst case): the step then projects all of them, and fake labels
+        # cannot say which positions a real batch would leave out.
+        step.select_label_positions = False
         vocab = step.model.tok_embeddings.num_embeddings
         # made inside the modes: on the fake run they are fake too (a real input would be copied
         # into a new fake storage when first used, which a real run does not do)
@@ -539,7 +699,9 @@ def estimate_recipe_memory(
         }
         return step.model, lambda: step(data)
 
-    estimate = profile_memory(setup, steps=steps, fake=fake)
+    estimate = profile_memory(
+        setup, steps=steps, fake=fake, attention_device=_device_type(cfg) if attention == "target" else "cpu"
+    )
     estimate.notes = notes + estimate.notes
     return estimate
 
@@ -559,12 +721,11 @@ def prepare_estimate(cfg: Any) -> tuple[Any, torch.device, torch.dtype, list[str
     from torchtune.utils import get_dtype
 
     cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
-    target_device = str(cfg.device)
     training.check_optimizer_settings(cfg)
     device = torch.device("cpu")  # fake CPU tensors stand for the device (see the module docstring)
     dtype = get_dtype(cfg.dtype, device)
     notes = [
-        f"simulated on fake CPU tensors standing for device={target_device}; sizes rounded to "
+        f"simulated on fake tensors standing for device={cfg.device}; sizes rounded to "
         "512 bytes like the CUDA caching allocator; fragmentation (reserved - allocated) and the "
         "CUDA context (~0.3-0.5 GB) are not included"
     ]
@@ -580,7 +741,84 @@ def prepare_estimate(cfg: Any) -> tuple[Any, torch.device, torch.dtype, list[str
         )
     if not cfg.optimizer_in_bwd:
         notes.append("optimizer_in_bwd=False: a full set of gradients exists after backward")
+    elif cfg.get("optimizer_in_bwd_group") == "layer":  # a distributed config has no such key
+        notes.append(
+            "optimizer_in_bwd_group=layer: each decoder layer's gradients stay until its last one is complete "
+            "(counted: the step is simulated with that grouping)"
+        )
     return cfg, device, dtype, notes
+
+
+# --- the whole run: set-up, steps, step checkpoint save, resume ----------------------------------------
+
+
+@dataclasses.dataclass
+class RunMemoryEstimate:
+    """The training steps' estimate (split into categories) and the peaks of every phase of the run."""
+
+    steps: MemoryEstimate
+    phases: list[Any]  # PhaseMemory, in run order: set-up, training steps, step checkpoint save, resume load
+
+    @property
+    def peak_bytes(self) -> int:
+        return max(p.device_peak for p in self.phases)
+
+    @property
+    def peak_phase(self) -> Any:
+        return max(self.phases, key=lambda p: p.device_peak)
+
+    def phase(self, name: str) -> Any:
+        return next(p for p in self.phases if p.name.startswith(name))
+
+    def format(self, title: str = "Estimated peak device memory") -> str:
+        lines = [self.steps.format(f"{title}, training steps"), ""]
+        lines.append("Each phase of the run (estimated on fake tensors):")
+        header = ("phase", "device peak", "above weights", "transient", "host RAM", "paged state", "mapped files")
+        lines.append(f"  {header[0]:<24}" + "".join(f"{h:>15}" for h in header[1:]))
+        for p in self.phases:
+            values = (p.device_peak, p.above_weights, p.transient, p.host_ram_peak, p.managed_peak, p.mapped_peak)
+            lines.append(f"  {p.name:<24}" + "".join(f"{v / GB:>12.2f} GB" for v in values))
+        peak = self.peak_phase
+        lines.append(f"  {'whole run (device peak)':<24}{peak.device_peak / GB:>12.2f} GB  (in {peak.name})")
+        lines.append(
+            "Note: transient = device memory a phase needs above what is live before and after it (weights, "
+            "device optimizer state); host RAM = anonymous host memory + paged optimizer state (CUDA managed "
+            "memory, in host RAM when paged out), without the process itself (Python, libraries: a few GB); "
+            "mapped files = checkpoint files mapped into memory, resident only as they are read and dropped by "
+            "the kernel under pressure"
+        )
+        return "\n".join(lines)
+
+
+def _steps_phase(estimate: MemoryEstimate) -> Any:
+    from torchtune.training._checkpoint_memory import PhaseMemory
+
+    return PhaseMemory(
+        name="training steps",
+        device_peak=estimate.peak_bytes,
+        weights=estimate.breakdown["weights"],
+        host_peak=estimate.host_offload_peak_bytes,
+        managed_peak=estimate.paged_optimizer_bytes,
+        mapped_peak=0,
+        host_ram_peak=estimate.host_bytes_needed,
+        device_start=estimate.breakdown["weights"] + estimate.breakdown["optimizer_state"],
+        device_end=estimate.breakdown["weights"] + estimate.breakdown["optimizer_state"],
+    )
+
+
+def estimate_run_memory(
+    cfg: Any, seq_len: Optional[int] = None, batch_size: Optional[int] = None, steps: int = 2
+) -> RunMemoryEstimate:
+    """``estimate_recipe_memory`` for the steps, plus the set-up, step checkpoint save and resume load
+    phases run through the recipe's checkpointer and training-layer code on fake tensors
+    (``torchtune.training._checkpoint_memory``)."""
+    from torchtune.training._checkpoint_memory import estimate_checkpoint_phases
+
+    step_estimate = estimate_recipe_memory(cfg, seq_len=seq_len, batch_size=batch_size, steps=steps)
+    prepared, _, dtype, _ = prepare_estimate(cfg)
+    phases = estimate_checkpoint_phases(prepared, dtype)
+    setup, save, resume = phases
+    return RunMemoryEstimate(steps=step_estimate, phases=[setup, _steps_phase(step_estimate), save, resume])
 
 
 def _require(component: str, package: str) -> None:

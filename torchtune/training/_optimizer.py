@@ -1,8 +1,13 @@
 """The optimizer a recipe holds: one over all parameters, or one per parameter stepped in backward.
 
 Either way the recipe gets a ``torch.optim.Optimizer`` and calls ``step()`` / ``zero_grad()`` on it
-after each step; in backward mode that object is an ``OptimInBackwardWrapper`` whose ``step`` does
-nothing, because each parameter's own hook already stepped it during ``backward()``.
+after each step; in backward mode that object is an ``OptimInBackwardWrapper`` whose ``step`` has
+nothing left to do, because the hooks already stepped every parameter during ``backward()``.
+
+In backward, ``optimizer_in_bwd_group`` says how many parameters one inner optimizer holds:
+``param``, one each (each gradient is freed as soon as it is complete); ``layer``, all the
+parameters of one decoder layer (``model.layers[i]``), stepped together by one foreach/fused call
+when the layer's last gradient arrives, so at most one layer's gradients exist at a time.
 """
 
 from __future__ import annotations
@@ -16,7 +21,8 @@ from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 
 from torchtune import config
-from torchtune._errors import TuneError
+from torchtune._errors import ConfigError, TuneError
+from torchtune.training._checks import IN_BWD_GROUPS
 from torchtune.utils._checkpointing._checkpoint_utils import (
     OptimInBackwardWrapper,
     is_standard_optimizer_state,
@@ -26,6 +32,7 @@ from torchtune.utils._checkpointing._checkpoint_utils import (
 __all__ = [
     "GradNormTracker",
     "build_optimizer",
+    "in_bwd_groups",
     "load_optimizer_state",
     "register_optim_in_bwd_hooks",
     "step_optimizer",
@@ -95,36 +102,98 @@ def trainable_parameters(model: nn.Module) -> Dict[str, nn.Parameter]:
     return {name: p for name, p in model.named_parameters() if p.requires_grad}
 
 
+def in_bwd_groups(model: nn.Module, group: str) -> List[List[str]]:
+    """The parameter names each in-backward optimizer holds, in ``named_parameters`` order.
+
+    ``param``: one name per group. ``layer``: one group per ``model.layers[i]`` with every trainable
+    parameter of that layer; parameters outside the layers (embedding, final norm, output) one each.
+
+    Raises:
+        ConfigError: ``group`` is not one of ``IN_BWD_GROUPS``, or ``layer`` for a model without
+            ``.layers``.
+    """
+    if group not in IN_BWD_GROUPS:
+        raise ConfigError(
+            f"optimizer_in_bwd_group={group!r} is not a grouping: use 'param' (one optimizer per parameter) or "
+            "'layer' (one per decoder layer, stepped when the layer's last gradient arrives)."
+        )
+    names = list(trainable_parameters(model))
+    if group == "param":
+        return [[name] for name in names]
+    layers = getattr(model, "layers", None)
+    if not isinstance(layers, nn.ModuleList):
+        raise ConfigError(
+            f"optimizer_in_bwd_group=layer needs a model whose decoder layers are model.layers (an nn.ModuleList); "
+            f"{type(model).__name__} has none. Set optimizer_in_bwd_group=param."
+        )
+    layer_of = {id(p): index for index, layer in enumerate(layers) for p in layer.parameters() if p.requires_grad}
+    params = trainable_parameters(model)
+    by_layer: Dict[int, List[str]] = {}
+    groups: List[List[str]] = []
+    for name in names:
+        index = layer_of.get(id(params[name]))
+        if index is None:
+            groups.append([name])
+        elif index in by_layer:
+            by_layer[index].append(name)
+        else:
+            by_layer[index] = [name]
+            groups.append(by_layer[index])
+    return groups
+
+
 def register_optim_in_bwd_hooks(
     model: nn.Module, optim_map: Mapping[str, Optimizer], grad_norm: Optional[GradNormTracker] = None
 ) -> List[Any]:
-    """Step each parameter's optimizer as soon as its gradient is complete, then free the gradient.
+    """Step each parameter's optimizer as soon as its gradients are complete, then free them.
 
     Uses ``Tensor.register_post_accumulate_grad_hook``: the hook runs once the gradient of a
     parameter has been fully accumulated in ``backward()`` (also for a parameter used twice, such as
-    tied embeddings), so at most the gradients of the layer being back-propagated exist at a time.
-    Returns the hook handles (``handle.remove()`` detaches them).
+    tied embeddings). Names that share one optimizer (``optimizer_in_bwd_group: layer``) are stepped
+    together when the last of their gradients is complete; with one optimizer per parameter, at most
+    the gradients of the layer being back-propagated exist at a time. Returns the hook handles
+    (``handle.remove()`` detaches them).
     """
     params = trainable_parameters(model)
     missing = sorted(set(optim_map) - set(params))
     if missing:
         raise ValueError(f"optimizers given for parameters the model does not train: {missing[:5]}")
+    members: Dict[int, List[torch.Tensor]] = {}
+    for name, opt in optim_map.items():
+        members.setdefault(id(opt), []).append(params[name])
     return [
-        params[name].register_post_accumulate_grad_hook(_step_and_free(opt, grad_norm))
+        params[name].register_post_accumulate_grad_hook(_step_and_free(opt, members[id(opt)], grad_norm))
         for name, opt in optim_map.items()
     ]
 
 
-def _step_and_free(optimizer: Optimizer, grad_norm: Optional[GradNormTracker]) -> Callable[[torch.Tensor], None]:
-    def hook(param: torch.Tensor) -> None:
+def _step_and_free(
+    optimizer: Optimizer, group: List[torch.Tensor], grad_norm: Optional[GradNormTracker]
+) -> Callable[[torch.Tensor], None]:
+    if len(group) == 1:
+
+        def hook(param: torch.Tensor) -> None:
+            if grad_norm is not None:
+                grad_norm.add(param.grad)
+            optimizer.step()
+            # The optimizer holds only this parameter: dropping its grad is all zero_grad would do,
+            # without zero_grad's ~25 us of Python per parameter per step.
+            param.grad = None
+
+        return hook
+
+    def group_hook(param: torch.Tensor) -> None:
         if grad_norm is not None:
             grad_norm.add(param.grad)
-        optimizer.step()
-        # The optimizer holds only this parameter: dropping its grad is all zero_grad would do,
-        # without zero_grad's ~25 us of Python per parameter per step.
-        param.grad = None
+        # Stateless on purpose: the group is complete when every member holds a gradient (a member
+        # that gets none this step leaves the group to OptimInBackwardWrapper.step(), which steps
+        # what is left after backward), so no counter can drift from one step to the next.
+        if all(p.grad is not None for p in group):
+            optimizer.step()
+            for p in group:
+                p.grad = None
 
-    return hook
+    return group_hook
 
 
 def build_optimizer(
@@ -133,17 +202,23 @@ def build_optimizer(
     *,
     optimizer_in_bwd: bool,
     grad_norm: Optional[GradNormTracker] = None,
+    in_bwd_group: str = "param",
 ) -> Optimizer:
     """The optimizer of ``cfg_optimizer`` over ``model``'s trainable parameters.
 
-    ``optimizer_in_bwd=False``: one optimizer over all of them. ``True``: one optimizer per
-    parameter, stepped from that parameter's post-accumulate-grad hook (which also adds the
-    gradient to ``grad_norm`` when it is armed), held in an ``OptimInBackwardWrapper``.
+    ``optimizer_in_bwd=False``: one optimizer over all of them. ``True``: one optimizer per group of
+    ``in_bwd_groups(model, in_bwd_group)`` (per parameter, or per decoder layer), stepped from the
+    post-accumulate-grad hooks (which also add the gradients to ``grad_norm`` when it is armed),
+    held in an ``OptimInBackwardWrapper`` keyed by parameter name either way, so a checkpoint of one
+    grouping resumes with the other.
     """
     params = trainable_parameters(model)
     if not optimizer_in_bwd:
         return config.instantiate(cfg_optimizer, list(params.values()))
-    optim_map = {name: config.instantiate(cfg_optimizer, [p]) for name, p in params.items()}
+    optim_map: Dict[str, Optimizer] = {}
+    for names in in_bwd_groups(model, in_bwd_group):
+        opt = config.instantiate(cfg_optimizer, [params[name] for name in names])
+        optim_map.update({name: opt for name in names})
     register_optim_in_bwd_hooks(model, optim_map, grad_norm)
     return OptimInBackwardWrapper(optim_map)
 

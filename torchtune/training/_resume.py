@@ -86,7 +86,7 @@ class ResumePlan:
 
     recipe_state_path: Path
     state: Dict[str, Any]
-    # The background sha256 check of recipe_state.pt (checkpointer.verify_checksums=background).
+    # The background checksum check of recipe_state.pt (checkpointer.verify_checksums=background).
     checksums: Optional[ChecksumJob] = None
 
     @property

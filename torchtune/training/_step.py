@@ -11,12 +11,59 @@ from torch import nn
 
 from torchtune.modules.loss import CROSS_ENTROPY_IGNORE_IDX
 
-__all__ = ["TrainStep", "forward_backward", "shift_labels"]
+__all__ = ["TrainStep", "forward_backward", "forward_loss", "label_positions", "shift_labels"]
 
 
 def shift_labels(labels: torch.Tensor) -> torch.Tensor:
     """``labels[:, t]`` becomes the target of position ``t`` (the next token); the last position has none."""
     return F.pad(labels[:, 1:], (0, 1), value=CROSS_ENTROPY_IGNORE_IDX)
+
+
+def label_positions(labels: torch.Tensor, ignore_index: int = CROSS_ENTROPY_IGNORE_IDX) -> Optional[torch.Tensor]:
+    """Flat indices (row-major over ``labels``) of the positions whose label is not ``ignore_index``,
+    or ``None`` when every position has one (nothing to leave out).
+
+    Meant for the host copy of the (shifted) labels, before the batch moves to the device: there the
+    count is known for free, so the gather that uses these indices needs no device-to-host read.
+    """
+    flat = labels.reshape(-1)
+    positions = flat.ne(ignore_index).nonzero().squeeze(1)
+    return None if positions.numel() == flat.numel() else positions
+
+
+def forward_loss(
+    model: nn.Module,
+    loss_fn: nn.Module,
+    batch: Dict[str, torch.Tensor],
+    *,
+    device: torch.device,
+    select_label_positions: bool = True,
+) -> torch.Tensor:
+    """The loss of one batch (forward only; the graph stays attached for ``backward()``).
+
+    ``loss_fn(model.output, hidden, labels)`` takes the final hidden states rather than logits, so a
+    chunked loss never holds the full fp32 logits. With ``select_label_positions`` (the default) only
+    the positions that have a label reach the final norm, the output projection and the loss: with
+    ``train_on_input: False``, padding or packing the prompt tokens cost nothing there. The loss and
+    the gradients are those of the full computation (the left-out positions contribute exactly zero
+    to both), up to float summation order. The positions are found on the host copy of the labels,
+    so nothing is read back from the device.
+    """
+    labels = shift_labels(batch["labels"])
+    positions = label_positions(labels) if select_label_positions else None
+    mask = batch.get("mask")
+    input_pos = batch.get("input_pos")
+    tokens = batch["tokens"].to(device, non_blocking=True)
+    if mask is not None:
+        mask = mask.to(device, non_blocking=True)
+    if input_pos is not None:
+        input_pos = input_pos.to(device, non_blocking=True)
+    if positions is not None:
+        labels = labels.reshape(-1)[positions]
+        positions = positions.to(device, non_blocking=True)
+    labels = labels.to(device, non_blocking=True)
+    hidden = model(tokens, mask=mask, input_pos=input_pos, output_hidden_states=True, output_positions=positions)
+    return loss_fn(model.output, hidden, labels)
 
 
 def forward_backward(
@@ -27,27 +74,17 @@ def forward_backward(
     device: torch.device,
     activations_ctx: Optional[ContextManager[Any]] = None,
     loss_scale: float = 1.0,
+    select_label_positions: bool = True,
 ) -> torch.Tensor:
     """Forward, loss and ``backward()`` of one (micro-)batch; returns the detached, unscaled loss.
 
-    ``loss_fn(model.output, hidden, labels)`` takes the final hidden states rather than logits, so a
-    chunked loss never holds the full fp32 logits. ``loss_scale`` multiplies the loss before
-    ``backward()`` (``1 / gradient_accumulation_steps``). With optimizer in backward the parameters
-    are updated inside ``backward()``. ``activations_ctx`` (activation offloading) wraps forward and
-    backward. Nothing here reads a value back to the host.
+    The loss is :func:`forward_loss` (``select_label_positions`` as there). ``loss_scale`` multiplies
+    the loss before ``backward()`` (``1 / gradient_accumulation_steps``). With optimizer in backward
+    the parameters are updated inside ``backward()``. ``activations_ctx`` (activation offloading)
+    wraps forward and backward. Nothing here reads a value back to the host.
     """
-    tokens = batch["tokens"].to(device, non_blocking=True)
-    labels = shift_labels(batch["labels"]).to(device, non_blocking=True)
-    mask = batch.get("mask")
-    input_pos = batch.get("input_pos")
-    if mask is not None:
-        mask = mask.to(device, non_blocking=True)
-    if input_pos is not None:
-        input_pos = input_pos.to(device, non_blocking=True)
     with activations_ctx if activations_ctx is not None else contextlib.nullcontext():
-        hidden = model(tokens, mask=mask, input_pos=input_pos, output_hidden_states=True)
-        loss = loss_fn(model.output, hidden, labels)
-        del hidden  # the loss saved what it needs; the rest of the step should not keep it
+        loss = forward_loss(model, loss_fn, batch, device=device, select_label_positions=select_label_positions)
         (loss * loss_scale if loss_scale != 1.0 else loss).backward()
     return loss.detach()
 
@@ -69,6 +106,7 @@ class TrainStep:
         device: torch.device,
         activations_ctx: Optional[ContextManager[Any]] = None,
         clip_grad_norm: Optional[float] = None,
+        select_label_positions: bool = True,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
@@ -76,6 +114,7 @@ class TrainStep:
         self.device = device
         self.activations_ctx = activations_ctx
         self.clip_grad_norm = clip_grad_norm
+        self.select_label_positions = select_label_positions
 
     @classmethod
     def from_config(
@@ -86,10 +125,13 @@ class TrainStep:
         dtype: torch.dtype,
         state_dict: Optional[Dict[str, torch.Tensor]] = None,
         compile_model: Optional[bool] = None,
+        grad_norm: Optional[Any] = None,
     ) -> "TrainStep":
-        """The step of a finetune config (``model``, ``optimizer``, ``optimizer_in_bwd``, ``loss``,
+        """The step of a finetune config (``model``, ``optimizer``, ``optimizer_in_bwd``,
+        ``optimizer_in_bwd_group``, ``loss``,
         ``clip_grad_norm``, activation checkpointing/offloading and ``compile`` keys); random weights
-        unless ``state_dict`` is given; ``compile_model`` overrides the config's ``compile``."""
+        unless ``state_dict`` is given; ``compile_model`` overrides the config's ``compile``; a
+        ``GradNormTracker`` as ``grad_norm`` is fed by the in-backward hooks when armed."""
         from torchtune import config
         from torchtune.training._activations import get_act_offloading_ctx_manager
         from torchtune.training._model import build_model
@@ -105,7 +147,13 @@ class TrainStep:
         )
         return cls(
             model,
-            build_optimizer(cfg.optimizer, model, optimizer_in_bwd=bool(cfg.optimizer_in_bwd)),
+            build_optimizer(
+                cfg.optimizer,
+                model,
+                optimizer_in_bwd=bool(cfg.optimizer_in_bwd),
+                in_bwd_group=cfg.optimizer_in_bwd_group,
+                grad_norm=grad_norm,
+            ),
             config.instantiate(cfg.loss),
             device=device,
             activations_ctx=get_act_offloading_ctx_manager(model, bool(cfg.enable_activation_offloading)),
@@ -116,7 +164,12 @@ class TrainStep:
         from torchtune.training._optimizer import step_optimizer
 
         loss = forward_backward(
-            self.model, self.loss_fn, batch, device=self.device, activations_ctx=self.activations_ctx
+            self.model,
+            self.loss_fn,
+            batch,
+            device=self.device,
+            activations_ctx=self.activations_ctx,
+            select_label_positions=self.select_label_positions,
         )
         step_optimizer(self.optimizer, self.model.parameters(), clip_grad_norm=self.clip_grad_norm)
         return loss

@@ -16,7 +16,7 @@ from torchtune.datasets import collate_for
 from torchtune.modules.loss import CROSS_ENTROPY_IGNORE_IDX
 from torchtune.training._checks import positive_int
 from torchtune.training._data import padding_id
-from torchtune.training._step import shift_labels
+from torchtune.training._step import forward_loss
 
 log = logging.getLogger("torchtune")
 
@@ -69,12 +69,8 @@ class Validation:
         count = 0
         try:
             for batch in self.dataloader:
-                tokens = batch["tokens"].to(device)
-                labels = shift_labels(batch["labels"]).to(device)
-                kwargs = {k: batch[k].to(device) for k in ("mask", "input_pos") if k in batch}
-                hidden = model(tokens, output_hidden_states=True, **kwargs)
                 n = int((batch["labels"][:, 1:] != CROSS_ENTROPY_IGNORE_IDX).sum())  # on the host: no sync
-                total += loss_fn(model.output, hidden, labels).double() * n
+                total += forward_loss(model, loss_fn, batch, device=device).double() * n
                 count += n
         finally:
             model.train(was_training)

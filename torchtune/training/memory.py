@@ -144,7 +144,7 @@ class DeviceMemoryPeak:
         if self._thread is None:
             self._sample()
             logging.getLogger(__name__).info(
-                "Sampling %s's memory in use every %.0f ms (%s)", self.device, self.interval_s * 1e3, self.source
+                "Peak sampler: %s for %s, every %.0f ms", self.source, self.device, self.interval_s * 1e3
             )
             self._stop.clear()
             self._thread = threading.Thread(target=self._run, name="device-memory-peak", daemon=True)

@@ -156,3 +156,18 @@ def test_packed_needs_max_seq_len(tokenizer, alpaca_json, cache_dir):
         alpaca_dataset(
             tokenizer, source="json", data_files=str(alpaca_json), cache_dir=cache_dir, max_seq_len=None, packed=True
         )
+
+
+def test_best_fit_puts_each_example_into_the_fullest_pack_that_holds_it():
+    # Next fit would close a pack at every example that does not fit: [6], [6, 4], [4], [3] -> 4 packs.
+    examples = [example(6, 10), example(6, 20), example(4, 30), example(4, 40), example(3, 50)]
+    packed = PackedDataset(examples, max_seq_len=10)
+    assert [p["seq_lens"].tolist() for p in packed] == [[6, 4], [6, 4], [3, 7]]
+    # each pack keeps its examples in order: the first holds examples 0 and 2, the second 1 and 3
+    assert [seg[1] for seg in segments(packed[0])] == [10, 30]
+    assert [seg[1] for seg in segments(packed[1])] == [20, 40]
+    assert packed.padding_share == pytest.approx(7 / 30)
+    # the least room that still holds it wins, not the first pack with room: 3 joins the 7, not the 5
+    packed = PackedDataset([example(5, 10), example(7, 20), example(3, 30)], max_seq_len=10)
+    assert [p["seq_lens"].tolist() for p in packed] == [[5, 5], [7, 3]]
+    assert [seg[1] for seg in segments(packed[1])] == [20, 30]

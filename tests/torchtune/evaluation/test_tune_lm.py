@@ -134,3 +134,32 @@ def test_bundled_task_acc_equals_hflm(ours, hflm):
     for metric in ("acc,none", "acc_norm,none"):
         assert got[metric] == pytest.approx(want[metric], abs=1e-4), metric
     assert 0 < want["acc,none"] < 1
+
+
+def test_llama3_loglikelihoods_equal_hflm(tmp_path, llama3_tokenizer_dir):
+    """Llama 3's tiktoken tokenizer against the folder's tokenizer.json as HFLM reads it: the same BOS
+    (<|begin_of_text|>) handling, so the same scores."""
+    from lm_eval.models.huggingface import HFLM
+    from omegaconf import OmegaConf
+
+    from tests._helpers.tiny_llama3_run import make_tiny_llama3_run
+
+    cfg = OmegaConf.load(make_tiny_llama3_run(tmp_path, llama3_tokenizer_dir))
+    checkpointer = config.instantiate(cfg.checkpointer)
+    model = training.build_model(
+        cfg.model, device=torch.device("cpu"), dtype=torch.float32, state_dict=checkpointer.load_checkpoint()["model"]
+    )
+    ours = TuneLM(model, config.instantiate(cfg.tokenizer), batch_size=2)
+    ref = HFLM(pretrained=str(cfg.checkpointer.checkpoint_dir), device="cpu", batch_size=3, dtype="float32")
+    assert ours.prefix_token_id == ref.prefix_token_id and ours.eot_token_id == ref.eot_token_id
+    args = [
+        ("What is two plus three?", " Two plus three is five."),
+        ("", "The sky is blue."),
+        ("Reverse apple:", " elppa"),
+        ("<|begin_of_text|>Name a colour of the sky.", " Blue."),  # BOS already in the text: not added again
+    ]
+    assert ours.tok_encode(args[-1][0]).count(ours.prefix_token_id) == 1
+    got = ours.loglikelihood(_requests("loglikelihood", args), disable_tqdm=True)
+    want = ref.loglikelihood(_requests("loglikelihood", args), disable_tqdm=True)
+    for (ll, greedy), (ref_ll, ref_greedy) in zip(got, want):
+        assert ll == pytest.approx(ref_ll, abs=1e-4) and greedy == ref_greedy

@@ -87,14 +87,34 @@ def test_two_ranks_halve_parameters_and_optimizer_state(estimates):
 
 
 def test_fake_estimate_matches_the_same_run_on_real_tensors(estimates):
+    # a real CPU run runs the CPU's attention kernel: compare with the fake run of that kernel
+    fake = estimate_distributed_memory(_cfg(), 2, seq_len=SEQ, batch_size=BATCH, attention="native")
     real = estimate_distributed_memory(_cfg(), 2, seq_len=SEQ, batch_size=BATCH, fake=False)
-    assert real.peak_bytes == estimates[2].peak_bytes
-    assert real.breakdown == estimates[2].breakdown
+    assert real.peak_bytes == fake.peak_bytes
+    assert real.breakdown == fake.breakdown
+
+
+def test_no_reshard_after_forward_keeps_every_layer_gathered(estimates):
+    kept = estimate_distributed_memory(_cfg("fsdp_reshard_after_forward=False"), 2, seq_len=SEQ, batch_size=BATCH)
+    resharded = estimates[2]
+    assert kept.breakdown["weights"] == resharded.breakdown["weights"]
+    # after forward, all LAYERS layers stay gathered until their backward (vs one or two at a time)
+    layer = (4 * DIM * DIM + 3 * DIM * _hidden_dim() + 2 * DIM) * 4
+    assert kept.breakdown["gathered_weights"] - resharded.breakdown["gathered_weights"] >= (LAYERS - 2) * layer
+    assert kept.peak_bytes > resharded.peak_bytes
+
+
+def _hidden_dim():
+    from torchtune.models.llama2 import llama2_tiny
+
+    with torch.device("meta"):
+        model = llama2_tiny(vocab_size=VOCAB, num_layers=1, embed_dim=DIM, num_heads=HEADS, num_kv_heads=HEADS)
+    return model.layers[0].mlp.w1.out_features
 
 
 def test_bf16_compute_gathers_half_the_bytes(estimates):
     bf16 = estimate_distributed_memory(_cfg("fsdp_param_dtype=bf16"), 2, seq_len=SEQ, batch_size=BATCH)
-    assert bf16.breakdown["weights"] == estimates[2].breakdown["weights"]  # fp32 shards stay
+    assert bf16.breakdown["weights"] == estimates[2].breakdown["weights"]  # the fp32 shards stay
     ratio = bf16.breakdown["gathered_weights"] / estimates[2].breakdown["gathered_weights"]
     assert 0.45 < ratio < 0.55
 
@@ -135,11 +155,13 @@ def test_cpu_offload_keeps_parameters_gradients_and_optimizer_state_on_the_host(
     host = offloaded.host_offload_peak_bytes
     assert weights - buffers + state <= host <= weights - buffers + state + 2 * (weights - buffers)
     assert "FSDP offload" in offloaded.format()
-    real = estimate_distributed_memory(_cfg("fsdp_cpu_offload=True"), 1, seq_len=SEQ, batch_size=BATCH, fake=False)
+    args = (_cfg("fsdp_cpu_offload=True"), 1)
+    fake = estimate_distributed_memory(*args, seq_len=SEQ, batch_size=BATCH, attention="native")
+    real = estimate_distributed_memory(*args, seq_len=SEQ, batch_size=BATCH, fake=False)
     assert (real.peak_bytes, real.breakdown, real.host_offload_peak_bytes) == (
-        offloaded.peak_bytes,
-        offloaded.breakdown,
-        offloaded.host_offload_peak_bytes,
+        fake.peak_bytes,
+        fake.breakdown,
+        fake.host_offload_peak_bytes,
     )
 
 

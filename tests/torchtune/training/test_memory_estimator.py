@@ -36,8 +36,10 @@ def _cfg(*extra, vocab=512):
     )
 
 
-def _estimate(*extra, vocab=512, fake=True):
-    return estimate_recipe_memory(_cfg(*extra, vocab=vocab), seq_len=SEQ, batch_size=BATCH, fake=fake)
+def _estimate(*extra, vocab=512, fake=True, attention="target"):
+    return estimate_recipe_memory(
+        _cfg(*extra, vocab=vocab), seq_len=SEQ, batch_size=BATCH, fake=fake, attention=attention
+    )
 
 
 def test_categories_add_up_to_total():
@@ -57,7 +59,7 @@ def _param_bytes():
 
 
 def test_fake_estimate_matches_real_cpu_run():
-    fake = _estimate()
+    fake = _estimate(attention="native")  # the CPU's own attention kernel, as the real CPU run has
     real = _estimate(fake=False)
     # the same counting on real tensors
     assert fake.peak_bytes == real.peak_bytes
@@ -143,3 +145,73 @@ def test_llama2_7b_low_memory_targets():
     assert results["bitsandbytes.optim.PagedAdamW8bit", 512].paged_optimizer_bytes / 1e9 == pytest.approx(13.5, abs=0.1)
     # CPU time, not wall time: the promise is "under 2 minutes on 2 cores" for all four estimates
     assert time.process_time() - start < 240
+
+
+def _allocator_peak(fn) -> int:
+    """Peak of the bytes the CPU allocator itself reports (the profiler's memory events) while ``fn`` runs:
+    a count independent of the estimator's dispatch-mode bookkeeping."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = sorted(
+        (e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"), key=lambda e: e.start_ns()
+    )
+    current = peak = 0
+    for e in events:
+        current += e.nbytes()
+        peak = max(peak, current)
+    return peak
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        (),
+        ("enable_activation_checkpointing=False",),
+        ("optimizer_in_bwd=False",),
+    ],
+    ids=["checkpointing", "no-checkpointing", "standard-optimizer"],
+)
+def test_estimate_matches_the_cpu_allocators_own_count(extra):
+    """The fake estimate against a real CPU run of the same steps, measured by the allocator (every byte
+    malloc'd for tensors, weights included), not by the estimator's counter."""
+    from torchtune import training
+
+    cfg = _cfg("optimizer._component_=torch.optim.AdamW", "enable_activation_offloading=False", *extra)
+    estimate = estimate_recipe_memory(cfg, seq_len=SEQ, batch_size=BATCH, attention="native")
+
+    def run() -> None:
+        step = training.TrainStep.from_config(cfg, device=torch.device("cpu"), dtype=torch.float32)
+        data = {"tokens": torch.randint(0, 512, (BATCH, SEQ)), "labels": torch.randint(0, 512, (BATCH, SEQ))}
+        for _ in range(2):
+            step(data)
+
+    real = _allocator_peak(run)
+    assert real > 10 * BSD4  # weights, AdamW moments, activations: a real peak, not noise
+    # the estimate rounds every block up to 512 bytes, as the CUDA allocator does: a little above
+    assert real <= estimate.peak_bytes <= real * 1.005, (estimate.peak_bytes, real)
+
+
+def test_counter_kinds_and_release():
+    """Host, managed and mapped memory are counted apart from the device; released pages stop counting,
+    also when the tensor is viewed again later."""
+    counter = StorageCounter(cpu_is_host=True)
+    with counter:
+        device = torch.empty(1024, device="meta")  # meta stands for the device here
+        host = torch.empty(256)  # CPU: the host
+        with counter.managed():
+            paged = torch.empty(512)
+        with counter.mapped():
+            mapped = torch.empty(128)
+        assert counter.current_bytes("device") == 4096
+        assert counter.current_bytes("host") == 1024
+        assert counter.current_bytes("managed") == 2048
+        assert counter.current_bytes("mapped") == 512
+        assert counter.current_bytes("host_ram") == 1024 + 2048  # host + managed
+        counter.release(mapped, "mapped")
+        mapped.view(2, 64).add_(1)  # a view of a released storage is not counted again
+        assert counter.current_bytes("mapped") == 0 and counter.current_bytes("host") == 1024
+        del paged
+        assert counter.current_bytes("host_ram") == 1024
+    del device, host, mapped

@@ -71,7 +71,7 @@ def write_folder_atomically(
     Order: clean leftovers, write into ``.tmp-<name>-<pid>``, fsync each file, write and fsync
     ``manifest.json`` last, fsync the folder, then rename. An existing ``destination`` (a re-save of
     the same step) is renamed aside first and deleted only once the new folder is in place.
-    ``write_contents`` may return ``{name: sha256}`` of the files it hashed while writing them; the
+    ``write_contents`` may return ``{name: checksum}`` of the files it hashed while writing them; the
     manifest takes those sums instead of reading the files again.
 
     Raises:

@@ -1,17 +1,19 @@
 """Optimizer-in-backward state handling.
 
-With optimizer in backward there is one optimizer per parameter, stepped from that parameter's
-post-accumulate-grad hook (``torchtune.training.register_optim_in_bwd_hooks``).
+With optimizer in backward there is one optimizer per parameter (or per decoder layer, with
+``optimizer_in_bwd_group: layer``), stepped from the post-accumulate-grad hooks
+(``torchtune.training.register_optim_in_bwd_hooks``).
 ``OptimInBackwardWrapper`` gives a recipe the one optimizer object it would hold in standard mode:
 LR schedulers drive its ``param_groups`` (the inner optimizers' own group dicts), and its state dict
-is keyed by parameter *name*, so a checkpoint does not depend on parameter order.
+is keyed by parameter *name*, so a checkpoint does not depend on parameter order (nor on the grouping:
+a layer's optimizer state is saved as the per-parameter states it is made of).
 """
 
 from __future__ import annotations
 
 import os
 from collections import defaultdict
-from typing import Any, Callable, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import torch
 from torch.optim import Optimizer
@@ -35,29 +37,50 @@ class OptimInBackwardWrapper(Optimizer):
     (the same dicts, not copies), so any ``torch.optim.lr_scheduler`` built on it writes the LR
     straight into every per-parameter optimizer, and the LR that is logged is the LR applied.
 
-    ``step()`` and ``zero_grad()`` do nothing: each parameter is stepped, and its gradient freed,
-    by its own hook during ``backward()``. A recipe calls them anyway, so the training loop reads
-    the same in both modes (and LR schedulers see that an optimizer step happened).
+    ``step()`` has nothing to do in a normal step: each parameter is stepped, and its gradient
+    freed, by the hooks during ``backward()``. A recipe calls it anyway, so the training loop reads
+    the same in both modes (and LR schedulers see that an optimizer step happened). What it does do:
+    step a layer's optimizer whose parameters still hold gradients -- it waits for all of them, and
+    a parameter that got none this step would otherwise hold the others back to the next step.
+    ``zero_grad()`` does nothing.
 
     Args:
-        optim_map: one optimizer per trainable parameter, keyed by the parameter's name in
-            ``model.named_parameters()``.
+        optim_map: the optimizer of every trainable parameter, keyed by the parameter's name in
+            ``model.named_parameters()``; names stepped together share one optimizer object.
     """
 
     def __init__(self, optim_map: Mapping[str, Optimizer]) -> None:
         if not optim_map:
             raise ValueError("OptimInBackwardWrapper needs at least one parameter's optimizer")
         self.optim_map: Dict[str, Optimizer] = dict(optim_map)
+        # each inner optimizer once, with the names of its parameters in its own order
+        self._members: Dict[int, Tuple[Optimizer, List[str]]] = {}
+        for name, opt in self.optim_map.items():
+            self._members.setdefault(id(opt), (opt, []))[1].append(name)
+        for opt, names in self._members.values():
+            if len(names) != sum(len(group["params"]) for group in opt.param_groups):
+                raise ValueError(
+                    f"optim_map names {len(names)} parameters for an optimizer that holds a different number"
+                )
         # Optimizer.__init__ appends the very dicts it is given to self.param_groups.
         super().__init__(self._inner_groups(), defaults={})
 
     def _inner_groups(self) -> list:
-        return [group for opt in self.optim_map.values() for group in opt.param_groups]
+        return [group for opt, _ in self._members.values() for group in opt.param_groups]
 
     # ---- the optimizer interface -----------------------------------------------------------
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], float]] = None) -> None:  # type: ignore[override]
-        """Nothing to do: every parameter was stepped in backward, by its gradient hook."""
+        """Step what backward left: a layer's optimizer whose parameters still hold gradients (a
+        one-parameter optimizer is always stepped by its hook, so it is never stepped here)."""
+        for opt, names in self._members.values():
+            if len(names) == 1:
+                continue
+            params = [p for group in opt.param_groups for p in group["params"]]
+            if any(p.grad is not None for p in params):
+                opt.step()
+                for p in params:
+                    p.grad = None
         return None
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -66,8 +89,15 @@ class OptimInBackwardWrapper(Optimizer):
 
     # ---- checkpointing -------------------------------------------------------------------
     def state_dict(self) -> Dict[str, Dict[str, Any]]:  # type: ignore[override]
-        """Per-parameter optimizer states keyed by parameter name."""
-        return {name: opt.state_dict() for name, opt in self.optim_map.items()}
+        """Per-parameter optimizer states keyed by parameter name (a layer's optimizer split into the
+        state dicts one optimizer per parameter would have)."""
+        out: Dict[str, Dict[str, Any]] = {}
+        for opt, names in self._members.values():
+            if len(names) == 1:
+                out[names[0]] = opt.state_dict()
+            else:
+                out.update(zip(names, _split_state_dict(opt.state_dict())))
+        return out
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:  # type: ignore[override]
         """Restore the states saved by :meth:`state_dict`; strict about parameter names.
@@ -93,8 +123,9 @@ class OptimInBackwardWrapper(Optimizer):
                 "config it was made with, or start a new run without resume_from_checkpoint."
             )
         mapped = FileMappings()
-        for name, opt in self.optim_map.items():
-            load_optimizer_state_dict(opt, state_dict[name], mapped=mapped)
+        for opt, names in self._members.values():
+            one = state_dict[names[0]] if len(names) == 1 else _merge_state_dicts([state_dict[n] for n in names])
+            load_optimizer_state_dict(opt, one, mapped=mapped)
         self.follow_inner_param_groups()
 
     def follow_inner_param_groups(self) -> None:
@@ -105,6 +136,32 @@ class OptimInBackwardWrapper(Optimizer):
         at every step, so it must see those.
         """
         self.param_groups[:] = self._inner_groups()
+
+
+def _split_state_dict(state_dict: Mapping[str, Any]) -> List[Dict[str, Any]]:
+    """One optimizer's state dict over parameters ``0..n-1`` as ``n`` one-parameter state dicts."""
+    out = []
+    for group in state_dict["param_groups"]:
+        hyper = {k: v for k, v in group.items() if k != "params"}
+        for index in group["params"]:
+            state = {0: state_dict["state"][index]} if index in state_dict["state"] else {}
+            out.append({"state": state, "param_groups": [{**hyper, "params": [0]}]})
+    return out
+
+
+def _merge_state_dicts(state_dicts: List[Mapping[str, Any]]) -> Dict[str, Any]:
+    """The inverse of ``_split_state_dict``: one-parameter state dicts as one single-group optimizer's."""
+    hyper = {k: v for k, v in state_dicts[0]["param_groups"][0].items() if k != "params"}
+    for sd in state_dicts[1:]:
+        other = {k: v for k, v in sd["param_groups"][0].items() if k != "params"}
+        if other != hyper:
+            raise TuneError(
+                "The optimizer states of one decoder layer's parameters were saved with different "
+                f"hyperparameters ({hyper} vs {other}), so they cannot be stepped by one optimizer. "
+                "Resume with optimizer_in_bwd_group=param."
+            )
+    state = {i: sd["state"][0] for i, sd in enumerate(state_dicts) if 0 in sd["state"]}
+    return {"state": state, "param_groups": [{**hyper, "params": list(range(len(state_dicts)))}]}
 
 
 def load_optimizer_state_dict(
@@ -144,17 +201,19 @@ def load_optimizer_state_dict(
         optimizer.load_state_dict({"state": {pid: small}, "param_groups": groups})
         state = optimizer.state[param]
         for key, value in large.items():
-            state[key] = _state_buffer(optimizer, param, value)
+            state[key] = _state_buffer(optimizer, param, value, mapped)
         for key, value in state.items():
             if isinstance(value, torch.Tensor) and mapped.holds(value):
-                state[key] = value.clone()
+                state[key] = mapped.copy(value)  # never train in the file's pages
         loaded[param] = state
         mapped.release(saved[pid])
     optimizer.state = defaultdict(dict, loaded)
 
 
 def _is_bitsandbytes(optimizer: Optimizer) -> bool:
-    return type(optimizer).__module__.startswith("bitsandbytes.") and hasattr(optimizer, "get_state_buffer")
+    # the memory estimator's LayoutOptimizer names the bitsandbytes class it stands in for, and loads like it
+    module = getattr(optimizer, "optimizer_component", type(optimizer).__module__)
+    return str(module).startswith("bitsandbytes.") and hasattr(optimizer, "get_state_buffer")
 
 
 _BNB_LARGE_STATE = ("state1", "state2")
@@ -175,7 +234,9 @@ def _split_bitsandbytes_state(optimizer: Optimizer, saved: Mapping[str, Any]) ->
     return small, large
 
 
-def _state_buffer(optimizer: Optimizer, param: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+def _state_buffer(
+    optimizer: Optimizer, param: torch.Tensor, value: torch.Tensor, mapped: Optional["FileMappings"] = None
+) -> torch.Tensor:
     """``value`` copied into a state buffer allocated as bitsandbytes allocates it for ``param``.
 
     ``get_state_buffer`` gives managed (paged) memory for a paged optimizer on CUDA (a host-side
@@ -185,7 +246,10 @@ def _state_buffer(optimizer: Optimizer, param: torch.Tensor, value: torch.Tensor
         buffer = optimizer.get_state_buffer(param, dtype=value.dtype)
     else:
         buffer = torch.empty(value.shape, dtype=value.dtype, device=param.device)
-    buffer.copy_(value)
+    if mapped is None:
+        buffer.copy_(value)
+    else:
+        mapped.copy_into(buffer, value)
     return buffer
 
 
@@ -218,7 +282,10 @@ class FileMappings:
     """The private file mappings of this process (``torch.load(mmap=True)``), read once from
     ``/proc/self/maps``; elsewhere than Linux it knows none, and ``release`` does nothing.
 
-    ``release`` gives the pages of tensors read from such a mapping back to the kernel
+    ``copy`` makes a mapped tensor the caller's own by reading its bytes from the file into new
+    memory (``preadv``, as a plain ``torch.load`` reads): the mapping's pages are never touched, which
+    saves a page fault per page over copying through the mapping. ``release`` gives the pages of
+    mapped tensors that were read through the mapping (e.g. moved to the GPU) back to the kernel
     (``madvise(MADV_DONTNEED)``): they were only read, so a later access reads the file again, and
     the resident memory of a resume stays at what the optimizer holds.
     """
@@ -226,7 +293,8 @@ class FileMappings:
     _MADV_DONTNEED = 4
 
     def __init__(self) -> None:
-        self._ranges: list[tuple[int, int]] = []
+        # (first address, end address, offset in the file, path) of each mapping
+        self._ranges: list[tuple[int, int, int, str]] = []
         try:
             with open("/proc/self/maps") as f:
                 lines = f.read().splitlines()
@@ -249,9 +317,15 @@ class FileMappings:
                 regular[path] = os.path.isfile(path)
             if regular[path]:
                 start, end = (int(x, 16) for x in fields[0].split("-"))
-                self._ranges.append((start, end))
+                offset = int(fields[2], 16)
+                last = self._ranges[-1] if self._ranges else None
+                if last is not None and last[1] == start and last[3] == path and last[2] + last[1] - last[0] == offset:
+                    self._ranges[-1] = (last[0], end, last[2], path)  # one mapping the kernel lists in parts
+                else:
+                    self._ranges.append((start, end, offset, path))
 
-    def _span(self, t: torch.Tensor) -> Optional[tuple[int, int]]:
+    def _find(self, t: torch.Tensor) -> Optional[tuple[int, int, int, str]]:
+        """(start, end, file offset of start, path) of ``t``'s bytes, if they lie in a file mapping."""
         if not self._ranges or t.device.type != "cpu" or type(t) not in (torch.Tensor, torch.nn.Parameter):
             return None  # fake tensors, device tensors and tensor subclasses have no host pages to give back
         if getattr(t, "is_paged", False):
@@ -261,11 +335,52 @@ class FileMappings:
         except (RuntimeError, NotImplementedError):
             return None
         end = start + t.numel() * t.element_size()
-        return (start, end) if any(lo <= start and end <= hi for lo, hi in self._ranges) else None
+        for lo, hi, offset, path in self._ranges:
+            if lo <= start and end <= hi:
+                return start, end, offset + (start - lo), path
+        return None
+
+    def _span(self, t: torch.Tensor) -> Optional[tuple[int, int]]:
+        found = self._find(t)
+        return None if found is None else found[:2]
 
     def holds(self, t: torch.Tensor) -> bool:
         """True if ``t``'s data lies in a file mapping."""
         return self._span(t) is not None
+
+    def copy(self, t: torch.Tensor) -> torch.Tensor:
+        """A copy of ``t`` in new host memory (read from the file when ``t`` is mapped)."""
+        out = torch.empty_like(t, memory_format=torch.contiguous_format)
+        self.copy_into(out, t)
+        return out
+
+    def copy_into(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """``dst.copy_(src)``; read from the file straight into ``dst`` when ``src`` is mapped and both
+        are contiguous host tensors of the same dtype (``dst`` may be bitsandbytes' managed memory)."""
+        found = self._find(src)
+        if (
+            found is None
+            or dst.device.type != "cpu"
+            or dst.dtype != src.dtype
+            or dst.shape != src.shape
+            or not (src.is_contiguous() and dst.is_contiguous())
+            or src.numel() == 0
+        ):
+            dst.copy_(src)
+            return
+        _, _, offset, path = found
+        view = memoryview(dst.reshape(-1).view(torch.uint8).numpy())
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            done = 0
+            while done < len(view):  # preadv may return less than asked (2 GB at most per call)
+                n = os.preadv(fd, [view[done:]], offset + done)
+                if n <= 0:
+                    dst.copy_(src)  # the file is shorter than its mapping: copy what is mapped
+                    return
+                done += n
+        finally:
+            os.close(fd)
 
     def release(self, tree: Any) -> None:
         """Drop the resident pages of every mapped tensor in ``tree`` (nested dicts/lists).

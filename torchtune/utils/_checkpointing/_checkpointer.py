@@ -57,13 +57,13 @@ META_SIDE_FILES = ("params.json", "tokenizer.model")
 
 
 def _write_safetensors_file(path: Path, specs: list, tensors: Iterator[torch.Tensor]) -> str:
-    """Stream one safetensors file to disk; returns its sha256 (a seam the tests use to simulate a full disk)."""
-    return write_safetensors(path, specs, tensors, metadata={"format": "pt"}).sha256
+    """Stream one safetensors file to disk; returns its checksum (a seam the tests use to simulate a full disk)."""
+    return write_safetensors(path, specs, tensors, metadata={"format": "pt"}).digest
 
 
 def _save_torch_file(obj: Any, path: Path) -> str:
-    """Write one ``torch.save`` file; returns its sha256 (a seam the tests use to simulate a full disk)."""
-    return save_torch(obj, path).sha256
+    """Write one ``torch.save`` file; returns its checksum (a seam the tests use to simulate a full disk)."""
+    return save_torch(obj, path).digest
 
 
 def _shorten(items: list[str], limit: int = 20) -> str:
@@ -170,7 +170,7 @@ class _FullModelCheckpointer:
         # points checkpoint_dir at the folder to resume from. Kept so the node describes the whole set-up.
         self.recipe_checkpoint = recipe_checkpoint
         self._verify_checksums = check_checksum_mode(verify_checksums)
-        # The background sha256 check of the files load_checkpoint read (verify_checksums=background).
+        # The background checksum check of the files load_checkpoint read (verify_checksums=background).
         self.checksums: Optional[ChecksumJob] = None
 
     # --- helpers -----------------------------------------------------------------------------------
@@ -258,7 +258,7 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
         recipe_checkpoint: the ``recipe_state.pt`` a resumed run continues from; read by
             ``torchtune.training.resolve_resume``, which also points ``checkpoint_dir`` at its folder.
         verify_checksums: how a folder written by this library (it has ``manifest.json``) is checked
-            when loaded. File sizes are always checked first. ``"before_load"``: the sha256 sums
+            when loaded. File sizes are always checked first. ``"before_load"``: the checksums
             too, before anything is read. ``"background"``: the sums in a background thread while
             set-up and training go on; the caller checks ``checksums`` (the recipe does so at each
             logged step and before every save, so nothing trained from a damaged file is saved).
@@ -349,7 +349,7 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
         return self._finish_load(model_sd)
 
     def _write_model(self, model_sd: dict[str, torch.Tensor], folder: Path) -> dict[str, str]:
-        """Write the weights in HF format, one tensor at a time; returns ``{file: sha256}``.
+        """Write the weights in HF format, one tensor at a time; returns ``{file: checksum}``.
 
         Each tensor is moved to the host, converted there (the q/k permutation copies) and written
         before the next one is touched: a save needs one tensor's worth of extra host memory (two

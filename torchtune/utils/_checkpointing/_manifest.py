@@ -1,31 +1,55 @@
-"""manifest.json: the list of files, sizes and sha256 sums that marks a checkpoint folder complete."""
+"""manifest.json: the list of files, sizes and checksums that marks a checkpoint folder complete.
+
+Checksums are XXH3-128 (format version 2): they are there to catch truncated and corrupted files,
+not forgery (a file that would run code is refused by ``weights_only`` loading), and at about
+20 GB/s per core, against about 1.5 GB/s for SHA-256 with SHA-NI, computing them while a
+checkpoint is written costs a few percent of the write instead of as much again. Manifests of
+format version 1 (SHA-256) are still verified with SHA-256.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import threading
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Callable, Iterable, Mapping, Optional
+
+import xxhash
 
 from torchtune._errors import TuneError
 
 MANIFEST_NAME = "manifest.json"
 # The one name of the file that makes a checkpoint folder resumable (optimizer, schedule, progress, RNG).
 RECIPE_STATE_NAME = "recipe_state.pt"
-MANIFEST_FORMAT_VERSION = 1
-_CHUNK = 1 << 20  # 1 MB reads: hashlib's speed without holding a shard in memory
+MANIFEST_FORMAT_VERSION = 2
+HASH_NAME = "xxh3_128"  # the checksum this version writes; an entry names its algorithm by its key
+_HASHES: dict[str, Callable[[], Any]] = {"xxh3_128": xxhash.xxh3_128, "sha256": hashlib.sha256}
+_CHUNK = 1 << 20  # 1 MB reads: full hashing speed without holding a shard in memory
 _CHECKPOINT_FOLDER = re.compile(r"^(step|epoch)_(\d+)$")
 
 
-def sha256_of(path: Path) -> str:
-    """Hex sha256 of the file at ``path``, read in 1 MB chunks."""
-    digest = hashlib.sha256()
+def new_hash() -> Any:
+    """A fresh hash object (``update`` / ``hexdigest``) of the algorithm manifests are written with."""
+    return _HASHES[HASH_NAME]()
+
+
+def file_digest(path: Path, algorithm: str = HASH_NAME) -> str:
+    """Hex digest of the file at ``path``, read in 1 MB chunks."""
+    digest = _HASHES[algorithm]()
     with open(path, "rb") as f:
         while chunk := f.read(_CHUNK):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def _algorithm(entry: dict[str, Any]) -> str:
+    for name in _HASHES:
+        if name in entry:
+            return name
+    raise KeyError(f"no checksum ({' or '.join(_HASHES)}) in {entry}")
 
 
 def build_manifest(
@@ -33,8 +57,8 @@ def build_manifest(
 ) -> dict[str, Any]:
     """Describe every file under ``folder`` (except the manifest itself).
 
-    ``hashed`` maps names (relative to ``folder``) to the sha256 computed while the file was written
-    (``HashingFile``): those files are not read again. Only the rest (small side files: config,
+    ``hashed`` maps names (relative to ``folder``) to the checksum computed while the file was
+    written (``HashingFile``): those files are not read again. Only the rest (small side files: config,
     tokenizer, index) are hashed here.
     """
     hashed = dict(hashed or {})
@@ -43,7 +67,7 @@ def build_manifest(
         name = path.relative_to(folder).as_posix()
         if name == MANIFEST_NAME:
             continue
-        files[name] = {"size": path.stat().st_size, "sha256": hashed.pop(name, None) or sha256_of(path)}
+        files[name] = {"size": path.stat().st_size, HASH_NAME: hashed.pop(name, None) or file_digest(path)}
     if hashed:
         raise ValueError(f"hashed while writing but not in {folder}: {sorted(hashed)}")
     return {
@@ -62,8 +86,9 @@ def read_manifest(folder: Path) -> Optional[dict[str, Any]]:
         return None
     try:
         manifest = json.loads(path.read_text())
-        manifest["files"]
-    except (ValueError, KeyError, TypeError) as exc:
+        for entry in manifest["files"].values():
+            int(entry["size"]), _algorithm(entry)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise TuneError(
             f"{path} is damaged ({exc}), so the checkpoint in {folder} cannot be trusted. "
             f"{_previous_hint(Path(folder))}"
@@ -137,7 +162,7 @@ def _previous_hint(folder: Path) -> str:
     return "Resume from an earlier checkpoint folder (set checkpointer.checkpoint_dir) or from the original weights."
 
 
-# How a load checks the sha256 sums of a checkpoint written by this library (sizes are always
+# How a load checks the checksums of a checkpoint written by this library (sizes are always
 # checked first): before reading the files, or in a background thread while training starts.
 CHECKSUM_MODES = ("before_load", "background")
 
@@ -166,11 +191,11 @@ def _size_problem(path: Path, entry: dict[str, Any]) -> Optional[str]:
     return None
 
 
-_CORRUPTED = "does not match the sha256 checksum it was saved with (corrupted)"
+_CORRUPTED = "does not match the checksum it was saved with (corrupted)"
 
 
 def verify_manifest(folder: Path, only: Optional[Iterable[str]] = None) -> Optional[dict[str, Any]]:
-    """Check the sizes and sha256 sums of the files in ``folder``'s manifest.
+    """Check the sizes and checksums of the files in ``folder``'s manifest.
 
     Args:
         folder: a checkpoint folder written by this library.
@@ -190,11 +215,16 @@ def verify_manifest(folder: Path, only: Optional[Iterable[str]] = None) -> Optio
     for name, entry in _entries(manifest, only).items():
         path = folder / name
         problem = _size_problem(path, entry)
-        if problem is None and sha256_of(path) != entry["sha256"]:
+        if problem is None and not _matches(path, entry):
             problem = _CORRUPTED
         if problem is not None:
             raise _damaged(folder, path, problem)
     return manifest
+
+
+def _matches(path: Path, entry: dict[str, Any]) -> bool:
+    algorithm = _algorithm(entry)
+    return file_digest(path, algorithm) == entry[algorithm]
 
 
 def _entries(manifest: dict[str, Any], only: Optional[Iterable[str]]) -> dict[str, dict[str, Any]]:
@@ -203,7 +233,8 @@ def _entries(manifest: dict[str, Any], only: Optional[Iterable[str]]) -> dict[st
 
 
 class ChecksumJob:
-    """sha256 sums of a checkpoint's files compared in a background thread.
+    """Checksums of a checkpoint's files compared in a background thread (at the lowest CPU
+    priority, so that where cores are scarce set-up and training go first).
 
     ``check()`` raises the ``TuneError`` of the first mismatch once it is known (``wait=True``:
     after waiting for the thread). A recipe calls ``check()`` at every logged step and
@@ -219,10 +250,14 @@ class ChecksumJob:
         self._thread.start()
 
     def _run(self) -> None:
+        try:  # the lowest CPU priority, for this thread only (Linux): training never waits for it
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        except (AttributeError, OSError):
+            pass
         for name, entry in self._entries.items():
             path = self.folder / name
             try:
-                matches = sha256_of(path) == entry["sha256"]
+                matches = _matches(path, entry)
             except OSError as exc:
                 self._error = _damaged(self.folder, path, f"could not be read again ({exc})")
                 return
@@ -247,7 +282,7 @@ def verify_checkpoint_files(
 ) -> Optional[ChecksumJob]:
     """Verify the files ``names`` of ``folder`` (one written by this library) before they are read.
 
-    Sizes are always checked here. ``checksums="before_load"``: the sha256 sums too, now.
+    Sizes are always checked here. ``checksums="before_load"``: the checksums too, now.
     ``"background"``: the sums in a thread; the returned ``ChecksumJob`` must be ``check``-ed.
     Folders without a manifest (downloaded weights) have nothing to verify: ``None``.
 
@@ -266,7 +301,7 @@ def verify_checkpoint_files(
             raise _damaged(folder, folder / name, problem)
     if checksums == "before_load":
         for name, entry in entries.items():
-            if sha256_of(folder / name) != entry["sha256"]:
+            if not _matches(folder / name, entry):
                 raise _damaged(folder, folder / name, _CORRUPTED)
         return None
     return ChecksumJob(folder, entries)

@@ -1,30 +1,22 @@
 """Checkpoint files written tensor by tensor, hashed while they are written.
 
 A save must not need a second copy of the weights anywhere, and its manifest must not need a second
-read of the bytes: ``HashingFile`` feeds every chunk to sha256 as it goes to the disk (the hash of a
-large chunk runs in a worker thread while the main thread writes the same chunk, both outside the
-GIL), ``write_safetensors`` writes the header from the tensors' shapes and dtypes and then each
-tensor's bytes as the caller produces it, and ``save_torch`` streams ``torch.save`` through the same
-file object (``torch.save`` moves one storage at a time to the host).
+read of the bytes: ``HashingFile`` feeds every chunk to the manifest's checksum (XXH3-128, see
+``_manifest.py``) as it goes to the disk, ``write_safetensors`` writes the header from the tensors'
+shapes and dtypes and then each tensor's bytes as the caller produces it, and ``save_torch`` streams
+``torch.save`` through the same file object (``torch.save`` moves one storage at a time to the host).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import struct
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional, Sequence
 
 import torch
 
-# Chunks this big are hashed in the worker thread while they are written; smaller writes (zip
-# headers, pickles) are hashed inline, where a thread hand-off would cost more than the hash.
-_PARALLEL_MIN = 1 << 20
-# Large tensors go out in pieces of this size, so the hash and the write of one piece read memory
-# that is still in the CPU's cache.
-_PIECE = 8 << 20
+from torchtune.utils._checkpointing._manifest import new_hash
 
 # safetensors' dtype names (https://github.com/huggingface/safetensors, format description).
 _SAFETENSORS_DTYPES = {
@@ -44,48 +36,34 @@ _SAFETENSORS_DTYPES = {
 
 
 class HashingFile:
-    """A binary file opened for writing that computes the sha256 of what is written, in the same pass.
+    """A binary file opened for writing that computes the manifest checksum of what is written, in
+    the same pass (the hash reads each chunk right after or before the write does, while it is in
+    the CPU's cache).
 
-    Use as a context manager; ``sha256`` (hex) and ``size`` are final once it is closed.
+    Use as a context manager; ``digest`` (hex) and ``size`` are final once it is closed.
     """
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self.size = 0
-        self.sha256 = ""
-        self._digest = hashlib.sha256()
+        self.digest = ""
+        self._hash = new_hash()
         self._file = open(self.path, "wb")
-        self._pool: Optional[ThreadPoolExecutor] = None
 
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
-        n = len(view)
-        if n < _PARALLEL_MIN:
-            self._digest.update(view)
-            self._file.write(view)
-        else:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-sha256")
-            for start in range(0, n, _PIECE):
-                piece = view[start : start + _PIECE]
-                hashed = self._pool.submit(self._digest.update, piece)
-                try:
-                    self._file.write(piece)
-                finally:
-                    hashed.result()  # the next piece's update must follow this one
-        self.size += n
-        return n
+        self._hash.update(view)
+        self._file.write(view)
+        self.size += len(view)
+        return len(view)
 
     def flush(self) -> None:
         self._file.flush()
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
         if not self._file.closed:
             self._file.close()
-            self.sha256 = self._digest.hexdigest()
+            self.digest = self._hash.hexdigest()
 
     def __enter__(self) -> "HashingFile":
         return self
@@ -133,7 +111,7 @@ def write_safetensors(
         metadata: the header's ``__metadata__`` (string values).
 
     Returns:
-        The closed ``HashingFile`` (``size`` and ``sha256`` of what was written).
+        The closed ``HashingFile`` (``size`` and ``digest`` of what was written).
 
     Raises:
         ValueError: a tensor differs from its spec (shape or dtype), or there are more or fewer

@@ -1,6 +1,9 @@
-"""Loads check sizes always; sha256 sums before the load or in a background thread (verify_checksums)."""
+"""Loads check sizes always; checksums before the load or in a background thread (verify_checksums)."""
 
 from __future__ import annotations
+
+import hashlib
+import json
 
 import pytest
 import torch
@@ -30,11 +33,11 @@ def _flip_middle_byte(path):
 def test_background_check_finds_a_corrupted_file_after_loading(folder, monkeypatch):
     _flip_middle_byte(folder / "model.safetensors")
     hashed = []
-    real = _manifest.sha256_of
-    monkeypatch.setattr(_manifest, "sha256_of", lambda p: hashed.append(p.name) or real(p))
+    real = _manifest.file_digest
+    monkeypatch.setattr(_manifest, "file_digest", lambda p, *a: hashed.append(p.name) or real(p, *a))
     job = verify_checkpoint_files(folder, ["model.safetensors", "config.json"], "background")
     assert job is not None  # returns at once: the sizes are right
-    with pytest.raises(TuneError, match=r"model\.safetensors does not match the sha256 checksum .*corrupted"):
+    with pytest.raises(TuneError, match=r"model\.safetensors does not match the checksum .*corrupted"):
         job.check(wait=True)
     assert job.done and "model.safetensors" in hashed
     with pytest.raises(TuneError, match="corrupted"):  # and keeps saying so
@@ -62,3 +65,20 @@ def test_unknown_mode_names_the_key(folder):
 def test_a_folder_without_manifest_has_nothing_to_check(tmp_path):
     save_file({"w": torch.zeros(3)}, tmp_path / "model.safetensors")
     assert verify_checkpoint_files(tmp_path, ["model.safetensors"], "background") is None
+
+
+def test_format_1_manifests_are_verified_with_sha256(folder):
+    """Checkpoints written before XXH3 (manifest format 1, sha256 entries) still load and verify."""
+    manifest_path = folder / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    assert manifest["format_version"] == 2 and all("xxh3_128" in e for e in manifest["files"].values())
+    manifest["format_version"] = 1
+    manifest["files"] = {
+        name: {"size": e["size"], "sha256": hashlib.sha256((folder / name).read_bytes()).hexdigest()}
+        for name, e in manifest["files"].items()
+    }
+    manifest_path.write_text(json.dumps(manifest))
+    verify_checkpoint_files(folder, ["model.safetensors", "config.json"], "before_load")
+    _flip_middle_byte(folder / "model.safetensors")
+    with pytest.raises(TuneError, match="corrupted"):
+        verify_checkpoint_files(folder, ["model.safetensors"], "before_load")

@@ -1,0 +1,152 @@
+"""Attention as the target device runs it, for the memory estimator.
+
+The estimator runs on fake CPU tensors, where ``F.scaled_dot_product_attention`` picks the CPU's own
+kernel. On CUDA, PyTorch picks (in its priority order flash, memory-efficient, math) the FlashAttention-2
+kernel for fp16/bf16 without a mask and the memory-efficient kernel otherwise; each saves different
+tensors for backward and allocates different workspaces. ``target_attention("cuda")`` replaces the call
+by the CUDA kernel's own ATen op, whose fake (meta) implementation gives exactly the tensors the kernel
+returns and saves, and adds the flash backward's fp32 workspaces (``dq_accum`` and ``softmax_d`` of
+PyTorch's FlashAttention-2 ``mha_bwd``) for the duration of the backward kernel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator, Optional
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["describe_attention", "target_attention"]
+
+_FLASH = "flash"
+_EFFICIENT = "memory-efficient"
+_MATH = "math"
+
+DESCRIPTIONS = {
+    _FLASH: "CUDA flash SDPA kernel (aten._scaled_dot_product_flash_attention, PyTorch's first choice for "
+    "bf16/fp16 without a mask on sm80+): saves the output and an fp32 log-sum-exp, no s x s matrix; "
+    "its backward's fp32 workspaces are counted",
+    _EFFICIENT: "CUDA memory-efficient SDPA kernel (aten._scaled_dot_product_efficient_attention; a boolean mask "
+    "becomes a materialised additive bias of b x s x s): saves the output and an fp32 log-sum-exp",
+    _MATH: "the math SDPA path (materialises the s x s attention weights)",
+}
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def cuda_kernel(q: torch.Tensor, attn_mask: Optional[torch.Tensor], dropout_p: float) -> str:
+    """The SDPA kernel PyTorch's CUDA dispatch picks for these inputs (on sm80+ GPUs)."""
+    head_dim = q.shape[-1]
+    if q.dtype in (torch.bfloat16, torch.float16) and attn_mask is None and head_dim <= 256 and head_dim % 8 == 0:
+        return _FLASH
+    if (
+        q.dtype in (torch.bfloat16, torch.float16, torch.float32)
+        and head_dim % (4 if q.dtype == torch.float32 else 8) == 0
+    ):
+        return _EFFICIENT
+    return _MATH
+
+
+class _FlashAttention(torch.autograd.Function):
+    """The CUDA flash kernel's forward and backward ops, with the backward's workspaces allocated."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, scale: Any
+    ) -> torch.Tensor:
+        out, lse, _, _, max_q, max_k, seed, offset, _ = torch.ops.aten._scaled_dot_product_flash_attention(
+            q, k, v, 0.0, is_causal, False, scale=scale
+        )
+        ctx.save_for_backward(q, k, v, out, lse, seed, offset)
+        ctx.args = (max_q, max_k, is_causal, scale)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> Any:
+        q, k, v, out, lse, seed, offset = ctx.saved_tensors
+        max_q, max_k, is_causal, scale = ctx.args
+        b, h, s, d = q.shape
+        s_rounded = _round_up(s, 128)
+        d_rounded = _round_up(d, 32) if d <= 192 else 256
+        # mha_bwd allocates these fp32 buffers next to dq/dk/dv for the kernel's duration
+        softmax_d = torch.empty((b, h, s_rounded), dtype=torch.float32, device=q.device)
+        dq_accum = torch.empty((b, s_rounded, h, d_rounded), dtype=torch.float32, device=q.device)
+        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_backward(
+            grad_out, q, k, v, out, lse, None, None, max_q, max_k, 0.0, is_causal, seed, offset, scale=scale
+        )
+        del softmax_d, dq_accum
+        return dq, dk, dv, None, None
+
+
+def _efficient(q, k, v, attn_mask, dropout_p, is_causal, scale) -> torch.Tensor:
+    bias = None
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            # PyTorch turns a boolean mask into an additive bias in q's dtype before the kernel
+            bias = torch.zeros(attn_mask.shape, dtype=q.dtype, device=q.device).masked_fill_(
+                attn_mask.logical_not(), float("-inf")
+            )
+        else:
+            bias = attn_mask
+        bias = bias.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+    out = torch.ops.aten._scaled_dot_product_efficient_attention(
+        q, k, v, bias, True, dropout_p, is_causal and attn_mask is None, scale=scale
+    )
+    return out[0]
+
+
+class _TargetAttention:
+    """Called in place of ``F.scaled_dot_product_attention``; counts the kernels it stood in for."""
+
+    def __init__(self, original: Any) -> None:
+        self.original = original
+        self.kernels: dict[str, int] = {}
+
+    def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+        bound = dict(zip(names, args))
+        bound.update(kwargs)
+        q, k, v = bound["query"], bound["key"], bound["value"]
+        mask, dropout_p = bound.get("attn_mask"), float(bound.get("dropout_p", 0.0))
+        is_causal, scale = bool(bound.get("is_causal", False)), bound.get("scale")
+        kernel = cuda_kernel(q, mask, dropout_p)
+        if kernel == _FLASH and dropout_p != 0.0:
+            kernel = _EFFICIENT  # the flash op's dropout needs a CUDA generator; counted as memory-efficient
+        self.kernels[kernel] = self.kernels.get(kernel, 0) + 1
+        if kernel == _FLASH:
+            return _FlashAttention.apply(q, k, v, is_causal, scale)
+        if kernel == _EFFICIENT:
+            return _efficient(q, k, v, mask, dropout_p, is_causal, scale)
+        return self.original(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def target_attention(device_type: str) -> Iterator[dict[str, int]]:
+    """Inside, SDPA runs the kernel ``device_type`` would run (CUDA: flash / memory-efficient ops).
+
+    Yields ``{kernel name: calls}`` filled as attention runs. For other device types it does nothing
+    (the kernel of the device the tensors are on runs, as in a real run). It replaces the function
+    ``torch.nn.functional.scaled_dot_product_attention`` while inside, rather than using a
+    ``TorchFunctionMode``, because activation checkpointing recomputes the layer inside the autograd
+    engine, where function modes are not active: the recomputation must save what the forward saved.
+    """
+    if device_type != "cuda":
+        yield {}
+        return
+    original = F.scaled_dot_product_attention
+    stand_in = _TargetAttention(original)
+    F.scaled_dot_product_attention = stand_in
+    try:
+        yield stand_in.kernels
+    finally:
+        F.scaled_dot_product_attention = original
+
+
+def describe_attention(kernels: dict[str, int], device_type: str) -> str:
+    """One sentence for the estimate's output: which attention kernel was counted."""
+    if not kernels:
+        return f"attention counted as the kernel the {device_type} device itself picks"
+    return "attention counted as the " + "; and ".join(DESCRIPTIONS[k] for k in sorted(kernels))
