@@ -102,6 +102,13 @@ def test_standard_optimizer_with_accumulation_and_clipping_matches_one_process(c
     assert all(r["grad_norm"] > 0.5 for r in d)  # so clipping was active
 
 
+def test_layer_grouped_optimizer_in_backward_matches_one_process(configs, base_run, tmp_path):
+    """One optimizer per decoder layer, stepped once FSDP has reduce-scattered the layer's gradients."""
+    _, dist = configs
+    _ok(_tune_dist(dist, tmp_path / "dist", "optimizer_in_bwd_group=layer", "epochs=1", "save_every_n_steps=null"))
+    assert read_losses(tmp_path / "dist") == pytest.approx(read_losses(base_run / "single")[:3], abs=1e-5, rel=0)
+
+
 @pytest.mark.parametrize(("resume_from", "nproc"), [("step_4", True), ("epoch_0", False)])
 def test_resume_continues_the_run_on_two_or_one_process(configs, base_run, tmp_path, resume_from, nproc):
     _, dist = configs
