@@ -131,15 +131,18 @@ def validate_config(cfg: DictConfig) -> None:
         )
     component = str(cfg.optimizer.get("_component_", ""))
     if component.startswith("bitsandbytes."):
-        name = component.rsplit(".", 1)[-1]
-        alternative = "torchao.optim.AdamW4bit" if "4bit" in name else "torchao.optim.AdamW8bit"
-        if "8bit" not in name and "4bit" not in name:
-            alternative = "torch.optim.AdamW (with fused: True) or torchao.optim.AdamW8bit"
         raise ConfigError(
             f"optimizer._component_={component}: bitsandbytes optimizers cannot step FSDP2's sharded (DTensor) "
             "parameters, and stepping each rank's shard alone would quantize other blocks than one process does, "
-            f"so the run would not be the same. Use {alternative} (its state is sharded with the parameters), "
-            "e.g. optimizer._component_=torchao.optim.AdamW8bit."
+            "so the run would not be the same. Use torchao.optim.AdamW8bit (its 8-bit state is sharded with the "
+            "parameters) or torch.optim.AdamW, e.g. optimizer._component_=torchao.optim.AdamW8bit."
+        )
+    if component.startswith("torchao.") and "4bit" in component:
+        raise ConfigError(
+            f"optimizer._component_={component}: torchao's 4-bit AdamW fails on FSDP2's sharded (DTensor) "
+            "parameters with this PyTorch (its compiled 4-bit step does not take DTensor shards). Use "
+            "torchao.optim.AdamW8bit (twice the state of 4-bit, a quarter of fp32 AdamW's), e.g. "
+            "optimizer._component_=torchao.optim.AdamW8bit."
         )
 
 

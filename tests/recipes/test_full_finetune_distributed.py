@@ -270,6 +270,20 @@ def test_backend_that_does_not_fit_the_device_is_refused(configs):
     assert "dist_backend: nccl does not work with device: cpu" in " ".join(result.stderr.split())
 
 
+@pytest.mark.parametrize(
+    "optimizer", ["bitsandbytes.optim.AdamW8bit", "bitsandbytes.optim.PagedAdamW", "torchao.optim.AdamW4bit"]
+)
+def test_optimizers_that_cannot_step_shards_are_refused_naming_the_alternative(configs, optimizer):
+    from recipes.full_finetune_distributed import validate_config
+    from torchtune._errors import ConfigError
+
+    _, dist = configs
+    cfg = OmegaConf.load(dist)
+    cfg.optimizer = {"_component_": optimizer, "lr": 1e-3}
+    with pytest.raises(ConfigError, match="torchao.optim.AdamW8bit"):
+        validate_config(cfg)
+
+
 def test_resume_from_a_single_device_checkpoint_is_refused(configs, base_run, tmp_path):
     _, dist = configs
     state = base_run / "single" / "epoch_0" / "recipe_state.pt"
