@@ -52,6 +52,7 @@ RECIPE_KEYS = (
     "gradient_accumulation_steps",
     "optimizer",
     "optimizer_in_bwd",
+    "optimizer_in_bwd_group",
     "lr_scheduler",
     "loss",
     "clip_grad_norm",
@@ -130,15 +131,18 @@ def validate_config(cfg: DictConfig) -> None:
         )
     component = str(cfg.optimizer.get("_component_", ""))
     if component.startswith("bitsandbytes."):
-        name = component.rsplit(".", 1)[-1]
-        alternative = "torchao.optim.AdamW4bit" if "4bit" in name else "torchao.optim.AdamW8bit"
-        if "8bit" not in name and "4bit" not in name:
-            alternative = "torch.optim.AdamW (with fused: True) or torchao.optim.AdamW8bit"
         raise ConfigError(
             f"optimizer._component_={component}: bitsandbytes optimizers cannot step FSDP2's sharded (DTensor) "
             "parameters, and stepping each rank's shard alone would quantize other blocks than one process does, "
-            f"so the run would not be the same. Use {alternative} (its state is sharded with the parameters), "
-            "e.g. optimizer._component_=torchao.optim.AdamW8bit."
+            "so the run would not be the same. Use torchao.optim.AdamW8bit (its 8-bit state is sharded with the "
+            "parameters) or torch.optim.AdamW, e.g. optimizer._component_=torchao.optim.AdamW8bit."
+        )
+    if component.startswith("torchao.") and "4bit" in component:
+        raise ConfigError(
+            f"optimizer._component_={component}: torchao's 4-bit AdamW fails on FSDP2's sharded (DTensor) "
+            "parameters with this PyTorch (its compiled 4-bit step does not take DTensor shards). Use "
+            "torchao.optim.AdamW8bit (twice the state of 4-bit, a quarter of fp32 AdamW's), e.g. "
+            "optimizer._component_=torchao.optim.AdamW8bit."
         )
 
 
@@ -157,7 +161,8 @@ class FullFinetuneRecipeDistributed:
           ``fsdp_cpu_offload`` (parameters, gradients and optimizer state in pinned host memory);
         - weights loaded memory-mapped, each rank copying only its shards;
         - activation checkpointing and offloading, chunked loss and compile as on one device;
-        - optimizer in backward on the sharded parameters (stepped after each reduce-scatter), or a
+        - optimizer in backward on the sharded parameters (stepped after each reduce-scatter; one
+          optimizer per parameter or, ``optimizer_in_bwd_group: layer``, per decoder layer), or a
           standard optimizer with gradient accumulation and clipping by the global norm;
         - ``batch_size`` is the global batch, split evenly over the processes; the loss is normalised
           by the token count of all ranks, so any number of processes computes the gradient one
@@ -353,7 +358,11 @@ class FullFinetuneRecipeDistributed:
         from its post-accumulate-grad hook, which FSDP2 runs right after that parameter's
         reduce-scatter. A resumed state is loaded later, by ``load_sharded_checkpoint``."""
         return training.build_optimizer(
-            cfg_optimizer, self._model, optimizer_in_bwd=optimizer_in_bwd, grad_norm=self._grad_norm
+            cfg_optimizer,
+            self._model,
+            optimizer_in_bwd=optimizer_in_bwd,
+            grad_norm=self._grad_norm,
+            in_bwd_group=self._cfg.optimizer_in_bwd_group,
         )
 
     def _count_steps_per_epoch(self) -> int:
@@ -475,7 +484,7 @@ class FullFinetuneRecipeDistributed:
         """Called on every rank (the gradient norm and token counts are summed over ranks); rank 0 writes."""
         loss_value = step_loss.item()  # the one sync per logged step; already summed over ranks
         self._nan_guard.check(epoch, self._last_checkpoint)
-        self._check_loaded_checksums(wait=False)  # background sha256: no wait
+        self._check_loaded_checksums(wait=False)  # background checksums: no wait
         grad_norm = self._grad_norm.pop()
         if self._dist.world_size > 1:
             totals = torch.tensor([tokens, tokens_per_second], dtype=torch.float64)
@@ -575,7 +584,7 @@ class FullFinetuneRecipeDistributed:
         return folder
 
     def _check_loaded_checksums(self, wait: bool) -> None:
-        """The background sha256 checks of what set-up read (``checkpointer.verify_checksums``), agreed
+        """The background checksum checks of what set-up read (``checkpointer.verify_checksums``), agreed
         by all ranks: a damaged file stops every rank with one message."""
         error: Optional[BaseException] = None
         try:

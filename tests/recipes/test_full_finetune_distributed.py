@@ -45,6 +45,7 @@ def configs(tmp_path_factory):
     root = tmp_path_factory.mktemp("dist")
     single = make_tiny_run(root, **RUN)
     cfg = OmegaConf.load(single)
+    cfg.pop("eval_after_training")  # the single-device recipe's lm-eval hook; not a key of this recipe
     cfg.update(DIST_KEYS)
     dist = root / "dist.yaml"
     OmegaConf.save(cfg, dist)
@@ -99,6 +100,13 @@ def test_standard_optimizer_with_accumulation_and_clipping_matches_one_process(c
     # the norm clipped by is the global one (summed over both ranks' shards)
     assert [r["grad_norm"] for r in d] == pytest.approx([r["grad_norm"] for r in s], rel=1e-5)
     assert all(r["grad_norm"] > 0.5 for r in d)  # so clipping was active
+
+
+def test_layer_grouped_optimizer_in_backward_matches_one_process(configs, base_run, tmp_path):
+    """One optimizer per decoder layer, stepped once FSDP has reduce-scattered the layer's gradients."""
+    _, dist = configs
+    _ok(_tune_dist(dist, tmp_path / "dist", "optimizer_in_bwd_group=layer", "epochs=1", "save_every_n_steps=null"))
+    assert read_losses(tmp_path / "dist") == pytest.approx(read_losses(base_run / "single")[:3], abs=1e-5, rel=0)
 
 
 @pytest.mark.parametrize(("resume_from", "nproc"), [("step_4", True), ("epoch_0", False)])
@@ -260,6 +268,20 @@ def test_backend_that_does_not_fit_the_device_is_refused(configs):
     result = run_tune(["run", *NPROC, "full_finetune_distributed", "--config", str(dist), "dist_backend=nccl"])
     assert result.returncode == 2
     assert "dist_backend: nccl does not work with device: cpu" in " ".join(result.stderr.split())
+
+
+@pytest.mark.parametrize(
+    "optimizer", ["bitsandbytes.optim.AdamW8bit", "bitsandbytes.optim.PagedAdamW", "torchao.optim.AdamW4bit"]
+)
+def test_optimizers_that_cannot_step_shards_are_refused_naming_the_alternative(configs, optimizer):
+    from recipes.full_finetune_distributed import validate_config
+    from torchtune._errors import ConfigError
+
+    _, dist = configs
+    cfg = OmegaConf.load(dist)
+    cfg.optimizer = {"_component_": optimizer, "lr": 1e-3}
+    with pytest.raises(ConfigError, match="torchao.optim.AdamW8bit"):
+        validate_config(cfg)
 
 
 def test_resume_from_a_single_device_checkpoint_is_refused(configs, base_run, tmp_path):

@@ -66,8 +66,8 @@ SHARDED_STATE_MARKER = {"saved_with": "torch.distributed.checkpoint", "folder": 
 
 def _optimizers(optimizer: Optimizer) -> List[Optimizer]:
     if isinstance(optimizer, OptimInBackwardWrapper):
-        # One entry per optimizer: with optimizer_in_bwd_group several names share one.
-        return list(dict.fromkeys(optimizer.optim_map.values()))
+        # one optimizer may hold several parameters (optimizer_in_bwd_group: layer): each once
+        return list({id(opt): opt for opt in optimizer.optim_map.values()}.values())
     return [optimizer]
 
 
