@@ -136,6 +136,7 @@ def bench_config(
             "compile": compile_model,
             "device": device,
             "dtype": dtype,
+            "bf16_stochastic_rounding": dtype == "bf16",  # as the shipped bf16 configs have it
             "enable_activation_checkpointing": False,
             "enable_activation_offloading": False,
             "save_every_n_steps": None,

@@ -164,7 +164,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     dtype = utils.get_dtype(cfg.dtype, device)
     estimates = {}
     if args.estimate:
-        from torchtune.training._memory_estimator import estimate_run_memory
+        from torchtune.training._checkpoint_memory import estimate_run_memory
 
         run_estimate = estimate_run_memory(cfg, seq_len=args.seq_len, batch_size=args.batch_size)
         estimates = {p.name: p for p in run_estimate.phases}

@@ -48,6 +48,7 @@ RECIPE_KEYS = (
     "compile",
     "device",
     "dtype",
+    "bf16_stochastic_rounding",
     "enable_activation_checkpointing",
     "enable_activation_offloading",
     "save_every_n_steps",
@@ -74,6 +75,7 @@ def validate_config(cfg: DictConfig) -> None:
     utils.parse_device(cfg.device)
     utils.dtype_name(cfg.dtype)
     training.check_optimizer_settings(cfg)
+    training.check_stochastic_rounding(cfg)
     for key in ("batch_size", "epochs", "log_every_n_steps"):
         training.positive_int(cfg, key)
     for key in ("max_steps_per_epoch", "save_every_n_steps", "keep_last_n_checkpoints"):
@@ -109,6 +111,7 @@ class FullFinetuneRecipeSingleDevice:
 
     Features (each switched in the YAML config; details in docs/recipe.md):
         - bf16 or fp32 weights built in place on the device, loaded memory-mapped (HF or Meta format);
+          bf16 weight updates rounded stochastically, so updates below half a bf16 step are not lost;
         - activation checkpointing and offloading;
         - optimizer in backward: one optimizer per parameter (or per decoder layer) stepped from the
           post-accumulate-grad hooks, which free the gradients (torch, bitsandbytes or torchao
@@ -170,6 +173,7 @@ class FullFinetuneRecipeSingleDevice:
         self.progress = training.TrainingProgress()
         self.max_steps_per_epoch = self._settings.max_steps_per_epoch
         self._grad_norm = training.GradNormTracker()
+        self._weight_changes = training.WeightChangeTracker()
         self._nan_guard = training.NonFiniteLossGuard(self._device)
         self._stop = training.StopSignals()
         self._eval_settings = eval_after_training_settings(cfg)
@@ -198,6 +202,15 @@ class FullFinetuneRecipeSingleDevice:
             self.progress = self._resume.progress
             self.max_steps_per_epoch = self._resume.max_steps_per_epoch  # keeps the epoch length
             utils.set_rng_state(self._resume.rng_state)
+        self._rounding = training.build_stochastic_rounding(
+            cfg.bf16_stochastic_rounding,
+            dtype=self._dtype,
+            seed=self.seed,
+            device=self._device,
+            state=self._resume.stochastic_rounding_state if self._resume else None,
+        )
+        if self._rounding is not None and self._resume is not None and self._resume.stochastic_rounding_state is None:
+            log.info("The checkpoint was saved without bf16_stochastic_rounding: its rounding stream starts now.")
         self._metric_logger = training.build_metric_logger(cfg)  # metrics.jsonl + the loggers listed in the config
 
         self._checkpointer = training.build_checkpointer(cfg.checkpointer, self._resume)
@@ -255,6 +268,8 @@ class FullFinetuneRecipeSingleDevice:
             optimizer_in_bwd=optimizer_in_bwd,
             grad_norm=self._grad_norm,
             in_bwd_group=self._cfg.optimizer_in_bwd_group,
+            rounding=self._rounding,
+            weight_changes=self._weight_changes,
         )
         if opt_state_dict is not None:
             training.load_optimizer_state(optimizer, opt_state_dict)
@@ -291,7 +306,7 @@ class FullFinetuneRecipeSingleDevice:
                     file=sys.stderr,
                     mininterval=0.5,
                 )
-                step_loss = torch.zeros((), device=self._device)
+                step_loss, step_label_tokens = torch.zeros((), device=self._device), 0
                 interval_tokens, interval_start = 0, time.perf_counter()
                 interval_positions = 0
                 epoch_tokens, epoch_positions = 0, 0  # counted on the host batches: no sync
@@ -302,23 +317,31 @@ class FullFinetuneRecipeSingleDevice:
                     will_log = last_micro_batch and (progress.global_step + 1) % self._log_every_n_steps == 0
                     if will_log:
                         self._grad_norm.arm(self._device)  # the in-backward hooks add to it
+                        self._weight_changes.arm(self._device)
                     lr = self._optimizer.param_groups[0]["lr"]  # the LR this step applies
                     batch_tokens, batch_positions = self._data.num_tokens(batch), batch["tokens"].numel()
                     interval_tokens += batch_tokens
                     interval_positions += batch_positions
                     epoch_tokens += batch_tokens
                     epoch_positions += batch_positions
+                    # Accumulating, each micro-batch's mean loss counts by its label tokens (the gradients
+                    # are divided by the step's total in step_optimizer): the step of one batch of all of them.
+                    label_tokens = training.num_label_tokens(batch) if ga > 1 else 1
+                    step_label_tokens += label_tokens
                     loss = training.forward_backward(
                         self._model,
                         self._loss_fn,
                         batch,
                         device=self._device,
                         activations_ctx=self._activations,
-                        loss_scale=1.0 / ga,
+                        loss_scale=float(label_tokens),
                     )
-                    step_loss += loss / ga
+                    step_loss += loss * label_tokens
                     if not last_micro_batch:
                         continue
+                    grad_scale = 1.0 / max(step_label_tokens, 1) if ga > 1 else None
+                    if grad_scale is not None:
+                        step_loss *= grad_scale
 
                     # Standard mode: clip and step. In backward: already stepped, nothing left to do.
                     training.step_optimizer(
@@ -326,6 +349,9 @@ class FullFinetuneRecipeSingleDevice:
                         self._model.parameters(),
                         clip_grad_norm=self._clip_grad_norm,
                         grad_norm=self._grad_norm,
+                        rounding=self._rounding,
+                        weight_changes=self._weight_changes,
+                        grad_scale=grad_scale,
                     )
                     if self._lr_scheduler is not None:
                         self._lr_scheduler.step()
@@ -339,7 +365,7 @@ class FullFinetuneRecipeSingleDevice:
                         self._log_step(epoch, step_loss, lr, interval_tokens, tokens_per_second, padding_share, pbar)
                         interval_tokens, interval_start, interval_positions = 0, time.perf_counter(), 0
                     pbar.update(1)
-                    step_loss = torch.zeros((), device=self._device)
+                    step_loss, step_label_tokens = torch.zeros((), device=self._device), 0
                     if self._validation is not None and self._validation.due(progress.global_step):
                         interval_start += self._log_validation_loss(pbar)  # not training time: not in tok/s
 
@@ -389,6 +415,8 @@ class FullFinetuneRecipeSingleDevice:
             "tokens_per_second": tokens_per_second,
             "padding_share": padding_share,  # of the token positions since the last logged step
             "grad_norm": self._grad_norm.pop(),
+            # share of weight elements whose stored value changed: near 0 means bf16 updates are lost
+            "weights_changed": self._weight_changes.pop(),
         }
         if self._log_peak_memory_stats:
             payload.update(memory.get_memory_stats(self._device, self._device_peak))
@@ -428,6 +456,7 @@ class FullFinetuneRecipeSingleDevice:
                     seed=self.seed,
                     max_steps_per_epoch=self.max_steps_per_epoch,
                     model=self._model,
+                    stochastic_rounding=self._rounding,
                 )
             )
         folder = Path(

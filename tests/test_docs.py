@@ -2,11 +2,15 @@
 page documents every key the recipe reads.
 
 Offline commands are the fenced blocks tagged ```` ```bash offline ```` (or preceded by an
-``<!-- offline -->`` comment) in the pages listed in ``OFFLINE_PAGES``. Each block runs as one
+``<!-- offline -->`` comment), in any page of docs/ and the README. Each block runs as one
 ``bash -e`` script with the venv's ``bin`` first on PATH, in a fresh temporary folder of its own, so a
 block must not depend on another (``tune cp`` and a ``tune validate`` of the copy go in one block). A
 block tagged ```` ```bash offline repo ```` runs in the repository root instead. All blocks start at
 once, so the slowest one (``tune estimate-memory``) sets the wall time, not their sum.
+
+Printed output: a fenced block preceded by ``<!-- output -->`` is what the nearest offline block above
+it prints. Every line of it must be printed, with the same numbers: a line is found by its words (the
+text without numbers) and its numbers compared as written, so a figure the docs quote cannot go stale.
 """
 
 from __future__ import annotations
@@ -22,9 +26,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
-# Pages whose offline blocks run here; other pages' authors opt in by adding theirs.
-OFFLINE_PAGES = ("quickstart.md", "configs.md")
 LINKED_PAGES = sorted(DOCS.glob("*.md")) + [REPO / "README.md"]
+OFFLINE_PAGES = LINKED_PAGES  # every page's offline blocks run
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?")
 
 _FENCE = re.compile(r"^(```+|~~~+)(.*)$")
 _LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
@@ -52,22 +56,37 @@ def fenced_blocks(path: Path) -> Iterator[Block]:
         previous = next((lines[j].strip() for j in range(i - 1, -1, -1) if lines[j].strip()), "")
         if previous == "<!-- offline -->" and "offline" not in info.split():
             info = f"{info} offline".strip()
+        if previous == "<!-- output -->":
+            info = f"{info} output".strip()
         body: List[str] = []
         j = i + 1
         while j < len(lines) and not lines[j].strip().startswith(fence):
             body.append(lines[j])
             j += 1
-        yield Block(path.name, i + 1, info, "\n".join(body))
+        yield Block(str(path.resolve().relative_to(REPO)), i + 1, info, "\n".join(body))
         i = j + 1
 
 
+def _is_offline(block: Block) -> bool:
+    return block.info.split()[:1] == ["bash"] and "offline" in block.info.split()
+
+
 def offline_blocks() -> List[Block]:
-    blocks = []
-    for name in OFFLINE_PAGES:
-        path = DOCS / name
-        if path.is_file():
-            blocks += [b for b in fenced_blocks(path) if b.info.split()[:1] == ["bash"] and "offline" in b.info.split()]
-    return blocks
+    return [b for path in OFFLINE_PAGES if path.is_file() for b in fenced_blocks(path) if _is_offline(b)]
+
+
+def output_blocks() -> List[tuple]:
+    """(expected output block, the offline block whose output it is) of every page."""
+    pairs = []
+    for path in OFFLINE_PAGES:
+        command = None
+        for block in fenced_blocks(path) if path.is_file() else []:
+            if _is_offline(block):
+                command = block
+            elif "output" in block.info.split():
+                assert command is not None, f"{block.page}:{block.line}: an output block with no offline block above"
+                pairs.append((block, command))
+    return pairs
 
 
 def _subprocess_env() -> dict:
@@ -91,7 +110,7 @@ def started_blocks(tmp_path_factory) -> Iterator[dict]:
     env = _subprocess_env()
     procs = {}
     for block in offline_blocks():
-        cwd = REPO if "repo" in block.info.split() else tmp_path_factory.mktemp(block.page.replace(".md", ""))
+        cwd = REPO if "repo" in block.info.split() else tmp_path_factory.mktemp(re.sub(r"\W", "_", block.page))
         procs[_block_id(block)] = subprocess.Popen(
             ["bash", "-e", "-o", "pipefail", "-c", block.text],
             cwd=cwd,
@@ -107,8 +126,20 @@ def started_blocks(tmp_path_factory) -> Iterator[dict]:
             proc.communicate()
 
 
+_RESULTS: dict = {}
+
+
+def _finished(procs: dict, block: Block) -> tuple:
+    """(returncode, stdout, stderr) of a started block, waited for once and kept for every test that reads it."""
+    key = _block_id(block)
+    if key not in _RESULTS:
+        stdout, stderr = procs[key].communicate(timeout=600)
+        _RESULTS[key] = (procs[key].returncode, stdout, stderr)
+    return _RESULTS[key]
+
+
 def test_quickstart_has_offline_commands():
-    marked = [b for b in offline_blocks() if b.page == "quickstart.md"]
+    marked = [b for b in offline_blocks() if b.page == "docs/quickstart.md"]
     commands = "\n".join(b.text for b in marked)
     assert marked, "docs/quickstart.md has no ```bash offline blocks"
     for expected in ("tune ls", "tune validate llama2/7B_full_low_memory", "tune cp llama2/7B_full_low_memory"):
@@ -117,12 +148,31 @@ def test_quickstart_has_offline_commands():
 
 @pytest.mark.parametrize("block", offline_blocks(), ids=_block_id)
 def test_offline_command_block_runs(block: Block, started_blocks: dict):
-    proc = started_blocks[_block_id(block)]
-    stdout, stderr = proc.communicate(timeout=600)
-    assert proc.returncode == 0, (
-        f"{block.page} line {block.line}: the block exited with status {proc.returncode}\n"
+    returncode, stdout, stderr = _finished(started_blocks, block)
+    assert returncode == 0, (
+        f"{block.page} line {block.line}: the block exited with status {returncode}\n"
         f"--- block ---\n{block.text}\n--- stdout ---\n{stdout[-3000:]}\n--- stderr ---\n{stderr[-3000:]}"
     )
+
+
+def _words(line: str) -> str:
+    return " ".join(_NUMBER.sub(" ", line).split())
+
+
+@pytest.mark.parametrize("pair", output_blocks(), ids=lambda pair: _block_id(pair[0]))
+def test_printed_numbers_are_what_the_command_prints(pair, started_blocks: dict):
+    expected, command = pair
+    returncode, stdout, stderr = _finished(started_blocks, command)
+    assert returncode == 0, stderr[-3000:]
+    printed = [line for line in (stdout + stderr).splitlines() if line.strip()]
+    for line in (x for x in expected.text.splitlines() if x.strip()):
+        found = [p for p in printed if _words(p).startswith(_words(line))]
+        assert found, f"{expected.page}:{expected.line}: no printed line reads like {line.strip()!r}"
+        want = _NUMBER.findall(line)
+        got = _NUMBER.findall(found[0])[: len(want)]
+        assert got == want, (
+            f"{expected.page}:{expected.line}: the docs say {line.strip()!r}, it printed {found[0].strip()!r}"
+        )
 
 
 def _lines_outside_fences(path: Path) -> Iterator[str]:
@@ -189,7 +239,7 @@ def test_recipe_page_documents_every_recipe_key():
     from recipes.full_finetune_single_device import RECIPE_KEYS
 
     text = (DOCS / "recipe.md").read_text(encoding="utf-8")
-    table_keys = set(re.findall(r"^\|\s*`([a-z_]+)`\s*\|", text, flags=re.M))
+    table_keys = set(re.findall(r"^\|\s*`([a-z0-9_]+)`\s*\|", text, flags=re.M))
     missing = [k for k in RECIPE_KEYS if k not in table_keys]
     assert not missing, f"docs/recipe.md has no table row for: {', '.join(missing)}"
 

@@ -63,7 +63,13 @@ _RECIPES: list[Recipe] = [
     Recipe(
         name="full_finetune_distributed",
         file_path="full_finetune_distributed.py",
-        configs=[_config("llama2/tiny_full_distributed")],
+        configs=[
+            _config("llama2/tiny_full_distributed"),
+            _config("llama2/7B_full_distributed"),
+            _config("llama2/13B_full_distributed"),
+            _config("llama2/70B_full_distributed"),
+            _config("llama3_1/8B_full_distributed"),
+        ],
     ),
     Recipe(name="generate", file_path="generate.py", configs=[_config("generate")]),
     Recipe(

@@ -69,18 +69,43 @@ def test_exact_resume(tiny, tmp_path, optimizer_in_bwd, resume_from):
         assert torch.equal(wa[name], wb[name]), name
 
 
-def test_gradient_accumulation_in_standard_mode(tiny, tmp_path):
-    recipe = _run(
-        tiny,
-        output_dir=str(tmp_path / "ga"),
-        optimizer_in_bwd=False,
-        gradient_accumulation_steps=2,
-        batch_size=2,
-        clip_grad_norm=1.0,
-    )
-    losses = read_losses(tmp_path / "ga")
-    assert len(losses) == 12 and recipe.global_step == 12
-    assert all(math.isfinite(x) for x in losses)
+def test_gradient_accumulation_2_x_batch_2_is_the_step_of_batch_4(tiny, tmp_path):
+    # The micro-batches of a step hold different numbers of label tokens (the examples differ in
+    # length), so only a token-weighted accumulation gives the step of the batch of 4.
+    std = dict(optimizer_in_bwd=False, epochs=1)
+    _run(tiny, output_dir=str(tmp_path / "ga"), gradient_accumulation_steps=2, batch_size=2, **std)
+    _run(tiny, output_dir=str(tmp_path / "b4"), gradient_accumulation_steps=1, batch_size=4, **std)
+    losses_ga, losses_b4 = read_losses(tmp_path / "ga"), read_losses(tmp_path / "b4")
+    assert len(losses_ga) == len(losses_b4) == 6
+    assert losses_ga == pytest.approx(losses_b4, abs=2e-6)
+    wa, wb = _final_weights(tmp_path / "ga"), _final_weights(tmp_path / "b4")
+    for name in wa:
+        torch.testing.assert_close(wa[name], wb[name], atol=2e-6, rtol=0, msg=name)
+
+
+def test_clipping_clips_the_update_to_max_norm(tiny, tmp_path):
+    """One SGD step: the clipped update is the unclipped one times max_norm / grad_norm, and the logged
+    grad_norm is the norm before clipping (above max_norm)."""
+    from torchtune.utils.metric_logging import read_metrics
+
+    one_sgd_step = {
+        "optimizer_in_bwd": False,
+        "epochs": 1,
+        "max_steps_per_epoch": 1,
+        "lr_scheduler": None,
+        "optimizer": {"_component_": "torch.optim.SGD", "lr": 10.0},  # updates far above fp32's resolution
+    }
+    base = load_file(str(Path(tiny).parent / "base" / "model.safetensors"))
+    _run(tiny, output_dir=str(tmp_path / "free"), **one_sgd_step)
+    _run(tiny, output_dir=str(tmp_path / "clip"), clip_grad_norm=0.05, **one_sgd_step)
+    (free,) = read_metrics(tmp_path / "free" / "logs" / "metrics.jsonl")
+    (clip,) = read_metrics(tmp_path / "clip" / "logs" / "metrics.jsonl")
+    assert clip["grad_norm"] == pytest.approx(free["grad_norm"], rel=1e-6)
+    assert clip["grad_norm"] > 0.05 * 10  # the gradient was well above the limit...
+    factor = 0.05 / (free["grad_norm"] + 1e-6)  # ...so clip_grad_norm_ scales it by this
+    wf, wc = _final_weights(tmp_path / "free"), _final_weights(tmp_path / "clip")
+    for name in base:
+        torch.testing.assert_close(wc[name] - base[name], (wf[name] - base[name]) * factor, rtol=1e-3, atol=1e-6)
 
 
 def test_grad_norm_is_logged_in_both_modes_and_agrees(tiny, tmp_path):

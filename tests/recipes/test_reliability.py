@@ -88,6 +88,7 @@ def components(tmp_path, monkeypatch) -> str:
         textwrap.dedent('''
         import os
         import psutil
+        from torchtune.modules.loss import CrossEntropyLoss
         from torchtune.utils.metric_logging import DiskLogger
 
         class SignalAtStep(DiskLogger):
@@ -99,6 +100,22 @@ def components(tmp_path, monkeypatch) -> str:
                 super().log_dict(payload, step)
                 if step == self.at_step:
                     os.kill(os.getpid(), self.signum)
+
+        class SignalInBackward(CrossEntropyLoss):
+            """The recipe's loss; at its `at_call`-th call it arms a hook that sends this process `signum`
+            from inside backward: after the output projection's gradient (in backward mode its step has
+            run), before any decoder layer's gradient."""
+            def __init__(self, at_call, signum):
+                super().__init__()
+                self.at_call, self.signum, self.calls, self.fired = at_call, signum, 0, False
+            def forward(self, output_proj, hidden, labels):
+                self.calls += 1
+                if self.calls == self.at_call and hidden.requires_grad:
+                    hidden.register_hook(self._signal)
+                return super().forward(output_proj, hidden, labels)
+            def _signal(self, grad):
+                self.fired = True
+                os.kill(os.getpid(), self.signum)
 
         class RssLogger(DiskLogger):
             """Logs like DiskLogger and records this process's resident memory at every step."""
@@ -406,6 +423,38 @@ def test_sigterm_finishes_the_step_and_saves_once(tiny, reference, tmp_path, com
 
     assert _main(tiny, f"output_dir={out}", *RUN, *_resume_args(folder)) == 0
     assert read_losses(out) == read_losses(reference)
+
+
+@pytest.mark.parametrize("optimizer_in_bwd", [True, False])
+def test_sigterm_mid_backward_finishes_the_step_then_stops(
+    tiny, reference, tmp_path, components, capsys, optimizer_in_bwd
+):
+    """The signal lands inside backward of step 3 (in backward mode some parameters are already updated,
+    the rest are not): the step completes, then one checkpoint, and resuming from it is exact."""
+    out = tmp_path / "out"
+    mode = f"optimizer_in_bwd={optimizer_in_bwd}"
+    rc = _main(
+        tiny,
+        f"output_dir={out}",
+        *RUN,
+        mode,
+        f"loss._component_={components}.SignalInBackward",
+        "+loss.at_call=3",
+        f"+loss.signum={int(signal.SIGTERM)}",
+    )
+    assert rc == 128 + signal.SIGTERM
+    folder = out / "step_3"
+    assert f"Stopped by SIGTERM after step 3; checkpoint saved to {folder}" in capsys.readouterr().err
+    assert [r["step"] for r in read_metrics(out / "logs" / "metrics.jsonl")] == [1, 2, 3]
+    assert verify_manifest(folder)["step"] == 3
+    assert sorted(p.name for p in out.iterdir()) == ["logs", "step_3"]
+    assert _main(tiny, f"output_dir={out}", *RUN, mode, *_resume_args(folder)) == 0
+    full = reference  # an uninterrupted in-backward run; the standard mode needs its own
+    if not optimizer_in_bwd:
+        full = tmp_path / "full"
+        assert _main(tiny, f"output_dir={full}", *RUN, mode) == 0
+    assert read_losses(out) == read_losses(full)  # 3 steps, a stop mid-backward, a resume: identical
+    _assert_same_weights(_final_weights(out), _final_weights(full))
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -80,11 +80,8 @@ def estimate_memory_command(args: argparse.Namespace) -> int:
 
     from torchtune._errors import UsageError
     from torchtune.config import load_config
-    from torchtune.training._memory_estimator import (
-        default_seq_len,
-        estimate_recipe_memory,
-        estimate_run_memory,
-    )
+    from torchtune.training._checkpoint_memory import estimate_run_memory
+    from torchtune.training._memory_estimator import default_seq_len, estimate_recipe_memory
 
     for name in ("seq_len", "batch_size", "steps"):
         value = getattr(args, name)

@@ -101,10 +101,9 @@ def pack_cache_file(
 
 
 def _packing_sources() -> list:
-    """The packing algorithm (``_packed.py``) and this file layout."""
-    from torchtune.datasets import _packed
-
-    return [_packed.__file__, __file__]
+    """The packing algorithm (``_packed.py``, beside this file: not imported, it imports this) and this
+    file layout."""
+    return [str(Path(__file__).with_name("_packed.py")), __file__]
 
 
 def save_packs(

@@ -85,7 +85,21 @@ from torchtune.training._resume import (
 )
 from torchtune.training._run_control import CheckpointPolicy, NonFiniteLossGuard, StopSignals
 from torchtune.training._sampler import ResumableSampler
-from torchtune.training._step import TrainStep, forward_backward, forward_loss, label_positions, shift_labels
+from torchtune.training._step import (
+    TrainStep,
+    forward_backward,
+    forward_loss,
+    label_positions,
+    num_label_tokens,
+    shift_labels,
+)
+from torchtune.training._stochastic_rounding import (
+    StochasticRounding,
+    WeightChangeTracker,
+    build_stochastic_rounding,
+    check_stochastic_rounding,
+    step_parameter,
+)
 from torchtune.training._validation import Validation, build_validation, check_validation_settings
 from torchtune.training.lr_schedulers import build_lr_scheduler
 
@@ -103,6 +117,7 @@ __all__ = [
     "ResumePlan",
     "RunSettings",
     "RunSummary",
+    "StochasticRounding",
     "SHARDED_STATE_DIR",
     "SHARDED_STATE_MARKER",
     "ShardedCheckpointWriter",
@@ -111,6 +126,7 @@ __all__ = [
     "TrainingData",
     "TrainingProgress",
     "Validation",
+    "WeightChangeTracker",
     "any_rank",
     "backend_for_device",
     "build_checkpointer",
@@ -119,12 +135,15 @@ __all__ = [
     "build_metric_logger",
     "build_model",
     "build_optimizer",
+    "build_stochastic_rounding",
+    "backend_for_device",
     "build_validation",
     "check_loaded_checksums",
     "check_metric_logger",
     "check_model_matches_checkpoint",
     "check_optimizer_settings",
     "check_resume_keys",
+    "check_stochastic_rounding",
     "check_same_config",
     "check_tokenizer_fits_model",
     "check_validation_settings",
@@ -145,6 +164,7 @@ __all__ = [
     "memory",
     "metrics_path",
     "model_fingerprint",
+    "num_label_tokens",
     "num_tokens",
     "padding_id",
     "positive_int",
@@ -158,5 +178,6 @@ __all__ = [
     "shard_model",
     "shift_labels",
     "step_optimizer",
+    "step_parameter",
     "trainable_parameters",
 ]

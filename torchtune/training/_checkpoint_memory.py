@@ -38,9 +38,18 @@ from typing import Any, Iterator, Optional
 import torch
 from torch import nn
 
+from torchtune.training._memory_estimator import (
+    GB,
+    MemoryEstimate,
+    StorageCounter,
+    _active,
+    _rounded,
+    estimate_recipe_memory,
+    prepare_estimate,
+)
 from torchtune.utils._checkpointing._manifest import new_hash
 
-__all__ = ["PhaseMemory", "estimate_checkpoint_phases"]
+__all__ = ["PhaseMemory", "RunMemoryEstimate", "estimate_checkpoint_phases", "estimate_run_memory"]
 
 _PLACEHOLDER = b"plaintune-memory-estimate:"
 
@@ -389,7 +398,6 @@ def _unfused(optimizer: Any) -> Iterator[None]:
 
 
 def _weights_bytes(model: nn.Module) -> int:
-    from torchtune.training._memory_estimator import _rounded
 
     seen: dict[int, int] = {}
     for t in [*model.parameters(), *model.buffers()]:
@@ -416,8 +424,6 @@ def estimate_checkpoint_phases(cfg: Any, dtype: torch.dtype) -> list[PhaseMemory
     bitsandbytes/torchao optimizers replaced by ``LayoutOptimizer``), on fake tensors."""
     from omegaconf import OmegaConf
     from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from torchtune.training._memory_estimator import StorageCounter, _active
 
     cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     device = torch.device("meta")  # meta fake tensors stand for the device, CPU ones for the host
@@ -500,3 +506,68 @@ def save_step_checkpoint(checkpointer: Any, model: nn.Module, optimizer: Any, cf
 def latest_step_folder(output: Path) -> Path:
     folders = sorted(p for p in output.iterdir() if p.is_dir() and p.name.startswith("step_"))
     return folders[-1]
+
+
+@dataclasses.dataclass
+class RunMemoryEstimate:
+    """The training steps' estimate (split into categories) and the peaks of every phase of the run."""
+
+    steps: MemoryEstimate
+    phases: list[Any]  # PhaseMemory, in run order: set-up, training steps, step checkpoint save, resume load
+
+    @property
+    def peak_bytes(self) -> int:
+        return max(p.device_peak for p in self.phases)
+
+    @property
+    def peak_phase(self) -> Any:
+        return max(self.phases, key=lambda p: p.device_peak)
+
+    def phase(self, name: str) -> Any:
+        return next(p for p in self.phases if p.name.startswith(name))
+
+    def format(self, title: str = "Estimated peak device memory") -> str:
+        lines = [self.steps.format(f"{title}, training steps"), ""]
+        lines.append("Each phase of the run (estimated on fake tensors):")
+        header = ("phase", "device peak", "above weights", "transient", "host RAM", "paged state", "mapped files")
+        lines.append(f"  {header[0]:<24}" + "".join(f"{h:>15}" for h in header[1:]))
+        for p in self.phases:
+            values = (p.device_peak, p.above_weights, p.transient, p.host_ram_peak, p.managed_peak, p.mapped_peak)
+            lines.append(f"  {p.name:<24}" + "".join(f"{v / GB:>12.2f} GB" for v in values))
+        peak = self.peak_phase
+        lines.append(f"  {'whole run (device peak)':<24}{peak.device_peak / GB:>12.2f} GB  (in {peak.name})")
+        lines.append(
+            "Note: transient = device memory a phase needs above what is live before and after it (weights, "
+            "device optimizer state); host RAM = anonymous host memory + paged optimizer state (CUDA managed "
+            "memory, in host RAM when paged out), without the process itself (Python, libraries: a few GB); "
+            "mapped files = checkpoint files mapped into memory, resident only as they are read and dropped by "
+            "the kernel under pressure"
+        )
+        return "\n".join(lines)
+
+
+def _steps_phase(estimate: MemoryEstimate) -> Any:
+    return PhaseMemory(
+        name="training steps",
+        device_peak=estimate.peak_bytes,
+        weights=estimate.breakdown["weights"],
+        host_peak=estimate.host_offload_peak_bytes,
+        managed_peak=estimate.paged_optimizer_bytes,
+        mapped_peak=0,
+        host_ram_peak=estimate.host_bytes_needed,
+        device_start=estimate.breakdown["weights"] + estimate.breakdown["optimizer_state"],
+        device_end=estimate.breakdown["weights"] + estimate.breakdown["optimizer_state"],
+    )
+
+
+def estimate_run_memory(
+    cfg: Any, seq_len: Optional[int] = None, batch_size: Optional[int] = None, steps: int = 2
+) -> RunMemoryEstimate:
+    """``estimate_recipe_memory`` for the steps, plus the set-up, step checkpoint save and resume load
+    phases run through the recipe's checkpointer and training-layer code on fake tensors
+    (this module)."""
+    step_estimate = estimate_recipe_memory(cfg, seq_len=seq_len, batch_size=batch_size, steps=steps)
+    prepared, _, dtype, _ = prepare_estimate(cfg)
+    phases = estimate_checkpoint_phases(prepared, dtype)
+    setup, save, resume = phases
+    return RunMemoryEstimate(steps=step_estimate, phases=[setup, _steps_phase(step_estimate), save, resume])

@@ -158,6 +158,13 @@ def estimate_distributed_memory(
             f"world size sequences). Pick a batch_size that is a multiple of {world_size}."
         )
     local_batch = batch // world_size
+    component = str(cfg.optimizer._component_)
+    if component.startswith("bitsandbytes."):
+        raise TuneError(
+            f"optimizer._component_={component}: the distributed recipe refuses bitsandbytes optimizers (they "
+            "cannot step FSDP2's sharded parameters exactly), so there is nothing to estimate. Use "
+            "torchao.optim.AdamW8bit or torchao.optim.AdamW4bit (small state), or torch.optim.AdamW."
+        )
     cfg, device, dtype, notes = prepare_estimate(cfg)
     settings = fsdp_settings(cfg)
     notes.insert(

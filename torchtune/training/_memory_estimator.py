@@ -411,6 +411,9 @@ class LayoutOptimizer(torch.optim.Optimizer):
     """
 
     paged_bytes_total = 0  # summed over every instance: one optimizer per parameter in backward
+    # Its update reads each element alone, so a step may run on slices of a parameter, as bf16
+    # stochastic rounding steps the real bitsandbytes optimizers (training._stochastic_rounding).
+    elementwise_step = True
 
     def __init__(self, params: Any, optimizer_component: str, **kwargs: Any) -> None:
         self.optimizer_cls = _import(optimizer_component)
@@ -432,6 +435,10 @@ class LayoutOptimizer(torch.optim.Optimizer):
             buffer = torch.zeros_like(p, dtype=dtype)
         buffer.is_paged = True  # as bitsandbytes marks its paged buffers
         return buffer
+
+    def init_state_for(self, p: torch.Tensor) -> None:
+        """``p``'s state, allocated as at its first step (before a step that runs on slices of ``p``)."""
+        self._init_state(p, self.state[p])
 
     def _init_state(self, p: torch.Tensor, state: dict[str, Any]) -> None:
         device_bytes, paged_bytes = measure_state_layout(self.optimizer_cls, self.real_kwargs, p.numel(), p.dtype)
@@ -457,7 +464,8 @@ class LayoutOptimizer(torch.optim.Optimizer):
                     continue
                 state = self.state[p]
                 if not state:
-                    self._init_state(p, state)
+                    # an FSDP2 shard (DTensor): each rank holds the state of its local shard only
+                    self._init_state(p.to_local() if hasattr(p, "to_local") else p, state)
                 state["step"] += 1
                 p.add_(p.grad, alpha=-group["lr"])
         return None
@@ -750,75 +758,6 @@ def prepare_estimate(cfg: Any) -> tuple[Any, torch.device, torch.dtype, list[str
 
 
 # --- the whole run: set-up, steps, step checkpoint save, resume ----------------------------------------
-
-
-@dataclasses.dataclass
-class RunMemoryEstimate:
-    """The training steps' estimate (split into categories) and the peaks of every phase of the run."""
-
-    steps: MemoryEstimate
-    phases: list[Any]  # PhaseMemory, in run order: set-up, training steps, step checkpoint save, resume load
-
-    @property
-    def peak_bytes(self) -> int:
-        return max(p.device_peak for p in self.phases)
-
-    @property
-    def peak_phase(self) -> Any:
-        return max(self.phases, key=lambda p: p.device_peak)
-
-    def phase(self, name: str) -> Any:
-        return next(p for p in self.phases if p.name.startswith(name))
-
-    def format(self, title: str = "Estimated peak device memory") -> str:
-        lines = [self.steps.format(f"{title}, training steps"), ""]
-        lines.append("Each phase of the run (estimated on fake tensors):")
-        header = ("phase", "device peak", "above weights", "transient", "host RAM", "paged state", "mapped files")
-        lines.append(f"  {header[0]:<24}" + "".join(f"{h:>15}" for h in header[1:]))
-        for p in self.phases:
-            values = (p.device_peak, p.above_weights, p.transient, p.host_ram_peak, p.managed_peak, p.mapped_peak)
-            lines.append(f"  {p.name:<24}" + "".join(f"{v / GB:>12.2f} GB" for v in values))
-        peak = self.peak_phase
-        lines.append(f"  {'whole run (device peak)':<24}{peak.device_peak / GB:>12.2f} GB  (in {peak.name})")
-        lines.append(
-            "Note: transient = device memory a phase needs above what is live before and after it (weights, "
-            "device optimizer state); host RAM = anonymous host memory + paged optimizer state (CUDA managed "
-            "memory, in host RAM when paged out), without the process itself (Python, libraries: a few GB); "
-            "mapped files = checkpoint files mapped into memory, resident only as they are read and dropped by "
-            "the kernel under pressure"
-        )
-        return "\n".join(lines)
-
-
-def _steps_phase(estimate: MemoryEstimate) -> Any:
-    from torchtune.training._checkpoint_memory import PhaseMemory
-
-    return PhaseMemory(
-        name="training steps",
-        device_peak=estimate.peak_bytes,
-        weights=estimate.breakdown["weights"],
-        host_peak=estimate.host_offload_peak_bytes,
-        managed_peak=estimate.paged_optimizer_bytes,
-        mapped_peak=0,
-        host_ram_peak=estimate.host_bytes_needed,
-        device_start=estimate.breakdown["weights"] + estimate.breakdown["optimizer_state"],
-        device_end=estimate.breakdown["weights"] + estimate.breakdown["optimizer_state"],
-    )
-
-
-def estimate_run_memory(
-    cfg: Any, seq_len: Optional[int] = None, batch_size: Optional[int] = None, steps: int = 2
-) -> RunMemoryEstimate:
-    """``estimate_recipe_memory`` for the steps, plus the set-up, step checkpoint save and resume load
-    phases run through the recipe's checkpointer and training-layer code on fake tensors
-    (``torchtune.training._checkpoint_memory``)."""
-    from torchtune.training._checkpoint_memory import estimate_checkpoint_phases
-
-    step_estimate = estimate_recipe_memory(cfg, seq_len=seq_len, batch_size=batch_size, steps=steps)
-    prepared, _, dtype, _ = prepare_estimate(cfg)
-    phases = estimate_checkpoint_phases(prepared, dtype)
-    setup, save, resume = phases
-    return RunMemoryEstimate(steps=step_estimate, phases=[setup, _steps_phase(step_estimate), save, resume])
 
 
 def _require(component: str, package: str) -> None:

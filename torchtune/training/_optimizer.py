@@ -23,6 +23,7 @@ from torch.optim import Optimizer
 from torchtune import config
 from torchtune._errors import ConfigError, TuneError
 from torchtune.training._checks import IN_BWD_GROUPS
+from torchtune.training._stochastic_rounding import StochasticRounding, WeightChangeTracker, step_parameter
 from torchtune.utils._checkpointing._checkpoint_utils import (
     OptimInBackwardWrapper,
     is_standard_optimizer_state,
@@ -143,7 +144,12 @@ def in_bwd_groups(model: nn.Module, group: str) -> List[List[str]]:
 
 
 def register_optim_in_bwd_hooks(
-    model: nn.Module, optim_map: Mapping[str, Optimizer], grad_norm: Optional[GradNormTracker] = None
+    model: nn.Module,
+    optim_map: Mapping[str, Optimizer],
+    grad_norm: Optional[GradNormTracker] = None,
+    *,
+    rounding: Optional[StochasticRounding] = None,
+    weight_changes: Optional[WeightChangeTracker] = None,
 ) -> List[Any]:
     """Step each parameter's optimizer as soon as its gradients are complete, then free them.
 
@@ -151,8 +157,9 @@ def register_optim_in_bwd_hooks(
     parameter has been fully accumulated in ``backward()`` (also for a parameter used twice, such as
     tied embeddings). Names that share one optimizer (``optimizer_in_bwd_group: layer``) are stepped
     together when the last of their gradients is complete; with one optimizer per parameter, at most
-    the gradients of the layer being back-propagated exist at a time. Returns the hook handles
-    (``handle.remove()`` detaches them).
+    the gradients of the layer being back-propagated exist at a time. With ``rounding``, bf16 updates
+    are rounded stochastically (``step_parameter``). Returns the hook handles (``handle.remove()``
+    detaches them).
     """
     params = trainable_parameters(model)
     missing = sorted(set(optim_map) - set(params))
@@ -162,23 +169,28 @@ def register_optim_in_bwd_hooks(
     for name, opt in optim_map.items():
         members.setdefault(id(opt), []).append(params[name])
     return [
-        params[name].register_post_accumulate_grad_hook(_step_and_free(opt, members[id(opt)], grad_norm))
+        params[name].register_post_accumulate_grad_hook(
+            _step_and_free(opt, members[id(opt)], grad_norm, rounding, weight_changes)
+        )
         for name, opt in optim_map.items()
     ]
 
 
 def _step_and_free(
-    optimizer: Optimizer, group: List[torch.Tensor], grad_norm: Optional[GradNormTracker]
+    optimizer: Optimizer,
+    group: List[torch.Tensor],
+    grad_norm: Optional[GradNormTracker],
+    rounding: Optional[StochasticRounding] = None,
+    weight_changes: Optional[WeightChangeTracker] = None,
 ) -> Callable[[torch.Tensor], None]:
     if len(group) == 1:
 
         def hook(param: torch.Tensor) -> None:
             if grad_norm is not None:
                 grad_norm.add(param.grad)
-            optimizer.step()
-            # The optimizer holds only this parameter: dropping its grad is all zero_grad would do,
-            # without zero_grad's ~25 us of Python per parameter per step.
-            param.grad = None
+            # The optimizer holds only this parameter: step_parameter dropping its grad is all zero_grad
+            # would do, without zero_grad's ~25 us of Python per parameter per step.
+            step_parameter(optimizer, param, rounding=rounding, changes=weight_changes, in_backward=True)
 
         return hook
 
@@ -189,9 +201,12 @@ def _step_and_free(
         # that gets none this step leaves the group to OptimInBackwardWrapper.step(), which steps
         # what is left after backward), so no counter can drift from one step to the next.
         if all(p.grad is not None for p in group):
-            optimizer.step()
-            for p in group:
-                p.grad = None
+            if rounding is None and not (weight_changes is not None and weight_changes.armed):
+                optimizer.step()
+                for p in group:
+                    p.grad = None
+            else:  # rounded (or counted) one parameter at a time: one parameter's fp32 copies at once
+                step_each_parameter(optimizer, group, rounding=rounding, changes=weight_changes, in_backward=True)
 
     return group_hook
 
@@ -203,6 +218,8 @@ def build_optimizer(
     optimizer_in_bwd: bool,
     grad_norm: Optional[GradNormTracker] = None,
     in_bwd_group: str = "param",
+    rounding: Optional[StochasticRounding] = None,
+    weight_changes: Optional[WeightChangeTracker] = None,
 ) -> Optimizer:
     """The optimizer of ``cfg_optimizer`` over ``model``'s trainable parameters.
 
@@ -210,16 +227,19 @@ def build_optimizer(
     ``in_bwd_groups(model, in_bwd_group)`` (per parameter, or per decoder layer), stepped from the
     post-accumulate-grad hooks (which also add the gradients to ``grad_norm`` when it is armed),
     held in an ``OptimInBackwardWrapper`` keyed by parameter name either way, so a checkpoint of one
-    grouping resumes with the other.
+    grouping resumes with the other. The hooks add the changed weights to ``weight_changes`` when it
+    is armed. ``rounding``: bf16 updates are rounded stochastically (pass it to ``step_optimizer`` too
+    in standard mode); torchao optimizers are built with their own ``bf16_stochastic_round`` for it.
     """
     params = trainable_parameters(model)
+    extra = rounding.optimizer_kwargs(str(cfg_optimizer.get("_component_", ""))) if rounding is not None else {}
     if not optimizer_in_bwd:
-        return config.instantiate(cfg_optimizer, list(params.values()))
+        return config.instantiate(cfg_optimizer, list(params.values()), **extra)
     optim_map: Dict[str, Optimizer] = {}
     for names in in_bwd_groups(model, in_bwd_group):
-        opt = config.instantiate(cfg_optimizer, [params[name] for name in names])
+        opt = config.instantiate(cfg_optimizer, [params[name] for name in names], **extra)
         optim_map.update({name: opt for name in names})
-    register_optim_in_bwd_hooks(model, optim_map, grad_norm)
+    register_optim_in_bwd_hooks(model, optim_map, grad_norm, rounding=rounding, weight_changes=weight_changes)
     return OptimInBackwardWrapper(optim_map)
 
 
@@ -253,14 +273,25 @@ def step_optimizer(
     *,
     clip_grad_norm: Optional[float] = None,
     grad_norm: Optional[GradNormTracker] = None,
+    rounding: Optional[StochasticRounding] = None,
+    weight_changes: Optional[WeightChangeTracker] = None,
+    grad_scale: Optional[float] = None,
 ) -> None:
-    """Finish an optimizer step: clip, record the gradient norm, ``step()``, ``zero_grad()``.
+    """Finish an optimizer step: scale, clip, record the gradient norm, ``step()``, ``zero_grad()``.
 
     In standard mode this is the step; with FSDP2's sharded gradients the norm (to clip with and to
     log) is that of the whole gradient over all ranks. With optimizer in backward the gradients were consumed and
     freed in backward: no gradient is left here, and ``step``/``zero_grad`` are no-ops.
+
+    ``grad_scale`` multiplies every gradient first: gradient accumulation backpropagates each
+    micro-batch's loss times its token count and divides by the step's total here, so the step is that
+    of the token mean over all micro-batches (as one large batch), however the tokens fall into them.
+    With ``rounding``, or ``weight_changes`` armed, a standard optimizer is stepped one parameter at a
+    time (``step_each_parameter``).
     """
     with_grad = [p for p in params if p.grad is not None]
+    if with_grad and grad_scale is not None and grad_scale != 1.0:
+        torch._foreach_mul_([p.grad for p in with_grad], grad_scale)
     if with_grad and (clip_grad_norm is not None or (grad_norm is not None and grad_norm.armed)):
         norm = torch.nn.utils.get_total_norm([p.grad for p in with_grad])
         if isinstance(norm, DTensor):
@@ -271,5 +302,30 @@ def step_optimizer(
             torch.nn.utils.clip_grads_with_norm_(with_grad, max_norm=clip_grad_norm, total_norm=norm)
         if grad_norm is not None:
             grad_norm.add_total(norm)
-    optimizer.step()
+    if with_grad and (rounding is not None or (weight_changes is not None and weight_changes.armed)):
+        step_each_parameter(optimizer, with_grad, rounding=rounding, changes=weight_changes)
+    else:
+        optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+
+
+def step_each_parameter(
+    optimizer: Optimizer,
+    params: List[torch.Tensor],
+    *,
+    rounding: Optional[StochasticRounding] = None,
+    changes: Optional[WeightChangeTracker] = None,
+    in_backward: bool = False,
+) -> None:
+    """One optimizer step of several parameters, taken one parameter at a time (``step_parameter``): the
+    others' gradients are set aside, so only one parameter's fp32 copy (or weight copy) exists at once.
+    Each parameter's update depends only on that parameter, so the result is that of one step."""
+    grads = [p.grad for p in params]
+    for p in params:
+        p.grad = None  # optimizers skip parameters without a gradient
+    for i, p in enumerate(params):
+        p.grad, grads[i] = grads[i], None  # each gradient goes with its step
+        step_parameter(optimizer, p, rounding=rounding, changes=changes, in_backward=in_backward)
+    # A bitsandbytes update may have run through its update_step, not step(): tell LR schedulers
+    # (torch's flag for "optimizer.step() was called") that the step happened.
+    optimizer._opt_called = True  # type: ignore[attr-defined]

@@ -119,6 +119,11 @@ class ResumePlan:
     def rng_state(self) -> Dict[str, Any]:
         return self.state["rng_state"]
 
+    @property
+    def stochastic_rounding_state(self) -> Optional[Dict[str, Any]]:
+        """The rounding stream's position (``None``: the run was saved without stochastic rounding)."""
+        return self.state.get("stochastic_rounding")
+
     def drop_loaded_states(self) -> None:
         """Forget the loaded optimizer and scheduler states once they have been restored."""
         self.state.pop("optimizer", None)
@@ -270,10 +275,12 @@ def recipe_state(
     seed: int,
     max_steps_per_epoch: Optional[int],
     model: nn.Module,
+    stochastic_rounding: Any = None,
     optimizer_state: Any = None,
 ) -> Dict[str, Any]:
     """Everything besides the weights that an exact resume needs, as :func:`resolve_resume` reads it.
 
+    ``stochastic_rounding``: the run's ``StochasticRounding`` (its random stream continues on resume).
     ``optimizer_state`` replaces ``optimizer.state_dict()`` where the state is saved elsewhere (the
     distributed recipe writes it sharded with torch.distributed.checkpoint and records where).
     """
@@ -292,6 +299,7 @@ def recipe_state(
         "gradient_accumulation_steps": settings.gradient_accumulation_steps,
         "rng_state": get_rng_state(),
         "model_fingerprint": model_fingerprint(model),
+        "stochastic_rounding": stochastic_rounding.state_dict() if stochastic_rounding is not None else None,
     }
 
 

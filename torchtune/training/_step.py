@@ -11,12 +11,18 @@ from torch import nn
 
 from torchtune.modules.loss import CROSS_ENTROPY_IGNORE_IDX
 
-__all__ = ["TrainStep", "forward_backward", "forward_loss", "label_positions", "shift_labels"]
+__all__ = ["TrainStep", "forward_backward", "forward_loss", "label_positions", "num_label_tokens", "shift_labels"]
 
 
 def shift_labels(labels: torch.Tensor) -> torch.Tensor:
     """``labels[:, t]`` becomes the target of position ``t`` (the next token); the last position has none."""
     return F.pad(labels[:, 1:], (0, 1), value=CROSS_ENTROPY_IGNORE_IDX)
+
+
+def num_label_tokens(batch: Dict[str, torch.Tensor]) -> int:
+    """The tokens the loss of ``batch`` averages over (shifted labels that are not ignored), counted on
+    the host before the batch moves: no device sync. Gradient accumulation weights micro-batches by it."""
+    return int(shift_labels(batch["labels"]).ne(CROSS_ENTROPY_IGNORE_IDX).sum())
 
 
 def label_positions(labels: torch.Tensor, ignore_index: int = CROSS_ENTROPY_IGNORE_IDX) -> Optional[torch.Tensor]:
@@ -107,6 +113,7 @@ class TrainStep:
         activations_ctx: Optional[ContextManager[Any]] = None,
         clip_grad_norm: Optional[float] = None,
         select_label_positions: bool = True,
+        rounding: Optional[Any] = None,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
@@ -115,6 +122,7 @@ class TrainStep:
         self.activations_ctx = activations_ctx
         self.clip_grad_norm = clip_grad_norm
         self.select_label_positions = select_label_positions
+        self.rounding = rounding  # the StochasticRounding that build_optimizer was given, if any
 
     @classmethod
     def from_config(
@@ -128,14 +136,15 @@ class TrainStep:
         grad_norm: Optional[Any] = None,
     ) -> "TrainStep":
         """The step of a finetune config (``model``, ``optimizer``, ``optimizer_in_bwd``,
-        ``optimizer_in_bwd_group``, ``loss``,
-        ``clip_grad_norm``, activation checkpointing/offloading and ``compile`` keys); random weights
-        unless ``state_dict`` is given; ``compile_model`` overrides the config's ``compile``; a
+        ``optimizer_in_bwd_group``, ``loss``, ``clip_grad_norm``, ``bf16_stochastic_rounding`` (seeded
+        from ``seed``, 0 when null), activation checkpointing/offloading and ``compile`` keys); random
+        weights unless ``state_dict`` is given; ``compile_model`` overrides the config's ``compile``; a
         ``GradNormTracker`` as ``grad_norm`` is fed by the in-backward hooks when armed."""
         from torchtune import config
         from torchtune.training._activations import get_act_offloading_ctx_manager
         from torchtune.training._model import build_model
         from torchtune.training._optimizer import build_optimizer
+        from torchtune.training._stochastic_rounding import build_stochastic_rounding
 
         model = build_model(
             cfg.model,
@@ -145,6 +154,11 @@ class TrainStep:
             enable_activation_checkpointing=bool(cfg.enable_activation_checkpointing),
             compile_model=bool(cfg.compile if compile_model is None else compile_model),
         )
+        seed = cfg.seed if cfg.seed is not None else 0
+        # the distributed recipe's configs have no such key: that recipe does not round
+        enabled = bool(cfg.get("bf16_stochastic_rounding", False))
+        rounding = build_stochastic_rounding(enabled, dtype=dtype, seed=seed, device=device)
+
         return cls(
             model,
             build_optimizer(
@@ -153,11 +167,13 @@ class TrainStep:
                 optimizer_in_bwd=bool(cfg.optimizer_in_bwd),
                 in_bwd_group=cfg.optimizer_in_bwd_group,
                 grad_norm=grad_norm,
+                rounding=rounding,
             ),
             config.instantiate(cfg.loss),
             device=device,
             activations_ctx=get_act_offloading_ctx_manager(model, bool(cfg.enable_activation_offloading)),
             clip_grad_norm=cfg.clip_grad_norm,
+            rounding=rounding,
         )
 
     def __call__(self, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
@@ -171,5 +187,7 @@ class TrainStep:
             activations_ctx=self.activations_ctx,
             select_label_positions=self.select_label_positions,
         )
-        step_optimizer(self.optimizer, self.model.parameters(), clip_grad_norm=self.clip_grad_norm)
+        step_optimizer(
+            self.optimizer, self.model.parameters(), clip_grad_norm=self.clip_grad_norm, rounding=self.rounding
+        )
         return loss

@@ -197,9 +197,15 @@ def test_ls_lists_recipes_and_configs(files):
         ["llama3_1/8B_full_low_memory"],
     ]
     assert lines[7].split() == ["full_finetune_distributed", "llama2/tiny_full_distributed"]
-    assert lines[8].split() == ["generate", "generate"]
-    assert lines[9].split() == ["eleuther_eval", "llama2/7B_eval"]
-    assert [line.split() for line in lines[10:12]] == [["llama2/tiny_eval"], ["llama3_2/1B_eval"]]
+    assert [line.split() for line in lines[8:12]] == [
+        ["llama2/7B_full_distributed"],
+        ["llama2/13B_full_distributed"],
+        ["llama2/70B_full_distributed"],
+        ["llama3_1/8B_full_distributed"],
+    ]
+    assert lines[12].split() == ["generate", "generate"]
+    assert lines[13].split() == ["eleuther_eval", "llama2/7B_eval"]
+    assert [line.split() for line in lines[14:16]] == [["llama2/tiny_eval"], ["llama3_2/1B_eval"]]
 
 
 def _a_builtin_config():

@@ -171,3 +171,14 @@ def _param_bytes():
     with torch.device("meta"):
         model = llama2_tiny(vocab_size=VOCAB, num_layers=LAYERS, embed_dim=DIM, num_heads=HEADS, num_kv_heads=HEADS)
     return [p.numel() * 4 for p in model.parameters()]
+
+
+def test_torchao_8bit_state_is_counted_per_local_shard():
+    cfg = _cfg("optimizer._component_=torchao.optim.AdamW8bit", "optimizer_in_bwd=False")
+    one, two = (estimate_distributed_memory(cfg, w, seq_len=SEQ, batch_size=BATCH) for w in (1, 2))
+    assert 0.45 < two.breakdown["optimizer_state"] / one.breakdown["optimizer_state"] < 0.55
+
+
+def test_bitsandbytes_is_refused_as_the_recipe_does():
+    with pytest.raises(Exception, match="torchao.optim.AdamW8bit"):
+        estimate_distributed_memory(_cfg("optimizer._component_=bitsandbytes.optim.AdamW8bit"), 2, seq_len=SEQ)

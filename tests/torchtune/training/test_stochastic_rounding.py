@@ -1,0 +1,267 @@
+"""Stochastic rounding of bf16 updates: unbiased, seeded, and the same for every optimizer family."""
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from torchtune import ConfigError
+from torchtune.training import (
+    StochasticRounding,
+    WeightChangeTracker,
+    build_stochastic_rounding,
+    check_stochastic_rounding,
+    step_optimizer,
+    step_parameter,
+)
+
+OPTIMIZERS = [
+    ("torch.optim.AdamW", {}),
+    ("torch.optim.AdamW", {"foreach": False}),
+    ("torch.optim.AdamW", {"fused": True}),
+    ("bitsandbytes.optim.PagedAdamW", {}),
+    ("bitsandbytes.optim.PagedAdamW8bit", {}),
+    ("bitsandbytes.optim.AdamW8bit", {}),
+    ("torchao.optim.AdamW8bit", {}),
+    ("torchao.optim.AdamW4bit", {}),
+]
+
+
+def _cls(component):
+    import importlib
+
+    module, name = component.rsplit(".", 1)
+    return getattr(importlib.import_module(module), name)
+
+
+def test_rounding_is_unbiased_onto_the_two_neighbours():
+    # 1 + k/8 of a bf16 step (2^-7 at 1.0): each value must round to 1 or 1 + 2^-7, up with odds k/8.
+    ulp = 2.0**-7
+    fractions = torch.arange(8, dtype=torch.float32) / 8
+    src = (1.0 + fractions * ulp).repeat_interleave(20000)
+    dst = torch.empty_like(src, dtype=torch.bfloat16)
+    StochasticRounding(seed=0, device=torch.device("cpu")).round_(dst, src.clone())
+    assert set(dst.float().unique().tolist()) <= {1.0, 1.0 + ulp}
+    share_up = ((dst.float() - 1.0) / ulp).view(8, -1).mean(dim=1)
+    torch.testing.assert_close(share_up, fractions, atol=0.012, rtol=0)
+    # values already on the bf16 grid never move, negative values round symmetrically
+    exact = torch.tensor([1.0, -2.5, 0.0, 3.0 * 2**-20])
+    out = torch.empty_like(exact, dtype=torch.bfloat16)
+    StochasticRounding(seed=1, device=torch.device("cpu")).round_(out, exact.clone())
+    assert torch.equal(out.float(), exact)
+    neg = torch.empty_like(src, dtype=torch.bfloat16)
+    StochasticRounding(seed=0, device=torch.device("cpu")).round_(neg, -src.clone())
+    assert torch.equal(neg, -dst)
+
+
+def test_rounding_stream_is_seeded_and_resumes_from_its_state():
+    src = torch.rand(10000) + 1.0
+    a, b = (
+        StochasticRounding(seed=3, device=torch.device("cpu")),
+        StochasticRounding(seed=3, device=torch.device("cpu")),
+    )
+    out = [torch.empty(10000, dtype=torch.bfloat16) for _ in range(4)]
+    a.round_(out[0], src.clone())
+    saved = a.state_dict()
+    a.round_(out[1], src.clone())
+    b.load_state_dict(saved)
+    b.round_(out[2], src.clone())
+    assert torch.equal(out[1], out[2])  # continued from the saved position
+    assert not torch.equal(out[0], out[1])  # and the stream moves on
+    StochasticRounding(seed=4, device=torch.device("cpu")).round_(out[3], src.clone())
+    assert not torch.equal(out[0], out[3])
+
+
+def _run(component, kwargs, rounding, steps=30, lr=1e-4, dtype=torch.bfloat16, count_last=False):
+    """A 64 x 64 weight near 1 (bf16 step 2^-7) pushed by gradients of one sign per element."""
+    torch.manual_seed(0)
+    init = 1.0 + 0.25 * torch.rand(64, 64)
+    signs = torch.randn(64, 64).sign()
+    param = torch.nn.Parameter(init.to(dtype, copy=True))
+    opt = _cls(component)(
+        [param], lr=lr, weight_decay=0.0, **kwargs, **(rounding.optimizer_kwargs(component) if rounding else {})
+    )
+    changes = WeightChangeTracker()
+    for i in range(steps):
+        param.grad = (signs * (1.0 + 0.1 * i)).to(dtype)
+        before = param.detach().clone()
+        if count_last and i == steps - 1:
+            changes.arm(torch.device("cpu"))
+        step_parameter(opt, param, rounding=rounding, changes=changes)
+        assert param.grad is None and param.dtype == dtype
+    moved = (param.detach() != before).float().mean().item() if count_last else None
+    return init.to(dtype).float(), param.detach().float(), opt, changes.pop() if count_last else None, moved
+
+
+@pytest.mark.parametrize("component,kwargs", OPTIMIZERS, ids=lambda x: x if isinstance(x, str) else str(x))
+def test_every_optimizer_family_keeps_small_bf16_updates(component, kwargs):
+    ref_init, ref, _, _, _ = _run(component, kwargs, None, dtype=torch.float32)
+    want = (ref - ref_init).abs().mean().item()  # fp32: about 30 steps x lr
+    init, nearest, plain_opt, _, _ = _run(component, kwargs, None)
+    assert torch.equal(nearest, init)  # round-to-nearest: every update is lost
+    rounding = StochasticRounding(seed=0, device=torch.device("cpu"))
+    init, stochastic, opt, share, moved = _run(component, kwargs, rounding, count_last=True)
+    got = (stochastic - init).abs().mean().item()
+    assert got == pytest.approx(want, rel=0.15), (got, want)
+    assert share == pytest.approx(moved) and 0 < share < 0.5  # weights_changed counts what moved
+    # the state keeps the dtypes a bf16 run has (bf16 for torch, fp32/8-bit for bitsandbytes/torchao)
+    param_state = next(iter(opt.state.values()))
+    plain_state = next(iter(plain_opt.state.values()))
+    assert {k: getattr(v, "dtype", None) for k, v in param_state.items()} == {
+        k: getattr(v, "dtype", None) for k, v in plain_state.items()
+    }
+
+
+def test_torchao_rounding_draws_from_its_own_stream_not_the_global_one():
+    from torchao.optim import AdamW8bit
+
+    def run(seed):
+        param = torch.nn.Parameter(torch.linspace(1.0, 2.0, 4096).bfloat16())
+        rounding = StochasticRounding(seed=seed, device=torch.device("cpu"))
+        opt = AdamW8bit([param], lr=1e-3, **rounding.optimizer_kwargs("torchao.optim.AdamW8bit"))
+        param.grad = torch.ones_like(param)
+        torch.manual_seed(123)
+        global_before = torch.get_rng_state()
+        step_parameter(opt, param, rounding=rounding)
+        assert torch.equal(torch.get_rng_state(), global_before)  # the global generator did not move
+        return param.detach().clone()
+
+    first = run(0)
+    assert torch.equal(first, run(0)) and not torch.equal(first, run(9))
+
+
+def test_standard_step_rounds_each_parameter_as_in_backward_does():
+    torch.manual_seed(0)
+    weights = [torch.rand(32, 16) + 1.0, torch.rand(16) + 1.0]
+    grads = [torch.randn_like(w) for w in weights]
+
+    def run(standard):
+        params = [torch.nn.Parameter(w.bfloat16()) for w in weights]
+        rounding = StochasticRounding(seed=5, device=torch.device("cpu"))
+        opts = [torch.optim.AdamW(params, lr=1e-3)] if standard else [torch.optim.AdamW([p], lr=1e-3) for p in params]
+        for _ in range(3):
+            for p, g in zip(params, grads):
+                p.grad = g.bfloat16()
+            if standard:
+                step_optimizer(opts[0], params, rounding=rounding)
+            else:
+                for opt, p in zip(opts, params):
+                    step_parameter(opt, p, rounding=rounding)
+        return params
+
+    for a, b in zip(run(True), run(False)):
+        assert torch.equal(a, b)
+        assert a.grad is None
+
+
+def _cfg(**over):
+    base = {"dtype": "bf16", "bf16_stochastic_rounding": True, "optimizer": {"_component_": "torch.optim.AdamW"}}
+    cfg = OmegaConf.create(base)
+    for key, value in over.items():
+        OmegaConf.update(cfg, key, value, merge=False)
+    return cfg
+
+
+@pytest.mark.parametrize(
+    "over,message",
+    [
+        ({"bf16_stochastic_rounding": "yes"}, "bf16_stochastic_rounding must be True or False"),
+        ({"optimizer._component_": "my.Lion"}, "optimizer._component_=my.Lion is none of them"),
+        (
+            {"optimizer._component_": "torchao.optim.AdamW8bit", "optimizer.bf16_stochastic_round": False},
+            "optimizer.bf16_stochastic_round=False disagrees with bf16_stochastic_rounding=True",
+        ),
+    ],
+)
+def test_config_checks_name_the_key(over, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        check_stochastic_rounding(_cfg(**over))
+
+
+def test_config_checks_pass_what_works(caplog):
+    check_stochastic_rounding(_cfg())
+    check_stochastic_rounding(_cfg(dtype="fp32"))  # allowed, and does nothing:
+    with caplog.at_level("INFO", logger="torchtune"):
+        assert build_stochastic_rounding(True, dtype=torch.float32, seed=0, device=torch.device("cpu")) is None
+    assert "bf16_stochastic_rounding=True has no effect with torch.float32 weights" in caplog.text
+    check_stochastic_rounding(_cfg(**{"optimizer._component_": "my.Lion", "bf16_stochastic_rounding": False}))
+    check_stochastic_rounding(_cfg(**{"optimizer._component_": "torchao.optim.AdamW4bit"}))
+
+
+@pytest.mark.parametrize(
+    "cls,kwargs", [(torch.optim.AdamW, {}), (torch.optim.AdamW, {"fused": True}), (torch.optim.SGD, {"momentum": 0.9})]
+)
+def test_elementwise_torch_optimizers_step_in_slices_with_the_same_result(monkeypatch, cls, kwargs):
+    """AdamW/SGD step large parameters slice by slice (bounded fp32 copies); the result is the whole step's."""
+    import torchtune.training._stochastic_rounding as sr
+
+    def run(slice_size, elementwise):
+        monkeypatch.setattr(sr, "_SLICE", slice_size)
+        monkeypatch.setattr(sr, "_ELEMENTWISE", sr._ELEMENTWISE if elementwise else ())
+        torch.manual_seed(0)
+        param = torch.nn.Parameter((torch.rand(64, 64) + 1).bfloat16())
+        opt = cls([param], lr=1e-3, **kwargs)
+        rounding = StochasticRounding(seed=0, device=torch.device("cpu"))
+        for _ in range(3):
+            param.grad = torch.randn(64, 64).bfloat16()
+            step_parameter(opt, param, rounding=rounding)
+        return param.detach().clone(), dict(opt.state[param])
+
+    sliced, sliced_state = run(1000, True)  # 5 slices, the last one short
+    whole, whole_state = run(1 << 30, False)  # the parameter swapped to fp32 whole
+    assert torch.equal(sliced, whole)
+    assert sliced_state.keys() == whole_state.keys()
+    for key, value in whole_state.items():
+        assert torch.equal(sliced_state[key], value) and sliced_state[key].dtype == value.dtype, key
+
+
+@pytest.mark.parametrize("component", [c for c, _ in OPTIMIZERS if c.startswith("bitsandbytes.")])
+def test_bitsandbytes_in_backward_step_skips_its_device_syncs(monkeypatch, component):
+    """bitsandbytes' step() synchronises the device after every parameter (paged: twice); the in-backward
+    step runs the same update without them, to the same bits."""
+    import bitsandbytes.optim.optimizer as bnb_optimizer
+
+    syncs = []
+    real = bnb_optimizer.sync_gpu
+    monkeypatch.setattr(bnb_optimizer, "sync_gpu", lambda t: syncs.append(t) or real(t))
+
+    def run(in_backward, rounding):
+        torch.manual_seed(0)
+        param = torch.nn.Parameter((torch.rand(64, 64) + 1).bfloat16())
+        opt = _cls(component)([param], lr=1e-3)
+        for _ in range(3):
+            param.grad = torch.randn(64, 64).bfloat16()
+            step_parameter(opt, param, rounding=rounding, in_backward=in_backward)
+        return param.detach().clone()
+
+    own = run(False, None)
+    assert len(syncs) == 3 * (2 if "Paged" in component else 1)
+    syncs.clear()
+    assert torch.equal(run(True, None), own) and syncs == []
+    run(True, StochasticRounding(seed=0, device=torch.device("cpu")))  # rounded: update_step on slices
+    assert syncs == []
+
+
+@pytest.mark.parametrize("component", ["bitsandbytes.optim.PagedAdamW", "bitsandbytes.optim.AdamW8bit"])
+def test_bitsandbytes_steps_in_slices_with_the_same_result(monkeypatch, component):
+    """bitsandbytes' update runs slice by slice on views of its state (32-bit, and 8-bit blockwise with
+    one absmax per 256 elements): the same weights and state as the parameter swapped to fp32 whole."""
+    import torchtune.training._stochastic_rounding as sr
+
+    def run(sliced):
+        monkeypatch.setattr(sr, "_SLICE", 1024)  # 4 slices of 4 blocks each for 4096 elements
+        monkeypatch.setattr(sr, "_bnb_sliceable", sr._bnb_sliceable if sliced else lambda o, p: False)
+        torch.manual_seed(0)
+        param = torch.nn.Parameter((torch.rand(64, 64) + 1).bfloat16())
+        opt = _cls(component)([param], lr=1e-3)
+        rounding = StochasticRounding(seed=0, device=torch.device("cpu"))
+        for _ in range(3):
+            param.grad = torch.randn(64, 64).bfloat16()
+            step_parameter(opt, param, rounding=rounding, in_backward=True)
+        return param.detach().clone(), dict(opt.state[param])
+
+    (sliced, sliced_state), (whole, whole_state) = run(True), run(False)
+    assert torch.equal(sliced, whole)
+    assert sliced_state.keys() == whole_state.keys() and sliced_state["step"] == whole_state["step"] == 3
+    for key, value in whole_state.items():
+        if torch.is_tensor(value):
+            assert torch.equal(sliced_state[key], value) and sliced_state[key].dtype == value.dtype, key
