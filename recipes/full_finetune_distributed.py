@@ -28,7 +28,6 @@ from tqdm import tqdm
 
 from torchtune import config, training, utils
 from torchtune._errors import ConfigError, TuneError
-from torchtune.modules.loss import CROSS_ENTROPY_IGNORE_IDX
 from torchtune.training import memory
 
 log = logging.getLogger("torchtune")
@@ -144,11 +143,6 @@ def validate_config(cfg: DictConfig) -> None:
             "torchao.optim.AdamW8bit (twice the state of 4-bit, a quarter of fp32 AdamW's), e.g. "
             "optimizer._component_=torchao.optim.AdamW8bit."
         )
-
-
-def _labelled_tokens(batch: Dict[str, torch.Tensor]) -> int:
-    """Tokens of a batch the loss counts (next-token labels that are not ignored), on the host."""
-    return int((batch["labels"][:, 1:] != CROSS_ENTROPY_IGNORE_IDX).sum())
 
 
 class FullFinetuneRecipeDistributed:
@@ -405,7 +399,7 @@ class FullFinetuneRecipeDistributed:
                     mininterval=0.5,
                     disable=not self._is_rank_zero,
                 )
-                step_loss = torch.zeros((), device=self._device)
+                step_loss, step_label_tokens = torch.zeros((), device=self._device), 0
                 interval_tokens, interval_start = 0, time.perf_counter()
                 for idx, batch in enumerate(self._data.dataloader):
                     if progress.steps_run_in_epoch >= self._steps_per_epoch:
@@ -416,21 +410,30 @@ class FullFinetuneRecipeDistributed:
                         self._grad_norm.arm(self._device)  # the in-backward hooks add to it
                     lr = self._optimizer.param_groups[0]["lr"]  # the LR this step applies
                     interval_tokens += self._data.num_tokens(batch)
-                    # The loss is this rank's mean over its tokens; weighted by its share of all ranks'
-                    # tokens (FSDP sums the gradients), the ranks together give one process's gradient.
-                    local_tokens = _labelled_tokens(batch)
-                    share = local_tokens / max(self._global_tokens(local_tokens), 1)
+                    # The loss is this rank's mean over its label tokens. Weighted by those tokens and
+                    # divided by the label tokens of the whole step on all ranks (FSDP sums the
+                    # gradients), the ranks together compute one process's gradient of one batch of
+                    # every micro-batch. Without accumulation the division happens before backward
+                    # (in backward, the optimizers step inside it); with it, on the summed gradients.
+                    local_tokens = training.num_label_tokens(batch)
+                    step_label_tokens += local_tokens
+                    weight = local_tokens / max(self._global_tokens(local_tokens), 1) if ga == 1 else local_tokens
                     loss = training.forward_backward(
                         self._model,
                         self._loss_fn,
                         batch,
                         device=self._device,
                         activations_ctx=self._activations,
-                        loss_scale=share / ga,
+                        loss_scale=float(weight),
                     )
-                    step_loss += loss * (share / ga)
+                    step_loss += loss * weight
                     if not last_micro_batch:
                         continue
+                    grad_scale = None
+                    if ga > 1:
+                        grad_scale = 1.0 / max(self._global_tokens(step_label_tokens), 1)
+                        step_loss *= grad_scale
+                    step_label_tokens = 0
 
                     # Standard mode: clip (by the global norm) and step. In backward: already stepped.
                     training.step_optimizer(
@@ -438,6 +441,7 @@ class FullFinetuneRecipeDistributed:
                         self._model.parameters(),
                         clip_grad_norm=self._clip_grad_norm,
                         grad_norm=self._grad_norm,
+                        grad_scale=grad_scale,
                     )
                     if self._lr_scheduler is not None:
                         self._lr_scheduler.step()

@@ -44,8 +44,11 @@ def configs(tmp_path_factory):
     """(single-device config, distributed config): the same run, the second with the FSDP keys."""
     root = tmp_path_factory.mktemp("dist")
     single = make_tiny_run(root, **RUN)
+    from recipes.full_finetune_distributed import RECIPE_KEYS
+
     cfg = OmegaConf.load(single)
-    cfg.pop("eval_after_training")  # the single-device recipe's lm-eval hook; not a key of this recipe
+    for key in [k for k in cfg if k not in RECIPE_KEYS]:
+        cfg.pop(key)  # the single-device recipe's own keys (eval_after_training, ...)
     cfg.update(DIST_KEYS)
     dist = root / "dist.yaml"
     OmegaConf.save(cfg, dist)
