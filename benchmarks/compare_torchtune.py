@@ -195,6 +195,8 @@ def config(impl: str, assets: Dict[str, Path], out: Path, args: argparse.Namespa
         return {
             **common,
             "optimizer_in_bwd_group": "layer" if best else "param",
+            # Rounding is extra work torchtune does not do: on for our best settings only (a no-op in fp32).
+            "bf16_stochastic_rounding": best,
             "tokenizer": {
                 "_component_": "torchtune.models.llama2.llama2_tokenizer",
                 "path": str(assets["tokenizer"]),
