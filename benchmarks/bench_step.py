@@ -148,20 +148,26 @@ def bench_config(
     )
 
 
-def build_step(cfg: DictConfig, weights_seed: int = 0, grad_norm: Any = None) -> training.TrainStep:
+def build_step(
+    cfg: DictConfig, weights_seed: int = 0, grad_norm: Any = None, weight_changes: Any = None
+) -> training.TrainStep:
     """The recipe's training step for ``cfg``, on random weights (the same for every variant)."""
     device = utils.get_device(cfg.device)
     torch.manual_seed(weights_seed)  # every variant starts from the same weights
     return training.TrainStep.from_config(
-        cfg, device=device, dtype=utils.get_dtype(cfg.dtype, device), grad_norm=grad_norm
+        cfg,
+        device=device,
+        dtype=utils.get_dtype(cfg.dtype, device),
+        grad_norm=grad_norm,
+        weight_changes=weight_changes,
     )
 
 
 class LoggedStep:
     """A step followed by what the recipe does on a logged step (``log_every_n_steps: 1`` and
-    ``log_peak_memory_stats: True``, as in llama2/tiny_full): the gradient norm is armed before the
-    step and summed in the hooks, then the loss and the norm are read (the syncs), the memory stats
-    read and the row written to a metrics.jsonl."""
+    ``log_peak_memory_stats: True``, as in llama2/tiny_full): the gradient norm (and, for bf16 weights,
+    the weight-change count) is armed before the step and fed by the hooks, then the loss and the
+    norm are read (the syncs), the memory stats read and the row written to a metrics.jsonl."""
 
     def __init__(self, cfg: DictConfig, log_dir: Path, what: str = "all") -> None:
         from torchtune.training import memory
@@ -169,18 +175,24 @@ class LoggedStep:
 
         self.memory, self.what = memory, what
         self.grad_norm = training.GradNormTracker()
-        self.step = build_step(cfg, grad_norm=self.grad_norm)
+        # as the recipe: weights_changed is counted for low-precision weights only
+        self.weight_changes = training.WeightChangeTracker() if cfg.dtype != "fp32" and what == "all" else None
+        self.step = build_step(cfg, grad_norm=self.grad_norm, weight_changes=self.weight_changes)
         self.logger = DiskLogger(log_dir=str(log_dir))
         self.count = 0
 
     def __call__(self, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
         self.grad_norm.arm(self.step.device)
+        if self.weight_changes is not None:
+            self.weight_changes.arm(self.step.device)
         loss = self.step(batch)
         self.count += 1
         if self.what == "grad_norm":
             self.grad_norm.pop()
             return loss
         payload = {"loss": loss.item(), "grad_norm": self.grad_norm.pop()}
+        if self.weight_changes is not None:
+            payload["weights_changed"] = self.weight_changes.pop()
         payload.update(self.memory.get_memory_stats(self.step.device))
         self.logger.log_dict(payload, step=self.count)
         return loss
@@ -383,6 +395,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.device == "cpu":
+        training.memory.reuse_freed_host_memory()  # as the recipe does for a CPU run
     model = {k: getattr(args, k) for k in DEFAULT_MODEL if getattr(args, k) is not None}
     if "num_heads" in model and "num_kv_heads" not in model:
         model["num_kv_heads"] = model["num_heads"]

@@ -61,7 +61,7 @@ def runs(tiny, tmp_path_factory):
         results[name] = {
             "change": _mean_change(recipe._model, base),
             "losses": read_losses(out / name),
-            "weights_changed": [r["weights_changed"] for r in read_metrics(out / name / "logs" / "metrics.jsonl")],
+            "weights_changed": [r.get("weights_changed") for r in read_metrics(out / name / "logs" / "metrics.jsonl")],
         }
     return results
 
@@ -82,7 +82,7 @@ def test_stochastic_rounding_tracks_fp32_and_nearest_does_not(runs):
 
 def test_weights_changed_is_logged_and_shows_the_lost_updates(runs):
     fp32, sr, rtn = (runs[k]["weights_changed"] for k in ("fp32", "stochastic", "nearest"))
-    assert all(x > 0.99 for x in fp32)  # fp32: nearly every weight moves every step
+    assert fp32 == [None] * len(fp32)  # fp32 updates are never lost: not counted (it would copy every weight)
     assert all(0 < r < s < 0.5 for r, s in zip(rtn, sr))  # bf16: a share moves, more of it with rounding
 
 

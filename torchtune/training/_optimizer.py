@@ -46,56 +46,62 @@ class GradNormTracker:
     ``arm(device)`` before a logged step; the in-backward hooks then ``add`` each gradient before it
     is freed (or ``step_optimizer`` records the total of a standard step); ``pop()`` reads the norm
     (the one host sync) and disarms. Unarmed, every call is a no-op, so steps that are not logged
-    spend nothing on it.
+    spend nothing on it. Each ``add`` is one reduction kernel; the norms are kept as 0-dim tensors
+    and summed once in ``pop``, so a step of N parameters launches N reductions, not 3N ops.
 
     Sharded gradients (FSDP2's DTensors) add only this rank's shard; ``pop`` then sums the shards'
     squares over the ranks, so every rank must call it (it is a collective there).
     """
 
     def __init__(self) -> None:
-        self._sum_sq: Optional[torch.Tensor] = None
-        self._local_sq: Optional[torch.Tensor] = None  # squares of shards: summed over ranks in pop
+        self._norms: Optional[List[torch.Tensor]] = None  # fp32 norms of whole gradients (or totals)
+        self._local: List[torch.Tensor] = []  # fp32 norms of this rank's shards: summed over ranks in pop
+        self._device: Optional[torch.device] = None
 
     @property
     def armed(self) -> bool:
-        return self._sum_sq is not None
+        return self._norms is not None
 
     def arm(self, device: torch.device) -> None:
-        self._sum_sq = torch.zeros((), dtype=torch.float32, device=device)
-        self._local_sq = None
+        self._norms, self._local, self._device = [], [], torch.device(device)
 
     def add(self, grad: torch.Tensor) -> None:
-        """Add one gradient's squared norm (in fp32); of a sharded gradient, this rank's shard."""
-        if self._sum_sq is None:
+        """Add one gradient's norm (taken in fp32); of a sharded gradient, this rank's shard."""
+        if self._norms is None:
             return
         if isinstance(grad, DTensor):
-            square = torch.linalg.vector_norm(grad.to_local(), dtype=torch.float32).square()
-            # a CPU-offloaded shard adds on the CPU; pop moves the sum next to the others
-            self._local_sq = square if self._local_sq is None else self._local_sq + square.to(self._local_sq.device)
+            self._local.append(torch.linalg.vector_norm(grad.to_local(), dtype=torch.float32))
         else:
-            self._sum_sq += torch.linalg.vector_norm(grad, dtype=torch.float32).square()
+            self._norms.append(torch.linalg.vector_norm(grad, dtype=torch.float32))
 
     def add_total(self, norm: torch.Tensor) -> None:
         """Add a norm already taken over many gradients, over all ranks (``clip_grad_norm_``'s result)."""
-        if self._sum_sq is not None:
-            self._sum_sq += norm.detach().float().square()
+        if self._norms is not None:
+            self._norms.append(norm.detach().float())
 
     def pop(self) -> float:
         """The norm since ``arm`` (a host sync; with sharded gradients a collective); disarms. NaN if
         it was not armed."""
-        if self._sum_sq is None:
+        if self._norms is None:
             return float("nan")
-        total = self._sum_sq
-        if self._local_sq is not None:
+        total = _sum_of_squares(self._norms, self._device)
+        if self._local:
             import torch.distributed as dist
 
-            local = self._local_sq.to(total.device)
+            local = _sum_of_squares(self._local, self._device)
             if dist.is_initialized():
                 dist.all_reduce(local)
             total = total + local
         value = math.sqrt(max(total.item(), 0.0))
-        self._sum_sq = self._local_sq = None
+        self._norms, self._local = None, []
         return value
+
+
+def _sum_of_squares(norms: List[torch.Tensor], device: Optional[torch.device]) -> torch.Tensor:
+    if not norms:
+        return torch.zeros((), dtype=torch.float32, device=device)
+    # a CPU-offloaded shard's norm lies on the CPU: gathered next to the others before stacking
+    return torch.stack([n.to(device, non_blocking=True) for n in norms]).square().sum()
 
 
 def trainable_parameters(model: nn.Module) -> Dict[str, nn.Parameter]:

@@ -114,6 +114,8 @@ class TrainStep:
         clip_grad_norm: Optional[float] = None,
         select_label_positions: bool = True,
         rounding: Optional[Any] = None,
+        grad_norm: Optional[Any] = None,
+        weight_changes: Optional[Any] = None,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
@@ -123,6 +125,9 @@ class TrainStep:
         self.clip_grad_norm = clip_grad_norm
         self.select_label_positions = select_label_positions
         self.rounding = rounding  # the StochasticRounding that build_optimizer was given, if any
+        # the GradNormTracker / WeightChangeTracker build_optimizer was given: a standard step feeds them too
+        self.grad_norm = grad_norm
+        self.weight_changes = weight_changes
 
     @classmethod
     def from_config(
@@ -134,12 +139,14 @@ class TrainStep:
         state_dict: Optional[Dict[str, torch.Tensor]] = None,
         compile_model: Optional[bool] = None,
         grad_norm: Optional[Any] = None,
+        weight_changes: Optional[Any] = None,
     ) -> "TrainStep":
         """The step of a finetune config (``model``, ``optimizer``, ``optimizer_in_bwd``,
         ``optimizer_in_bwd_group``, ``loss``, ``clip_grad_norm``, ``bf16_stochastic_rounding`` (seeded
         from ``seed``, 0 when null), activation checkpointing/offloading and ``compile`` keys); random
         weights unless ``state_dict`` is given; ``compile_model`` overrides the config's ``compile``; a
-        ``GradNormTracker`` as ``grad_norm`` is fed by the in-backward hooks when armed."""
+        ``GradNormTracker`` as ``grad_norm`` and a ``WeightChangeTracker`` as ``weight_changes`` are fed
+        by the step (the in-backward hooks, or the standard step) when armed, as in the recipe."""
         from torchtune import config
         from torchtune.training._activations import get_act_offloading_ctx_manager
         from torchtune.training._model import build_model
@@ -168,12 +175,15 @@ class TrainStep:
                 in_bwd_group=cfg.optimizer_in_bwd_group,
                 grad_norm=grad_norm,
                 rounding=rounding,
+                weight_changes=weight_changes,
             ),
             config.instantiate(cfg.loss),
             device=device,
             activations_ctx=get_act_offloading_ctx_manager(model, bool(cfg.enable_activation_offloading)),
             clip_grad_norm=cfg.clip_grad_norm,
             rounding=rounding,
+            grad_norm=grad_norm,
+            weight_changes=weight_changes,
         )
 
     def __call__(self, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
@@ -188,6 +198,11 @@ class TrainStep:
             select_label_positions=self.select_label_positions,
         )
         step_optimizer(
-            self.optimizer, self.model.parameters(), clip_grad_norm=self.clip_grad_norm, rounding=self.rounding
+            self.optimizer,
+            self.model.parameters(),
+            clip_grad_norm=self.clip_grad_norm,
+            grad_norm=self.grad_norm,
+            rounding=self.rounding,
+            weight_changes=self.weight_changes,
         )
         return loss

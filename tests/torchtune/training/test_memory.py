@@ -1,7 +1,10 @@
-"""Memory statistics: keys, units, and the CUDA allocator setting."""
+"""Memory statistics: keys, units, and the CUDA and host allocator settings."""
 
+import json
 import logging
 import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -68,3 +71,53 @@ def test_log_memory_stats(caplog):
     assert "end:" in caplog.text
     assert "peak allocated (torch): 13.99 GB" in caplog.text
     assert "host peak RSS: 2.50 GB" in caplog.text
+
+
+# Run in a child process: the setting is process-wide. Allocates and frees a 128 MB tensor (the size
+# of a 32000 x 1024 fp32 gradient) a few times, counting the page faults of the later rounds.
+_REUSE_SCRIPT = """
+import json, resource, sys, torch
+from torchtune.training import memory
+changed = again = None
+if sys.argv[1] == "on":
+    changed, again = memory.reuse_freed_host_memory(), memory.reuse_freed_host_memory()
+faults = []
+for _ in range(4):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    t = torch.ones(32000 * 1024)  # written: every page is touched
+    del t
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(json.dumps({"changed": changed, "again": again, "faults": faults}))
+"""
+
+
+def _reuse_run(mode, **env):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "LD_PRELOAD"} | env
+    out = subprocess.run(
+        [sys.executable, "-c", _REUSE_SCRIPT, mode], env=env, capture_output=True, text=True, check=True
+    ).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+glibc_linux = pytest.mark.skipif(
+    not sys.platform.startswith("linux") or os.confstr("CS_GNU_LIBC_VERSION") is None, reason="glibc's malloc only"
+)
+
+
+@glibc_linux
+def test_reuse_freed_host_memory_stops_page_faults_of_large_blocks():
+    default, reused = _reuse_run("off"), _reuse_run("on")
+    pages = 32000 * 1024 * 4 // 4096
+    # glibc's default: every 128 MB block is a fresh mmap, faulted in page by page each time
+    assert all(f > 0.9 * pages for f in default["faults"]), default
+    # reused: once the heap has grown to hold the block (a round or two: the aligned block does not fit
+    # the first hole exactly), later rounds reuse its pages
+    assert reused["changed"] is True and reused["again"] is False, reused
+    assert all(f < 0.01 * pages for f in reused["faults"][2:]), reused
+
+
+@glibc_linux
+@pytest.mark.parametrize("env", [{"MALLOC_MMAP_MAX_": "65536"}, {"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=0"}])
+def test_reuse_freed_host_memory_leaves_a_user_setting_alone(env):
+    result = _reuse_run("on", **env)
+    assert result["changed"] is False, result
