@@ -74,7 +74,7 @@ def test_log_memory_stats(caplog):
 
 
 # Run in a child process: the setting is process-wide. Allocates and frees a 128 MB tensor (the size
-# of a 32000 x 1024 fp32 gradient) a few times, counting the page faults of the later rounds.
+# of a 32000 x 1024 fp32 gradient) six times, counting the page faults of each round.
 _REUSE_SCRIPT = """
 import json, resource, sys, torch
 from torchtune.training import memory
@@ -82,7 +82,7 @@ changed = again = None
 if sys.argv[1] == "on":
     changed, again = memory.reuse_freed_host_memory(), memory.reuse_freed_host_memory()
 faults = []
-for _ in range(4):
+for _ in range(6):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     t = torch.ones(32000 * 1024)  # written: every page is touched
     del t
@@ -110,10 +110,12 @@ def test_reuse_freed_host_memory_stops_page_faults_of_large_blocks():
     pages = 32000 * 1024 * 4 // 4096
     # glibc's default: every 128 MB block is a fresh mmap, faulted in page by page each time
     assert all(f > 0.9 * pages for f in default["faults"]), default
-    # reused: once the heap has grown to hold the block (a round or two: the aligned block does not fit
-    # the first hole exactly), later rounds reuse its pages
+    # reused: the heap grows twice to hold the block (the 64-byte aligned block does not fit the first
+    # hole exactly), in rounds one and two or one and three depending on where earlier small blocks
+    # lie in the heap; from round four on every round reuses its pages
     assert reused["changed"] is True and reused["again"] is False, reused
-    assert all(f < 0.01 * pages for f in reused["faults"][2:]), reused
+    assert sum(f > 0.5 * pages for f in reused["faults"][:3]) <= 2, reused
+    assert all(f < 0.01 * pages for f in reused["faults"][3:]), reused
 
 
 @glibc_linux
