@@ -19,6 +19,12 @@ SentencePiece tokenizer and one Alpaca-format JSON file, each recipe running its
   chunked loss, ``optimizer_in_bwd_group: layer`` and the label-position selection (always on).
   ``--no-compile`` leaves compile off for both.
 
+``--extra NAME:SPEC`` adds a variant of our recipe to the same interleaved runs, to measure what
+one of its features costs: SPEC is ``;``-separated ``key=value`` config overrides (the value read as
+YAML) and ``env:VAR=value`` environment settings, e.g. ``--extra "no logging:log_every_n_steps=1000"``
+or ``--extra "glibc malloc default:env:MALLOC_MMAP_MAX_=65536"`` (any ``MALLOC_`` setting leaves
+the recipe's host allocator setting off).
+
 A step's time is measured the same way for both: a forward pre-hook on the model records wall and
 process CPU time at the start of every step's forward, so step i lasts from its forward to the next
 one (loop, data, logging and optimizer included; the epoch-end checkpoint of the last step is not).
@@ -273,6 +279,35 @@ def worker(impl: str, config_path: Path, result_path: Path) -> None:
     )
 
 
+def parse_extra(text: str) -> Dict[str, Any]:
+    """``NAME:key=value;env:VAR=value;...`` -> ``{"name", "overrides", "env"}`` (see the module docstring)."""
+    import yaml
+
+    name, sep, spec = text.partition(":")
+    if not sep or not name.strip():
+        raise SystemExit(f"--extra {text!r}: expected NAME:key=value[;key=value...] (or env:VAR=value items)")
+    overrides: Dict[str, Any] = {}
+    env: Dict[str, str] = {}
+    for item in filter(None, (i.strip() for i in spec.split(";"))):
+        target = env if item.startswith("env:") else overrides
+        key, eq, value = item.removeprefix("env:").partition("=")
+        if not eq or not key:
+            raise SystemExit(f"--extra {text!r}: {item!r} is not key=value")
+        target[key.strip()] = value if target is env else yaml.safe_load(value)
+    return {"name": name.strip(), "overrides": overrides, "env": env}
+
+
+def apply_overrides(cfg: Dict[str, Any], overrides: Dict[str, Any]) -> Dict[str, Any]:
+    """``cfg`` with each dotted ``key`` set to its value (nested mappings created as needed)."""
+    for key, value in overrides.items():
+        node = cfg
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return cfg
+
+
 def _summary(runs: List[Dict[str, Any]], skip: int) -> Dict[str, float]:
     """Per-run medians of the timed steps, then the median over runs; tokens/s over all timed steps."""
     per_run = []
@@ -311,6 +346,13 @@ def main() -> None:
         action="store_false",
         help="alpaca scenario without compile for both (compiling a 168M model takes CPU-minutes per run)",
     )
+    parser.add_argument(
+        "--extra",
+        action="append",
+        default=[],
+        metavar="NAME:SPEC",
+        help="a variant of our recipe run beside the two (config overrides and env:VAR=value; see the docstring)",
+    )
     parser.add_argument("--json", dest="json_out")
     parser.add_argument("--worker", choices=["ours", "torchtune"], help=argparse.SUPPRESS)
     parser.add_argument("--config", help=argparse.SUPPRESS)
@@ -334,28 +376,38 @@ def main() -> None:
         # one compile cache for every run: the first run of each recipe pays the cold compile
         "TORCHINDUCTOR_CACHE_DIR": str(work / "inductor"),
     }
-    runs: Dict[str, List[Dict[str, Any]]] = {"ours": [], "torchtune": []}
+    variants = [
+        {"name": "ours", "impl": "ours", "overrides": {}, "env": {}},
+        {"name": "torchtune", "impl": "torchtune", "overrides": {}, "env": {}},
+    ] + [{**parse_extra(text), "impl": "ours"} for text in args.extra]
+    names = [v["name"] for v in variants]
+    if len(set(names)) != len(names):
+        raise SystemExit(f"variant names must differ: {names}")
+    runs: Dict[str, List[Dict[str, Any]]] = {name: [] for name in names}
     started = time.perf_counter()
     for repeat in range(args.repeats):
-        for impl in ("ours", "torchtune") if repeat % 2 == 0 else ("torchtune", "ours"):
-            out = work / f"run{repeat}_{impl}"
+        # each variant takes each place in the order in turn, so machine drift hits them alike
+        shift = repeat % len(variants)
+        for index, variant in enumerate(variants[shift:] + variants[:shift]):
+            name, impl = variant["name"], variant["impl"]
+            out = work / f"run{repeat}_{index}"
             out.mkdir()
             cfg_path, res_path = out / "config.yaml", out / "result.json"
-            cfg_path.write_text(yaml.safe_dump(config(impl, assets, out, args)))
-            print(f"repeat {repeat + 1}: {impl} ...", file=sys.stderr, flush=True)
+            cfg_path.write_text(yaml.safe_dump(apply_overrides(config(impl, assets, out, args), variant["overrides"])))
+            print(f"repeat {repeat + 1}: {name} ...", file=sys.stderr, flush=True)
             proc = subprocess.run(
                 [pythons[impl], __file__, "--worker", impl, "--config", str(cfg_path), "--result", str(res_path)],
                 cwd=str(work),
-                env=env,
+                env={**env, **variant["env"]},
                 capture_output=True,
                 text=True,
             )
             if proc.returncode != 0:
-                raise SystemExit(f"{impl} failed:\n{proc.stderr[-4000:]}")
+                raise SystemExit(f"{name} failed:\n{proc.stderr[-4000:]}")
             res = json.loads(res_path.read_text())
             if args.scenario == "identical":
                 assert all(p == args.batch_size * args.seq_len for p in res["positions"]), res["positions"]
-            runs[impl].append(res)
+            runs[name].append(res)
             if args.json_out:  # after every run: a long comparison cut short still has its results
                 Path(args.json_out).write_text(json.dumps({"args": vars(args), "runs": runs}, indent=2))
             for d in out.glob("epoch_*"):
@@ -367,31 +419,36 @@ def main() -> None:
                 flush=True,
             )
     shutil.rmtree(work, ignore_errors=True)
-    ours, theirs = _summary(runs["ours"], args.skip), _summary(runs["torchtune"], args.skip)
+    summaries = {name: _summary(runs[name], args.skip) for name in names}
+    ours, theirs = summaries["ours"], summaries["torchtune"]
     dims = SIZES[args.size]
     note = " (no compile)" if args.scenario == "alpaca" and not args.compile else ""
     print(
         f"\nScenario {args.scenario}{note}: Llama2 {dims}, {args.dtype} on {args.device}, batch {args.batch_size} x "
         f"seq {args.seq_len}, {args.steps} steps per run (first {args.skip} left out), {args.repeats} interleaved "
-        f"run(s) per recipe, {time.perf_counter() - started:.0f}s in all\n"
+        f"run(s) per variant, {time.perf_counter() - started:.0f}s in all\n"
     )
     print(
         "| recipe | step wall (s) | step CPU (s) | trained tokens/step | padding | trained tokens/s (wall) | "
-        "trained tokens/s (CPU) |\n|---|---|---|---|---|---|---|"
+        "trained tokens/s (CPU) | step CPU vs torchtune |\n|---|---|---|---|---|---|---|---|"
     )
-    for name, s in (("ours", ours), ("torchtune 0.6.1", theirs)):
+    for name, s in summaries.items():
+        label = {"ours": "ours", "torchtune": "torchtune 0.6.1"}.get(name, f"ours, {name}")
         print(
-            f"| {name} | {s['wall']:.3f} | {s['cpu']:.3f} | {s['trained']:.0f} | {100 * s['padding']:.1f}% | "
-            f"{s['tok_s']:.1f} | {s['tok_cpu_s']:.1f} |"
+            f"| {label} | {s['wall']:.3f} | {s['cpu']:.3f} | {s['trained']:.0f} | {100 * s['padding']:.1f}% | "
+            f"{s['tok_s']:.1f} | {s['tok_cpu_s']:.1f} | {s['cpu'] / theirs['cpu']:.3f}x |"
         )
     print(
         f"\nours / torchtune: tokens/s {ours['tok_s'] / theirs['tok_s']:.3f}x (wall), "
         f"{ours['tok_cpu_s'] / theirs['tok_cpu_s']:.3f}x (CPU time); step time {ours['wall'] / theirs['wall']:.3f}x "
         f"(wall), {ours['cpu'] / theirs['cpu']:.3f}x (CPU)"
     )
-    for name in ("ours", "torchtune"):
-        per = _summary(runs[name], args.skip)["runs"]
-        print(f"  {name} per run: " + ", ".join(f"{p['tok_s']:.1f} tok/s ({p['wall']:.2f}s)" for p in per))
+    for name, s in summaries.items():
+        per = s["runs"]
+        print(
+            f"  {name} per run: "
+            + ", ".join(f"{p['tok_s']:.1f} tok/s ({p['wall']:.2f}s, {p['cpu']:.2f}s CPU)" for p in per)
+        )
     if args.json_out:
         Path(args.json_out).write_text(json.dumps({"args": vars(args), "runs": runs}, indent=2))
 
