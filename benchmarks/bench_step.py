@@ -47,7 +47,9 @@ PAD_ID = 0
 #   select:  select_label_positions of the step (default True, as the recipe)
 #   logged:  "all": after each step do what the recipe's logged step does: read the loss and the
 #            gradient norm (armed before the step, added in the hooks), read the memory stats, write
-#            the row; "grad_norm": only the gradient norm (armed, summed in the hooks, read)
+#            the row; "grad_norm": only the gradient norm (armed, summed in the hooks, read);
+#            "weights_changed": only the weight-change count (armed, counted in the hooks, read), which
+#            the recipe logs for bf16/fp16 weights: in fp32 it measures the count at twice bf16's bytes
 # torch AdamW is fused in both modes: on CPU (and CUDA) the fused kernel is one pass over
 # param/grad/state, several times faster than the default per-tensor loop on CPU (see docs/speed.md),
 # and the comparison is only fair with the same kernel in both modes. The *_unfused variants measure
@@ -65,6 +67,7 @@ VARIANTS: Dict[str, Dict[str, Any]] = {
     "adamw_bwd_no_select": {"optimizer": _FUSED, "in_bwd": True, "select": False},
     "adamw_bwd_logged": {"optimizer": _FUSED, "in_bwd": True, "logged": "all"},
     "adamw_bwd_grad_norm": {"optimizer": _FUSED, "in_bwd": True, "logged": "grad_norm"},
+    "adamw_bwd_weights_changed": {"optimizer": _FUSED, "in_bwd": True, "logged": "weights_changed"},
     "adamw_bwd_chunked1": {
         "optimizer": _FUSED,
         "in_bwd": True,
@@ -176,19 +179,24 @@ class LoggedStep:
         self.memory, self.what = memory, what
         self.grad_norm = training.GradNormTracker()
         # as the recipe: weights_changed is counted for low-precision weights only
-        self.weight_changes = training.WeightChangeTracker() if cfg.dtype != "fp32" and what == "all" else None
+        counted = (what == "all" and cfg.dtype != "fp32") or what == "weights_changed"
+        self.weight_changes = training.WeightChangeTracker() if counted else None
         self.step = build_step(cfg, grad_norm=self.grad_norm, weight_changes=self.weight_changes)
         self.logger = DiskLogger(log_dir=str(log_dir))
         self.count = 0
 
     def __call__(self, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
-        self.grad_norm.arm(self.step.device)
+        if self.what != "weights_changed":
+            self.grad_norm.arm(self.step.device)
         if self.weight_changes is not None:
             self.weight_changes.arm(self.step.device)
         loss = self.step(batch)
         self.count += 1
         if self.what == "grad_norm":
             self.grad_norm.pop()
+            return loss
+        if self.what == "weights_changed":
+            self.weight_changes.pop()
             return loss
         payload = {"loss": loss.item(), "grad_norm": self.grad_norm.pop()}
         if self.weight_changes is not None:

@@ -90,3 +90,15 @@ def test_count_is_the_recipes_own():
 def test_unknown_variant_is_refused():
     with pytest.raises(SystemExit, match="unknown variant"):
         bench_step.main([*TINY, "--variants", "adamw,sgd"])
+
+
+def test_logging_variants_only_observe_the_step(tmp_path):
+    """The variants that price a logged step's work (row, gradient norm, weight-change count) train
+    exactly as the plain in-backward step: they add reads, never a change to the update."""
+    observers = ["adamw_bwd_logged", "adamw_bwd_grad_norm", "adamw_bwd_weights_changed"]
+    result = bench_step.main(
+        [*TINY, "--steps", "2", "--warmup", "1", "--dtype", "fp32", "--variants", ",".join(["adamw_bwd", *observers])]
+    )
+    rows = {r["variant"]: r for r in result["rows"]}
+    for name in observers:
+        assert rows[name]["losses"] == rows["adamw_bwd"]["losses"], name
