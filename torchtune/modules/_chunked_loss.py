@@ -6,6 +6,14 @@ Here forward keeps nothing but the (already alive) hidden states and the weight;
 one chunk of logits at a time and accumulates the output projection's gradient into ONE buffer in
 place, so the weight gradient is never held twice (autograd would hold a per-chunk gradient next to
 the running sum).
+
+Every chunk streams the whole weight through the multiply three times (forward, the recomputation
+and the input gradient) and reads and writes the whole weight gradient once, whatever its row
+count, so a chunk of a few rows is bound by memory traffic, not arithmetic: with 32000 x 1024 fp32
+weights on a 2-core CPU, the loss of 128 rows took 0.41 s in one chunk and 0.86 s in eight chunks of
+16 rows. Chunks are therefore never cut below ``min_chunk_rows`` rows: a step with few labelled rows
+(a small batch, or one whose prompts carry no label) takes fewer, fuller chunks, and the fp32 peak
+stays at most ``max(rows / num_chunks, min_chunk_rows) * vocab * 4`` bytes.
 """
 
 from __future__ import annotations
@@ -15,7 +23,18 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-__all__ = ["chunked_linear_cross_entropy"]
+__all__ = ["DEFAULT_MIN_CHUNK_ROWS", "chunk_count", "chunked_linear_cross_entropy"]
+
+# 128 rows: the loss's time per row levels off from there on a CPU (docs/speed.md), and it is the
+# chunk size of the 16 GB Llama2-7B config (batch 2 x 512 tokens in 8 chunks), whose peak it keeps.
+DEFAULT_MIN_CHUNK_ROWS = 128
+
+
+def chunk_count(rows: int, num_chunks: int, min_chunk_rows: int = DEFAULT_MIN_CHUNK_ROWS) -> int:
+    """How many chunks ``rows`` rows are cut into: ``num_chunks``, fewer when chunks would have fewer
+    than ``min_chunk_rows`` rows (never fewer than one). A chunk then has at most
+    ``max(ceil(rows / num_chunks), min_chunk_rows)`` rows."""
+    return max(1, min(num_chunks, -(-rows // max(min_chunk_rows, 1))))
 
 
 def _chunk_nll_sum(
@@ -41,10 +60,12 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         labels: torch.Tensor,
         num_chunks: int,
         ignore_index: int,
+        min_chunk_rows: int,
     ) -> torch.Tensor:
         dim = hidden.size(-1)
         flat_h = hidden.reshape(-1, dim)
         flat_y = labels.reshape(-1)
+        num_chunks = chunk_count(flat_h.size(0), num_chunks, min_chunk_rows)  # a shape: no host sync
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
         for h_c, y_c in zip(flat_h.chunk(num_chunks), flat_y.chunk(num_chunks)):
             total = total + _chunk_nll_sum(h_c, weight, bias, y_c, ignore_index)
@@ -86,7 +107,7 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
             del g
         if need_h:
             grad_h = grad_h.view_as(hidden)
-        return grad_h, grad_w, grad_b, None, None, None
+        return grad_h, grad_w, grad_b, None, None, None, None
 
 
 def chunked_linear_cross_entropy(
@@ -96,7 +117,9 @@ def chunked_linear_cross_entropy(
     labels: torch.Tensor,
     num_chunks: int,
     ignore_index: int,
+    min_chunk_rows: int = DEFAULT_MIN_CHUNK_ROWS,
 ) -> torch.Tensor:
     """Mean fp32 cross-entropy of ``F.linear(hidden, weight, bias)`` against ``labels``, over the labels
-    that are not ``ignore_index``, computed ``num_chunks`` token chunks at a time in forward and backward."""
-    return _ChunkedLinearCrossEntropy.apply(hidden, weight, bias, labels, num_chunks, ignore_index)
+    that are not ``ignore_index``, computed chunk by chunk in forward and backward: ``num_chunks``
+    token chunks, fewer where a chunk would have fewer than ``min_chunk_rows`` rows (``chunk_count``)."""
+    return _ChunkedLinearCrossEntropy.apply(hidden, weight, bias, labels, num_chunks, ignore_index, min_chunk_rows)

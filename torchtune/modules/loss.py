@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from torchtune.modules._chunked_loss import chunked_linear_cross_entropy
+from torchtune.modules._chunked_loss import DEFAULT_MIN_CHUNK_ROWS, chunked_linear_cross_entropy
 
 __all__ = ["CROSS_ENTROPY_IGNORE_IDX", "ChunkedCrossEntropyLoss", "CrossEntropyLoss"]
 
@@ -59,19 +59,39 @@ class ChunkedCrossEntropyLoss(nn.Module):
 
     Args:
         num_output_chunks: how many token chunks the logits are computed in. More chunks: a smaller
-            fp32 peak (``b*s*vocab*4 / num_output_chunks`` bytes), slightly more kernel launches.
+            fp32 peak (``rows*vocab*4 / num_output_chunks`` bytes), but each chunk streams the whole
+            output weight and its gradient once more, whatever its size.
         ignore_index: label value that is left out of the loss.
+        min_chunk_rows: fewer chunks are taken where a chunk would have fewer rows (positions) than
+            this (a chunk of few rows costs nearly what a full one does; see
+            ``torchtune.modules._chunked_loss``). The fp32 peak is then at most
+            ``max(rows / num_output_chunks, min_chunk_rows) * vocab * 4`` bytes. 1 always takes
+            ``num_output_chunks`` chunks.
     """
 
-    def __init__(self, num_output_chunks: int = 8, ignore_index: int = CROSS_ENTROPY_IGNORE_IDX) -> None:
+    def __init__(
+        self,
+        num_output_chunks: int = 8,
+        ignore_index: int = CROSS_ENTROPY_IGNORE_IDX,
+        min_chunk_rows: int = DEFAULT_MIN_CHUNK_ROWS,
+    ) -> None:
         super().__init__()
         if num_output_chunks < 1:
             raise ValueError(f"num_output_chunks must be >= 1, got {num_output_chunks}")
+        if min_chunk_rows < 1:
+            raise ValueError(f"min_chunk_rows must be >= 1, got {min_chunk_rows}")
         self.num_output_chunks = num_output_chunks
         self.ignore_index = ignore_index
+        self.min_chunk_rows = min_chunk_rows
 
     def forward(self, output_proj: nn.Linear, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Loss of ``output_proj(hidden)`` against ``labels``, never materialising all logits."""
         return chunked_linear_cross_entropy(
-            hidden, output_proj.weight, output_proj.bias, labels, self.num_output_chunks, self.ignore_index
+            hidden,
+            output_proj.weight,
+            output_proj.bias,
+            labels,
+            self.num_output_chunks,
+            self.ignore_index,
+            self.min_chunk_rows,
         )

@@ -16,6 +16,12 @@ VOCAB = 97
 LOSSES = ["torchtune.modules.loss.CrossEntropyLoss", "torchtune.modules.loss.ChunkedCrossEntropyLoss"]
 
 
+def _make_loss(component):
+    # chunks of any size, so that these few rows are cut into the default 8 chunks as a long batch is
+    extra = {"min_chunk_rows": 1} if "Chunked" in component else {}
+    return config.instantiate({"_component_": component, **extra})
+
+
 def _examples(n: int, seed: int = 0) -> list:
     """Instruction-style examples: a prompt whose labels are ignored (train_on_input=False), then a response."""
     rng = random.Random(seed)
@@ -68,7 +74,7 @@ def test_same_first_five_losses_with_and_without_selection(kind, loss):
         step = training.TrainStep(
             model,
             optimizer,
-            config.instantiate({"_component_": loss}),
+            _make_loss(loss),
             device=torch.device("cpu"),
             select_label_positions=select,
         )
@@ -83,7 +89,7 @@ def test_same_first_five_losses_with_and_without_selection(kind, loss):
 @pytest.mark.parametrize("loss", LOSSES)
 def test_same_gradients_with_and_without_selection(kind, loss):
     batch = _batches(kind)[0]
-    loss_fn = config.instantiate({"_component_": loss})
+    loss_fn = _make_loss(loss)
     base = _model()
     grads = {}
     for select in (True, False):
@@ -98,7 +104,7 @@ def test_same_gradients_with_and_without_selection(kind, loss):
 def test_validation_loss_uses_the_selection_and_matches_the_full_loss():
     batch = _batches("packed")[0]
     model = _model()
-    loss_fn = config.instantiate({"_component_": LOSSES[1]})
+    loss_fn = _make_loss(LOSSES[1])
     with torch.no_grad():
         selected = training.forward_loss(model, loss_fn, batch, device=torch.device("cpu"))
         full = training.forward_loss(model, loss_fn, batch, device=torch.device("cpu"), select_label_positions=False)
@@ -111,7 +117,7 @@ def test_a_batch_without_labels_selects_nothing_and_gives_zero(loss):
     batch = {"tokens": torch.randint(0, VOCAB, (2, 8)), "labels": torch.full((2, 8), IGNORE)}
     assert training.label_positions(training.shift_labels(batch["labels"])).numel() == 0
     value = training.forward_backward(
-        model, config.instantiate({"_component_": loss}), batch, device=torch.device("cpu")
+        model, _make_loss(loss), batch, device=torch.device("cpu")
     )
     assert float(value) == 0.0
     assert all(float(p.grad.abs().sum()) == 0.0 for p in model.parameters() if p.grad is not None)
