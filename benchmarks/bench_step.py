@@ -78,6 +78,11 @@ VARIANTS: Dict[str, Dict[str, Any]] = {
         "in_bwd": True,
         "loss": {"_component_": _CHUNKED, "num_output_chunks": 8},
     },
+    "adamw_bwd_chunked8_rows1": {  # chunks of any size (min_chunk_rows: 1): what 8 small chunks cost
+        "optimizer": _FUSED,
+        "in_bwd": True,
+        "loss": {"_component_": _CHUNKED, "num_output_chunks": 8, "min_chunk_rows": 1},
+    },
     "adamw_bwd_chunked32": {
         "optimizer": _FUSED,
         "in_bwd": True,

@@ -22,8 +22,9 @@ SentencePiece tokenizer and one Alpaca-format JSON file, each recipe running its
 ``--extra NAME:SPEC`` adds a variant of our recipe to the same interleaved runs, to measure what
 one of its features costs: SPEC is ``;``-separated ``key=value`` config overrides (the value read as
 YAML) and ``env:VAR=value`` environment settings, e.g. ``--extra "no logging:log_every_n_steps=1000"``
-or ``--extra "glibc malloc default:env:MALLOC_MMAP_MAX_=65536"`` (any ``MALLOC_`` setting leaves
-the recipe's host allocator setting off).
+or ``--extra "glibc malloc default:env:GLIBC_TUNABLES=glibc.malloc.tcache_count=7"`` (a malloc
+setting of the user's, here a default value, leaves the recipe's host allocator setting off; a
+``MALLOC_*_`` variable would also turn off glibc's adaptive mmap threshold, worse than the default).
 
 A step's time is measured the same way for both: a forward pre-hook on the model records wall and
 process CPU time at the start of every step's forward, so step i lasts from its forward to the next

@@ -9,11 +9,12 @@ the running sum).
 
 Every chunk streams the whole weight through the multiply three times (forward, the recomputation
 and the input gradient) and reads and writes the whole weight gradient once, whatever its row
-count, so a chunk of a few rows is bound by memory traffic, not arithmetic: with 32000 x 1024 fp32
-weights on a 2-core CPU, the loss of 128 rows took 0.41 s in one chunk and 0.86 s in eight chunks of
-16 rows. Chunks are therefore never cut below ``min_chunk_rows`` rows: a step with few labelled rows
-(a small batch, or one whose prompts carry no label) takes fewer, fuller chunks, and the fp32 peak
-stays at most ``max(rows / num_chunks, min_chunk_rows) * vocab * 4`` bytes.
+count, so a chunk of a few rows is bound by memory traffic, not arithmetic: in the step of a 168M
+model (32000 x 1024 fp32 output weight, ~110 labelled rows, 2-core CPU) eight chunks of ~14 rows
+made the step 1.5x slower than one chunk (docs/speed.md). Chunks are therefore never cut below
+``min_chunk_rows`` rows: a step with few labelled rows (a small batch, or one whose prompts carry no
+label) takes fewer, fuller chunks, and the fp32 peak stays at most
+``max(rows / num_chunks, min_chunk_rows) * vocab * 4`` bytes.
 """
 
 from __future__ import annotations
