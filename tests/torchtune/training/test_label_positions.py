@@ -116,8 +116,6 @@ def test_a_batch_without_labels_selects_nothing_and_gives_zero(loss):
     model = _model()
     batch = {"tokens": torch.randint(0, VOCAB, (2, 8)), "labels": torch.full((2, 8), IGNORE)}
     assert training.label_positions(training.shift_labels(batch["labels"])).numel() == 0
-    value = training.forward_backward(
-        model, _make_loss(loss), batch, device=torch.device("cpu")
-    )
+    value = training.forward_backward(model, _make_loss(loss), batch, device=torch.device("cpu"))
     assert float(value) == 0.0
     assert all(float(p.grad.abs().sum()) == 0.0 for p in model.parameters() if p.grad is not None)
