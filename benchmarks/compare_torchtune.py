@@ -20,10 +20,11 @@ SentencePiece tokenizer and one Alpaca-format JSON file, each recipe running its
   ``--no-compile`` leaves compile off for both.
 
 ``--extra NAME:SPEC`` adds a variant of our recipe to the same interleaved runs, to measure what
-one of its features costs: SPEC is ``;``-separated ``key=value`` config overrides (the value read as
-YAML) and ``env:VAR=value`` environment settings, e.g. ``--extra "no logging:log_every_n_steps=1000"``
-or ``--extra "glibc malloc default:env:GLIBC_TUNABLES=glibc.malloc.tcache_count=7"`` (a malloc
-setting of the user's, here a default value, leaves the recipe's host allocator setting off; a
+one of its features costs: SPEC is ``;``-separated config overrides, written and applied as ``tune
+run`` overrides (``key=value``, ``+key=value``), and ``env:VAR=value`` environment settings, e.g.
+``--extra "no logging:log_every_n_steps=1000"`` or
+``--extra "glibc malloc default:env:GLIBC_TUNABLES=glibc.malloc.tcache_count=7"`` (a malloc setting
+of the user's, here a default value, leaves the recipe's host allocator setting off; a
 ``MALLOC_*_`` variable would also turn off glibc's adaptive mmap threshold, worse than the default).
 
 A step's time is measured the same way for both: a forward pre-hook on the model records wall and
@@ -281,32 +282,33 @@ def worker(impl: str, config_path: Path, result_path: Path) -> None:
 
 
 def parse_extra(text: str) -> Dict[str, Any]:
-    """``NAME:key=value;env:VAR=value;...`` -> ``{"name", "overrides", "env"}`` (see the module docstring)."""
-    import yaml
+    """``NAME:key=value;env:VAR=value;...`` -> ``{"name", "overrides", "env"}`` (see the module docstring).
 
+    The overrides stay ``key=value`` strings for ``torchtune.config.apply_overrides``, the recipe's own
+    command-line grammar (YAML-typed values, ``+key=value`` to add a key, errors for unknown keys)."""
     name, sep, spec = text.partition(":")
     if not sep or not name.strip():
         raise SystemExit(f"--extra {text!r}: expected NAME:key=value[;key=value...] (or env:VAR=value items)")
-    overrides: Dict[str, Any] = {}
+    overrides: List[str] = []
     env: Dict[str, str] = {}
     for item in filter(None, (i.strip() for i in spec.split(";"))):
-        target = env if item.startswith("env:") else overrides
         key, eq, value = item.removeprefix("env:").partition("=")
-        if not eq or not key:
+        if not eq or not key.strip():
             raise SystemExit(f"--extra {text!r}: {item!r} is not key=value")
-        target[key.strip()] = value if target is env else yaml.safe_load(value)
+        if item.startswith("env:"):
+            env[key.strip()] = value
+        else:
+            overrides.append(f"{key.strip()}={value.strip()}")
     return {"name": name.strip(), "overrides": overrides, "env": env}
 
 
-def apply_overrides(cfg: Dict[str, Any], overrides: Dict[str, Any]) -> Dict[str, Any]:
-    """``cfg`` with each dotted ``key`` set to its value (nested mappings created as needed)."""
-    for key, value in overrides.items():
-        node = cfg
-        *parents, leaf = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    return cfg
+def our_config(cfg: Dict[str, Any], overrides: List[str]) -> Dict[str, Any]:
+    """Our recipe's ``cfg`` with an extra variant's overrides applied as ``tune run`` applies them."""
+    from omegaconf import OmegaConf
+
+    from torchtune.config import apply_overrides  # ours: the torchtune worker never gets here
+
+    return OmegaConf.to_container(apply_overrides(OmegaConf.create(cfg), overrides))
 
 
 def _summary(runs: List[Dict[str, Any]], skip: int) -> Dict[str, float]:
@@ -378,8 +380,8 @@ def main() -> None:
         "TORCHINDUCTOR_CACHE_DIR": str(work / "inductor"),
     }
     variants = [
-        {"name": "ours", "impl": "ours", "overrides": {}, "env": {}},
-        {"name": "torchtune", "impl": "torchtune", "overrides": {}, "env": {}},
+        {"name": "ours", "impl": "ours", "overrides": [], "env": {}},
+        {"name": "torchtune", "impl": "torchtune", "overrides": [], "env": {}},
     ] + [{**parse_extra(text), "impl": "ours"} for text in args.extra]
     names = [v["name"] for v in variants]
     if len(set(names)) != len(names):
@@ -394,7 +396,10 @@ def main() -> None:
             out = work / f"run{repeat}_{index}"
             out.mkdir()
             cfg_path, res_path = out / "config.yaml", out / "result.json"
-            cfg_path.write_text(yaml.safe_dump(apply_overrides(config(impl, assets, out, args), variant["overrides"])))
+            cfg = config(impl, assets, out, args)
+            if variant["overrides"]:
+                cfg = our_config(cfg, variant["overrides"])
+            cfg_path.write_text(yaml.safe_dump(cfg))
             print(f"repeat {repeat + 1}: {name} ...", file=sys.stderr, flush=True)
             proc = subprocess.run(
                 [pythons[impl], __file__, "--worker", impl, "--config", str(cfg_path), "--result", str(res_path)],

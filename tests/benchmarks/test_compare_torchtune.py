@@ -1,16 +1,17 @@
 """benchmarks/compare_torchtune.py's extra variants: how ``--extra NAME:SPEC`` becomes config
-overrides and environment settings."""
+overrides (applied as ``tune run`` applies them) and environment settings."""
 
 import pytest
 
-from benchmarks.compare_torchtune import apply_overrides, parse_extra
+from benchmarks.compare_torchtune import our_config, parse_extra
+from torchtune._errors import ConfigError
 
 
 def test_extra_splits_config_overrides_from_environment_settings():
     extra = parse_extra("no logging: log_every_n_steps=1000; loss.num_output_chunks=1 ;env:MALLOC_MMAP_MAX_=65536")
     assert extra == {
         "name": "no logging",
-        "overrides": {"log_every_n_steps": 1000, "loss.num_output_chunks": 1},  # values read as YAML
+        "overrides": ["log_every_n_steps=1000", "loss.num_output_chunks=1"],
         "env": {"MALLOC_MMAP_MAX_": "65536"},  # environment values stay strings
     }
 
@@ -21,7 +22,9 @@ def test_extra_without_a_name_or_with_an_item_not_key_value_is_refused(text):
         parse_extra(text)
 
 
-def test_overrides_set_dotted_keys_and_create_missing_mappings():
+def test_overrides_are_the_recipes_own_grammar():
     cfg = {"loss": {"_component_": "L", "num_output_chunks": 8}, "seed": 1}
-    out = apply_overrides(cfg, {"loss.num_output_chunks": 1, "optimizer.fused": False, "seed": 2})
+    out = our_config(cfg, ["loss.num_output_chunks=1", "+optimizer={fused: false}", "seed=2"])
     assert out == {"loss": {"_component_": "L", "num_output_chunks": 1}, "optimizer": {"fused": False}, "seed": 2}
+    with pytest.raises(ConfigError, match="num_output_chunk"):  # a misspelled key is an error, not a new key
+        our_config(cfg, ["loss.num_output_chunk=1"])
