@@ -262,3 +262,65 @@ def _show(value: Optional[Any]) -> str:
     if isinstance(value, list) and len(value) > 8:
         return f"[{', '.join(v.replace('_attention', '') for v in value)}]"
     return str(value)
+
+
+class Gemma3Folder:
+    """What the Hugging Face checkpointer does differently for a Gemma 3 folder: config.json reading and
+    checks, weight conversion both ways, and the ``config.json`` of a saved folder.
+
+    Args:
+        config: the folder's parsed ``config.json``.
+        path: its path, for messages.
+
+    Raises:
+        TuneError: a config.json that is not Gemma 3's, or sets what the models here do not implement.
+    """
+
+    model_type = "GEMMA3"
+
+    def __init__(self, config: Dict[str, Any], path: Path) -> None:
+        if not is_gemma3(config):
+            raise TuneError(
+                f"checkpointer.model_type=GEMMA3 does not match {path}: its model_type is "
+                f"{config.get('model_type')!r} and architectures {config.get('architectures')}, while a Gemma 3 "
+                f"folder says model_type 'gemma3_text' (Gemma3ForCausalLM) or 'gemma3' "
+                "(Gemma3ForConditionalGeneration). Set checkpointer.model_type to the folder's family, or point "
+                "checkpointer.checkpoint_dir at a Gemma 3 folder."
+            )
+        self.config = config
+        self.path = path
+        self.args = builder_args(config, path)  # refuses unsupported settings before any weight is read
+        self.tied = self.args["tie_word_embeddings"]
+        self.multimodal = config.get("model_type") == "gemma3" or "text_config" in config
+        self._shape = dict(
+            num_heads=self.args["num_heads"], num_kv_heads=self.args["num_kv_heads"], head_dim=self.args["head_dim"]
+        )
+
+    def check_model(self, model: nn.Module) -> None:
+        check_model(self.config, self.path, model)
+
+    def hf_name(self, key: str) -> str:
+        """The name a tensor of the input folder has in a saved (``Gemma3ForCausalLM``) folder."""
+        from torchtune.models.gemma3._convert_weights import text_name
+
+        return text_name(key)
+
+    def to_tune(self, state_dict: Dict[str, Any]) -> Dict[str, Any]:
+        from torchtune.models.gemma3._convert_weights import hf_to_tune
+
+        return hf_to_tune(state_dict, **self._shape)
+
+    def hf_names(self, keys) -> Dict[str, str]:
+        from torchtune.models.gemma3._convert_weights import tune_to_hf_names
+
+        return tune_to_hf_names(keys)
+
+    def hf_tensor(self, key: str, tensor):
+        from torchtune.models.gemma3._convert_weights import tune_to_hf_tensor
+
+        return tune_to_hf_tensor(key, tensor, **self._shape)
+
+    def saved_config(self) -> Dict[str, Any]:
+        """``config.json`` of the saved folder: the text model as ``Gemma3ForCausalLM`` (the vision tower
+        of a multimodal folder is not trained or saved)."""
+        return causal_lm_config(self.config, self.path)

@@ -135,3 +135,19 @@ def gemma3_tiny(
         norm_eps=norm_eps,
         tie_word_embeddings=tie_word_embeddings,
     )
+
+
+def gemma3_tokenizer(path: str, max_seq_len: Optional[int] = None):
+    """Gemma 3's own tokenizer from its Hugging Face folder: ``tokenizer.json`` (262,144 tokens; ``<bos>``
+    put before each text as transformers does), the special tokens and chat template of the folder's
+    ``tokenizer_config.json`` / ``chat_template.jinja`` (``<start_of_turn>user`` / ``<start_of_turn>model``
+    turns, each closed by ``<end_of_turn>``).
+
+    Args:
+        path: the folder's ``tokenizer.json``.
+        max_seq_len: stored as ``tokenizer.max_seq_len`` (datasets truncate to it); ``None`` for no limit.
+    """
+    # Imported here so building a model never pulls in the tokenizers library.
+    from torchtune.modules.tokenizers import HFModelTokenizer
+
+    return HFModelTokenizer(path, max_seq_len=max_seq_len)
