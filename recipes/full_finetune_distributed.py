@@ -45,6 +45,7 @@ RECIPE_KEYS = (
     "model",
     "checkpointer",
     "resume_from_checkpoint",
+    "overwrite",
     "batch_size",
     "epochs",
     "max_steps_per_epoch",
@@ -94,6 +95,7 @@ def validate_config(cfg: DictConfig) -> None:
     for key in ("max_steps_per_epoch", "save_every_n_steps", "keep_last_n_checkpoints"):
         training.positive_int(cfg, key, allow_none=True)
     training.check_resume_keys(cfg)
+    training.check_overwrite(cfg)
     training.check_validation_settings(cfg)
     training.check_metric_logger(cfg)
     try:
@@ -238,6 +240,7 @@ class FullFinetuneRecipeDistributed:
         the ranks agree that all of them succeeded (one message, not a hang, when one failed) before
         a resume loads the sharded state."""
         cfg = self._cfg
+        training.prepare_output_dir(cfg, self._dist)  # another run's checkpoints there: stop (or overwrite=True)
         error: Optional[BaseException] = None
         try:
             self._setup_locally(cfg)
