@@ -43,8 +43,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from pathlib import Path
 import time
+from pathlib import Path
 from typing import Any, Dict, List
 
 _PROCESS_START = time.perf_counter()  # a worker's set-up is timed from here: the peer's imports included
