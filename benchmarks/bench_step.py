@@ -83,6 +83,11 @@ VARIANTS: Dict[str, Dict[str, Any]] = {
         "in_bwd": True,
         "loss": {"_component_": _CHUNKED, "num_output_chunks": 8, "min_chunk_rows": 1},
     },
+    "adamw_bwd_vocab8": {  # the vocabulary cut into 8 slices instead of the rows
+        "optimizer": _FUSED,
+        "in_bwd": True,
+        "loss": {"_component_": "torchtune.modules.loss.VocabChunkedCrossEntropyLoss", "num_output_chunks": 8},
+    },
     "adamw_bwd_chunked32": {
         "optimizer": _FUSED,
         "in_bwd": True,

@@ -186,6 +186,9 @@ class FullFinetuneRecipeDistributed:
         if not self._is_rank_zero:
             log.setLevel(logging.WARNING)  # one log, rank 0's; warnings and errors from every rank
         training.check_same_config(cfg, self._dist)
+        # Rank 0 decides the seed (seed: null draws one) before any random number is drawn: with a seed
+        # per rank each would shuffle differently and the ranks' slices of the data would overlap.
+        self._seed = training.agree_on_seed(cfg.seed, self._dist)
         self._dtype = utils.get_dtype(cfg.dtype, self._device)
         world = self._dist.world_size
         batch_size = training.positive_int(cfg, "batch_size")
@@ -270,7 +273,7 @@ class FullFinetuneRecipeDistributed:
                 "(sharded state). Resume it with full_finetune_single_device, or start this run from its weights "
                 f"(checkpointer.checkpoint_dir={self._resume.checkpoint_dir}, resume_from_checkpoint=False)."
             )
-        self.seed = utils.set_seed(self._resume.seed if self._resume else cfg.seed)
+        self.seed = utils.set_seed(self._resume.seed if self._resume else self._seed)
         if self._resume is not None:
             self.progress = self._resume.progress
             self.max_steps_per_epoch = self._resume.max_steps_per_epoch  # keeps the epoch length
