@@ -521,8 +521,7 @@ class FullFinetuneRecipeDistributed:
         start = time.perf_counter()
         val_loss = self._validation.loss(self._model, self._loss_fn, device=self._device, global_step=self.global_step)
         if self._is_rank_zero:
-            self._metric_logger.log_dict({"val_loss": val_loss}, step=self.global_step)
-            pbar.write(f"Step {self.global_step} | validation loss {val_loss:.4f}", file=sys.stderr)
+            self._metric_logger.log_validation(val_loss, step=self.global_step)  # one line per logger
         return time.perf_counter() - start
 
     # ------------------------------------------------------------------------------------------

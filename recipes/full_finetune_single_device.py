@@ -438,8 +438,7 @@ class FullFinetuneRecipeSingleDevice:
         """Log the validation loss; returns the seconds it took."""
         start = time.perf_counter()
         val_loss = self._validation.loss(self._model, self._loss_fn, device=self._device, global_step=self.global_step)
-        self._metric_logger.log_dict({"val_loss": val_loss}, step=self.global_step)
-        pbar.write(f"Step {self.global_step} | validation loss {val_loss:.4f}", file=sys.stderr)
+        self._metric_logger.log_validation(val_loss, step=self.global_step)  # one line per logger
         return time.perf_counter() - start
 
     # ------------------------------------------------------------------------------------------

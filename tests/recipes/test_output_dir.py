@@ -111,3 +111,42 @@ def test_overwrite_with_resume_or_of_its_own_weights_is_refused(first, tmp_path)
     with pytest.raises(ConfigError, match="overwrite=True would delete checkpointer.checkpoint_dir"):
         run_recipe(config, output_dir=str(out), overwrite=True, **{"checkpointer.checkpoint_dir": str(out / "epoch_0")})
     assert (out / "step_1").is_dir() and (out / "epoch_0").is_dir()
+
+
+def test_a_damaged_step_with_nothing_earlier_names_the_resume_key_on_its_own_line(first, tmp_path):
+    config, finished = first
+    out = tmp_path / "out"
+    shutil.copytree(finished, out)
+    weights = out / "step_1" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF  # same size, other bytes: found by the background checksums once training runs
+    weights.write_bytes(bytes(data))
+    recipe_checkpoint = out / "step_1" / "recipe_state.pt"
+    result = run_tune(
+        ["run", "full_finetune_single_device", "--config", str(config), f"output_dir={out}"]
+        + ["resume_from_checkpoint=True", f"checkpointer.recipe_checkpoint={recipe_checkpoint}"]
+    )
+    assert result.returncode == 1, result.stderr[-3000:]
+    err = _flat(result.stderr)
+    assert f"Checkpoint file {weights} does not match the checksum it was saved with" in err
+    assert "No earlier checkpoint of this run is in" in err and "Point checkpointer.recipe_checkpoint at" in err
+    assert "checkpointer.checkpoint_dir" not in err
+    assert "\nError: " in result.stderr  # on a line of its own, not after the progress bar's
+    assert not [line for line in result.stderr.splitlines() if "Error:" in line and not line.startswith("Error:")]
+
+
+def test_a_final_epoch_as_recipe_checkpoint_says_so_and_names_a_step(first, tmp_path):
+    from omegaconf import OmegaConf
+
+    from torchtune import training
+    from torchtune._errors import TuneError
+
+    config, finished = first
+    cfg = OmegaConf.load(config)
+    cfg.resume_from_checkpoint = True
+    cfg.checkpointer.recipe_checkpoint = str(finished / "epoch_0" / "recipe_state.pt")
+    with pytest.raises(TuneError) as error:
+        training.resolve_resume(cfg, None)
+    message = str(error.value)
+    assert f"points into {finished / 'epoch_0'}, a final checkpoint" in message
+    assert f"checkpointer.recipe_checkpoint={finished / 'step_1' / 'recipe_state.pt'}" in message
