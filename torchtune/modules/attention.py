@@ -1,4 +1,6 @@
-"""Multi-head attention with grouped-query heads, rotary embeddings and PyTorch's fused SDPA."""
+"""Multi-head attention with grouped-query heads, rotary embeddings and PyTorch's fused SDPA, and the
+variants other families need: q/k norms (Qwen3, Gemma 3), q/k/v biases (Qwen2.5, in the projections
+given) and a sliding attention window (Mistral v0.1, Gemma 3's local layers)."""
 
 from __future__ import annotations
 
@@ -28,6 +30,12 @@ class MultiHeadAttention(nn.Module):
         pos_embeddings: rotary embeddings applied to q and k (may be shared between layers).
         max_seq_len: longest sequence; size of the KV cache.
         attn_dropout: dropout on attention weights, training only.
+        q_norm, k_norm: norms over ``head_dim`` applied to each query / key head before RoPE (Qwen3's
+            per-head RMSNorm); ``None`` for none.
+        sliding_window: a query at position ``p`` sees keys at ``p - sliding_window < k <= p`` only,
+            as transformers' ``sliding_window_overlay``; ``None`` for full causal attention. Sequences
+            no longer than the window skip the mask (SDPA's causal kernel); longer ones build a
+            boolean ``s x s`` mask.
     """
 
     def __init__(
@@ -44,12 +52,17 @@ class MultiHeadAttention(nn.Module):
         pos_embeddings: nn.Module,
         max_seq_len: int = 4096,
         attn_dropout: float = 0.0,
+        q_norm: Optional[nn.Module] = None,
+        k_norm: Optional[nn.Module] = None,
+        sliding_window: Optional[int] = None,
     ) -> None:
         super().__init__()
         if num_heads % num_kv_heads:
             raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
         if not 0.0 <= attn_dropout <= 1.0:
             raise ValueError(f"attn_dropout must be in [0, 1], got {attn_dropout}")
+        if sliding_window is not None and sliding_window < 1:
+            raise ValueError(f"sliding_window must be a positive number of tokens or None, got {sliding_window}")
         self.embed_dim = embed_dim
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
@@ -61,6 +74,9 @@ class MultiHeadAttention(nn.Module):
         self.v_proj = v_proj
         self.output_proj = output_proj
         self.pos_embeddings = pos_embeddings
+        self.q_norm = q_norm
+        self.k_norm = k_norm
+        self.sliding_window = sliding_window
         self.kv_cache: Optional[KVCache] = None
 
     def setup_cache(self, batch_size: int, dtype: torch.dtype, device: Optional[torch.device] = None) -> None:
@@ -87,6 +103,10 @@ class MultiHeadAttention(nn.Module):
         q = self.q_proj(x).view(bsz, seq_len, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(bsz, seq_len, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(bsz, seq_len, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q = self.q_norm(q)
+        if self.k_norm is not None:
+            k = self.k_norm(k)
         q = self.pos_embeddings(q, input_pos=input_pos)
         k = self.pos_embeddings(k, input_pos=input_pos)
 
@@ -97,6 +117,8 @@ class MultiHeadAttention(nn.Module):
                     "(TransformerDecoder.forward builds the mask from input_pos)"
                 )
             k, v = self.kv_cache.update(input_pos, k, v)
+        if self.sliding_window is not None and (self.kv_cache is not None or seq_len > self.sliding_window):
+            mask = self._windowed(mask, seq_len, input_pos, x.device)
 
         # [b, s, h, d] -> [b, h, s, d], the layout SDPA expects
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
@@ -116,3 +138,21 @@ class MultiHeadAttention(nn.Module):
         )
         out = out.transpose(1, 2).reshape(bsz, seq_len, self.num_heads * self.head_dim)
         return self.output_proj(out)
+
+    def _windowed(
+        self, mask: Optional[torch.Tensor], seq_len: int, input_pos: Optional[torch.Tensor], device: torch.device
+    ) -> torch.Tensor:
+        """``mask`` (causal when ``None``) restricted to the sliding window.
+
+        Distances are taken between indices: in a packed batch the given mask is block-diagonal and
+        positions inside a block differ as their indices do; with a KV cache a key's index is its slot,
+        which is its position, and the query's is ``input_pos``. Built from tensors only (no host sync).
+        """
+        if self.kv_cache is not None:
+            q_idx = input_pos.reshape(-1, seq_len, 1)
+            k_idx = torch.arange(self.kv_cache.max_seq_len, device=device).view(1, 1, -1)
+        else:
+            q_idx = torch.arange(seq_len, device=device).view(1, -1, 1)
+            k_idx = q_idx.view(1, 1, -1)
+        window = k_idx > q_idx - self.sliding_window
+        return (k_idx <= q_idx) & window if mask is None else mask & window
