@@ -169,7 +169,7 @@ def make_hf_tokenizer_folder(folder: Path, family: str, vocab_size: int = 400) -
             [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(content=" ", left=1)]
         )
         byte_tokens = [f"<0x{b:02X}>" for b in range(256)]
-        trainer = trainers.BpeTrainer(vocab_size=vocab_size + 256, special_tokens=spec["specials"] + byte_tokens)
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=spec["specials"] + byte_tokens)
         tok.train_from_iterator(_corpus(), trainer)
         bos = tok.token_to_id("<s>")
         tok.post_processor = processors.TemplateProcessing(

@@ -91,6 +91,8 @@ class HFFamily:
         fused_projections: the folder stores ``qkv_proj`` and ``gate_up_proj`` fused (Phi-3/Phi-4).
         matches: for families that share a ``model_type`` (Llama 2 / 3 / 3.2): whether ``config`` is this one.
         aliases: other spellings of ``model_type`` accepted in the YAML (torchtune's ``QWEN2_5``).
+        config_json: ``ModelShape -> config.json`` of this family, for a folder made from a model alone
+            (``tune estimate-memory`` simulates a save; a real save writes the input's config.json).
     """
 
     model_type: str
@@ -102,6 +104,7 @@ class HFFamily:
     fused_projections: bool = False
     matches: Optional[Callable[[Dict[str, Any]], bool]] = None
     aliases: Tuple[str, ...] = ()
+    config_json: Optional[Callable[[ModelShape], Dict[str, Any]]] = None
 
 
 @lru_cache(maxsize=None)
@@ -263,6 +266,28 @@ def llama_like_shape(
         qk_norm=qk_norm,
         sliding_window=sliding_window,
     )
+
+
+def llama_like_config(shape: ModelShape, *, hf_model_type: str, architecture: str, **extra: Any) -> Dict[str, Any]:
+    """The ``config.json`` entries of a Llama-shaped family for ``shape`` (the inverse of
+    :func:`llama_like_shape`), with the family's ``model_type`` / ``architectures`` and ``extra`` keys."""
+    config: Dict[str, Any] = {
+        "architectures": [architecture],
+        "model_type": hf_model_type,
+        "hidden_size": shape.embed_dim,
+        "intermediate_size": shape.intermediate_dim,
+        "num_attention_heads": shape.num_heads,
+        "num_key_value_heads": shape.num_kv_heads,
+        "head_dim": shape.head_dim,
+        "num_hidden_layers": shape.num_layers,
+        "vocab_size": shape.vocab_size,
+        "rms_norm_eps": shape.norm_eps,
+        "rope_theta": shape.rope_base,
+        "tie_word_embeddings": shape.tie_word_embeddings,
+        "sliding_window": shape.sliding_window,
+    }
+    config.update(extra)
+    return config
 
 
 # --- comparing with a built model --------------------------------------------------------------------

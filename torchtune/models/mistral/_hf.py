@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict
 
-from torchtune.models._hf_family import HFFamily, ModelShape, llama_like_shape
+from torchtune.models._hf_family import HFFamily, ModelShape, llama_like_config, llama_like_shape
 
 
 def _shape(config: Dict[str, Any], path: Path) -> ModelShape:
@@ -21,4 +21,5 @@ FAMILY = HFFamily(
     architectures=("MistralForCausalLM",),
     builder="torchtune.models.mistral.mistral_7b",
     shape=_shape,
+    config_json=lambda shape: llama_like_config(shape, hf_model_type="mistral", architecture="MistralForCausalLM"),
 )

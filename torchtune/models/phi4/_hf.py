@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict
 
-from torchtune.models._hf_family import HFFamily, ModelShape, llama_like_shape
+from torchtune.models._hf_family import HFFamily, ModelShape, llama_like_config, llama_like_shape
 
 
 def _shape(config: Dict[str, Any], path: Path) -> ModelShape:
@@ -21,6 +21,7 @@ FAMILY = HFFamily(
     architectures=("Phi3ForCausalLM",),
     builder="torchtune.models.phi4.phi4_14b",
     shape=_shape,
+    config_json=lambda shape: llama_like_config(shape, hf_model_type="phi3", architecture="Phi3ForCausalLM"),
     fused_projections=True,
     aliases=("PHI3", "PHI3_MINI"),
 )

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict
 
-from torchtune.models._hf_family import HFFamily, ModelShape, llama_like_shape
+from torchtune.models._hf_family import HFFamily, ModelShape, llama_like_config, llama_like_shape
 from torchtune.models.qwen3._hf import refuse_sliding_window
 
 
@@ -22,5 +22,8 @@ FAMILY = HFFamily(
     architectures=("Qwen2ForCausalLM",),
     builder="torchtune.models.qwen2_5.qwen2_5_0_5b",
     shape=_shape,
+    config_json=lambda shape: llama_like_config(
+        shape, hf_model_type="qwen2", architecture="Qwen2ForCausalLM", use_sliding_window=False, sliding_window=None
+    ),
     aliases=("QWEN2_5",),
 )

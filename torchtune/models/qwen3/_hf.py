@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Dict
 
 from torchtune._errors import TuneError
-from torchtune.models._hf_family import HFFamily, ModelShape, llama_like_shape
+from torchtune.models._hf_family import HFFamily, ModelShape, llama_like_config, llama_like_shape
 
 
 def refuse_sliding_window(config: Dict[str, Any], path: Path, family: str) -> None:
@@ -33,4 +33,12 @@ FAMILY = HFFamily(
     architectures=("Qwen3ForCausalLM",),
     builder="torchtune.models.qwen3.qwen3_0_6b",
     shape=_shape,
+    config_json=lambda shape: llama_like_config(
+        shape,
+        hf_model_type="qwen3",
+        architecture="Qwen3ForCausalLM",
+        attention_bias=shape.qkv_bias,
+        use_sliding_window=False,
+        sliding_window=None,
+    ),
 )
