@@ -222,6 +222,8 @@ class FullFinetuneRecipeSingleDevice:
         self._metric_logger = training.build_metric_logger(cfg)  # metrics.jsonl + the loggers listed in the config
 
         self._checkpointer = training.build_checkpointer(cfg.checkpointer, self._resume)
+        # config.json vs the builder, on a meta-device model: before any weight is read.
+        training.check_model_matches_checkpoint(cfg.model, self._checkpointer)
         self._model = training.build_model(
             cfg.model,
             device=self._device,
@@ -233,7 +235,6 @@ class FullFinetuneRecipeSingleDevice:
         self._activations = training.get_act_offloading_ctx_manager(self._model, cfg.enable_activation_offloading)
         if self._resume is not None:
             self._resume.check_model(self._model)
-        training.check_model_matches_checkpoint(self._model, self._checkpointer)
         self._tokenizer = config.instantiate(cfg.tokenizer)
         training.check_tokenizer_fits_model(self._tokenizer, self._model, cfg.tokenizer)
 

@@ -24,7 +24,17 @@ TOKENIZER_MODEL = "tokenizer.model"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 SPECIAL_TOKENS_MAP = "special_tokens_map.json"
 # Copied as they are when the input folder has them.
-COPIED = (TOKENIZER_MODEL, "tokenizer.json", TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP, GENERATION_CONFIG)
+COPIED = (
+    TOKENIZER_MODEL,
+    "tokenizer.json",
+    TOKENIZER_CONFIG,
+    SPECIAL_TOKENS_MAP,
+    GENERATION_CONFIG,
+    "chat_template.jinja",  # transformers 4.50+ keeps the chat template here
+    "vocab.json",  # byte-level BPE folders (Qwen, Phi-4) carry the slow tokenizer files too
+    "merges.txt",
+    "added_tokens.json",
+)
 
 DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
