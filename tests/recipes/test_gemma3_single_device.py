@@ -14,7 +14,6 @@ from tests._helpers.tiny_run import read_losses, run_recipe, run_tune
 from torchtune.modules import TiedLinear
 
 
-
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     return make_tiny_gemma3_run(tmp_path_factory.mktemp("tiny_gemma3"), num_examples=48)
