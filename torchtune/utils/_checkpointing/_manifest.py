@@ -159,7 +159,10 @@ def _previous_hint(folder: Path) -> str:
         )
     if previous is not None:
         return f"Fall back to the previous checkpoint {previous}: set checkpointer.checkpoint_dir={previous}."
-    return "Resume from an earlier checkpoint folder (set checkpointer.checkpoint_dir) or from the original weights."
+    return (
+        f"To resume, point checkpointer.recipe_checkpoint at the {RECIPE_STATE_NAME} of an earlier checkpoint folder; "
+        "to start from weights, set checkpointer.checkpoint_dir to such a folder or to the original weights."
+    )
 
 
 # How a load checks the checksums of a checkpoint written by this library (sizes are always
