@@ -120,8 +120,10 @@ def _prepare(cfg: Any) -> None:
     folders = _checkpoint_folders(checkpoints_dir)
     steps = _metric_steps(metrics)
     if cfg.resume_from_checkpoint:
+        # A resume continues a run: its own folder, or an output_dir without checkpoints (metrics there, e.g.
+        # of an earlier attempt at this resume, are cut back to the resumed step and continued).
         resumed = _resumed_folder(cfg)
-        if resumed.parent == checkpoints_dir.resolve() or not (folders or steps):
+        if resumed.parent == checkpoints_dir.resolve() or not folders:
             _drop_metrics_after(metrics, _saved_step(resumed))
             return
     elif not (folders or steps):
