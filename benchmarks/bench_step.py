@@ -136,6 +136,7 @@ def bench_config(
             "model": {"_component_": "torchtune.models.llama2.llama2", **model},
             "checkpointer": None,
             "resume_from_checkpoint": False,
+            "overwrite": False,
             "batch_size": 1,
             "epochs": 1,
             "max_steps_per_epoch": None,

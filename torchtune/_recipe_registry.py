@@ -58,6 +58,9 @@ _RECIPES: list[Recipe] = [
             _config("llama3_2/1B_full_single_device"),
             _config("llama3_2/3B_full_single_device"),
             _config("llama3_1/8B_full_low_memory"),
+            _config("gemma3/1B_full_single_device"),
+            _config("gemma3/4B_full_single_device"),
+            _config("gemma3/tiny_full"),
         ],
     ),
     Recipe(

@@ -1,14 +1,15 @@
 """full_finetune_distributed through the real `tune run --nproc_per_node 2` (gloo, CPU, tiny model).
 
 Two processes must train exactly what one process trains with the same global batch and seed (both
-optimizer modes), resume on 2 or 1 processes with the losses of the uninterrupted run, survive a
-rank killed mid-save, write a final folder that transformers loads, and refuse bad launches with one
-message each.
+optimizer modes; with ``seed: null`` the ranks share rank 0's drawn seed), resume on 2 or 1 processes
+with the losses of the uninterrupted run, survive a rank killed mid-save, write a final folder that
+transformers loads, and refuse bad launches with one message each.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -64,14 +65,21 @@ def _ok(result: subprocess.CompletedProcess) -> None:
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
 
 
+def _drawn_seed(run: Path) -> int:
+    """The seed a ``seed: null`` run drew, as its step checkpoint records it."""
+    return int(torch.load(run / "step_2" / "recipe_state.pt", weights_only=False)["seed"])
+
+
 @pytest.fixture(scope="module")
 def base_run(configs, tmp_path_factory):
-    """The uninterrupted 2-process run (optimizer in backward, step checkpoints written in the background)
-    and its single-device twin."""
+    """The uninterrupted 2-process run (optimizer in backward, step checkpoints written in the background,
+    ``seed: null`` with shuffling on, as the shipped large configs run) and its single-device twin with
+    the seed that run drew. Were the seed drawn per rank, the ranks' slices of their own shuffles would
+    overlap and no one-process run would see the same batches."""
     single, dist = configs
     root = tmp_path_factory.mktemp("base")
-    _ok(_tune_dist(dist, root / "dist", "async_checkpoint=True"))  # its step checkpoints resume below
-    run_single_device(single, output_dir=str(root / "single"))
+    _ok(_tune_dist(dist, root / "dist", "async_checkpoint=True", "seed=null"))  # its step checkpoints resume below
+    run_single_device(single, output_dir=str(root / "single"), seed=_drawn_seed(root / "dist"))
     return root
 
 
@@ -108,7 +116,9 @@ def test_standard_optimizer_with_accumulation_and_clipping_matches_one_process(c
 def test_layer_grouped_optimizer_in_backward_matches_one_process(configs, base_run, tmp_path):
     """One optimizer per decoder layer, stepped once FSDP has reduce-scattered the layer's gradients."""
     _, dist = configs
-    _ok(_tune_dist(dist, tmp_path / "dist", "optimizer_in_bwd_group=layer", "epochs=1", "save_every_n_steps=null"))
+    seed = f"seed={_drawn_seed(base_run / 'dist')}"
+    extra = ("optimizer_in_bwd_group=layer", "epochs=1", "save_every_n_steps=null", seed)
+    _ok(_tune_dist(dist, tmp_path / "dist", *extra))
     assert read_losses(tmp_path / "dist") == pytest.approx(read_losses(base_run / "single")[:3], abs=1e-5, rel=0)
 
 
@@ -121,6 +131,7 @@ def test_resume_continues_the_run_on_two_or_one_process(configs, base_run, tmp_p
         tmp_path / "resumed",
         "resume_from_checkpoint=True",
         f"checkpointer.recipe_checkpoint={state}",
+        "seed=null",  # the checkpoint's seed, on every rank
         nproc=nproc,
     )
     _ok(result)
@@ -128,6 +139,20 @@ def test_resume_continues_the_run_on_two_or_one_process(configs, base_run, tmp_p
     done = 4 if resume_from == "step_4" else 3
     assert len(resumed) == len(full) - done
     assert resumed == pytest.approx(full[done:], abs=1e-5, rel=0)
+
+
+def test_a_second_run_into_the_output_dir_stops_every_rank_and_changes_nothing(configs, base_run, tmp_path):
+    _, dist = configs
+    out = tmp_path / "dist"
+    shutil.copytree(base_run / "dist", out)
+    before = {p: p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+    result = _tune_dist(dist, out)
+    message = " ".join(result.stderr.split())
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert message.count("Error:") == 1 and f"output_dir={out} already holds another run" in message
+    assert "nothing to resume: that run finished, epoch_1 is its final checkpoint" in message
+    assert "overwrite=True" in message and "Loading" not in message
+    assert {p: p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()} == before
 
 
 def test_epoch_folder_loads_in_transformers_with_the_models_logits(base_run):

@@ -184,28 +184,29 @@ def test_help(files, command):
     assert result.returncode == 0 and result.stdout.startswith("usage: tune")
 
 
+def ls_pairs(stdout: str) -> list:
+    """(recipe, config) of each row `tune ls` prints (a blank recipe cell continues the row above)."""
+    pairs, recipe = [], None
+    for line in stdout.splitlines()[1:]:
+        cells = line.split()
+        if len(cells) == 2:
+            recipe = cells[0]
+        pairs.append((recipe, cells[-1]))
+    return pairs
+
+
 def test_ls_lists_recipes_and_configs(files):
     result = tune("ls", cwd=files)
     assert result.returncode == 0
     lines = result.stdout.splitlines()
     assert lines[0].split() == ["RECIPE", "CONFIG"]
-    assert lines[1].split() == ["full_finetune_single_device", "llama2/7B_full_low_memory"]
-    assert lines[2].split() == ["llama2/7B_full"] and lines[3].split() == ["llama2/tiny_full"]
-    assert [line.split() for line in lines[4:7]] == [
-        ["llama3_2/1B_full_single_device"],
-        ["llama3_2/3B_full_single_device"],
-        ["llama3_1/8B_full_low_memory"],
-    ]
-    assert lines[7].split() == ["full_finetune_distributed", "llama2/tiny_full_distributed"]
-    assert [line.split() for line in lines[8:12]] == [
-        ["llama2/7B_full_distributed"],
-        ["llama2/13B_full_distributed"],
-        ["llama2/70B_full_distributed"],
-        ["llama3_1/8B_full_distributed"],
-    ]
-    assert lines[12].split() == ["generate", "generate"]
-    assert lines[13].split() == ["eleuther_eval", "llama2/7B_eval"]
-    assert [line.split() for line in lines[14:16]] == [["llama2/tiny_eval"], ["llama3_2/1B_eval"]]
+    assert lines[1].split() == ["full_finetune_single_device", "llama2/7B_full_low_memory"]  # the flagship first
+    pairs = ls_pairs(result.stdout)
+    assert pairs == [(r.name, c.name) for r in registry.get_all_recipes() for c in r.configs]
+    # every YAML file shipped under recipes/configs is a config `tune ls` names, and the other way round
+    configs_dir = registry.builtin_recipes_dir() / "configs"
+    on_disk = sorted(p.relative_to(configs_dir).with_suffix("").as_posix() for p in configs_dir.rglob("*.yaml"))
+    assert sorted(config for _, config in pairs) == on_disk
 
 
 def _a_builtin_config():
