@@ -87,6 +87,7 @@ def validate_config(cfg: DictConfig) -> None:
         ConfigError: naming the key to change.
     """
     config.check_recipe_keys(cfg, RECIPE_KEYS, RECIPE_NAME, "llama2/tiny_full_distributed")
+    training.check_value_types(cfg)
     device = utils.parse_device(cfg.device)
     utils.dtype_name(cfg.dtype)
     training.check_optimizer_settings(cfg)
