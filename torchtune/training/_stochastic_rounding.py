@@ -8,12 +8,18 @@ result is rounded up or down to a neighbouring bf16 value with probability propo
 it is. The random bits come from a generator of this run's own, seeded from the run's seed and saved
 in the recipe state, so runs are reproducible and a resume is bitwise exact.
 
+The rounding itself (``StochasticRounding.round_``) is, on CUDA, one compiled kernel per slice that
+reads the fp32 result and writes the bf16 weight, drawing its random bits (philox) inside the kernel:
+no noise tensor and no scratch pass. Elsewhere (CPU) it is plain PyTorch on chunks of the slice.
+
 How each optimizer family is stepped (``step_parameter``):
 
 - ``torch.optim`` and ``bitsandbytes.optim``: the parameter, its gradient and (torch) its bf16 state
-  are swapped to fp32 copies for ``optimizer.step()``; the state goes back to bf16 rounded to
-  nearest (as a fused bf16 kernel stores it), the weight goes back stochastically rounded.
-  bitsandbytes keeps its own state dtypes (fp32 or 8-bit), which the swap never touches.
+  are swapped to fp32 copies for ``optimizer.step()``, one slice of a large parameter at a time (the
+  fp32 copies exist for one slice, never for a whole parameter); the weight and the bf16 state go back
+  stochastically rounded. Rounded to nearest, Adam's ``exp_avg_sq`` with beta2 = 0.999 would never
+  decay in bf16 (0.999 v rounds back to v). bitsandbytes keeps its own state dtypes (fp32 or 8-bit),
+  which the swap never touches.
 - ``torchao.optim``: its optimizers round stochastically themselves (``bf16_stochastic_round``, built
   in by ``optimizer_kwargs``), inside their compiled step. Its random bits come from the default
   generator, so for the step that generator is given this run's rounding stream and handed back.
