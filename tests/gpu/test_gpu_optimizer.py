@@ -171,3 +171,47 @@ def _release():
     gc.collect()
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
+
+
+def test_fused_rounding_runs_compiled_on_cuda_unbiased_resumable_and_allocates_nothing():
+    """CUDA's rounding is the compiled kernel (no fallback to the plain path): a slice of 16M elements is
+    rounded with no device memory allocated beyond the count (the plain path's noise alone is 64 MiB),
+    a million draws land on the two bf16 neighbours with the right odds, and a generator state restored
+    draws the same bits again."""
+    import torchtune.training._stochastic_rounding as sr
+    from torchtune.training import StochasticRounding, WeightChangeTracker
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    rounding = StochasticRounding(seed=0, device=device)
+    assert rounding.fused
+    ulp = 2.0**-7
+    fractions = torch.arange(8, dtype=torch.float32, device=device) / 8
+    src = (1.0 + fractions * ulp).repeat_interleave(125_000)
+    dst = torch.empty_like(src, dtype=torch.bfloat16)
+    rounding.round_(dst, src.clone())  # compiles on the first call
+    assert sr._FUSED_BROKEN is None, sr._FUSED_BROKEN
+    share_up = ((dst.float() - 1.0) / ulp).view(8, -1).mean(dim=1)
+    torch.testing.assert_close(share_up, fractions, atol=0.0057, rtol=0)  # 4 binomial standard errors
+    saved = rounding.state_dict()
+    first, again = dst.clone(), dst.clone()
+    rounding.round_(first, src.clone())
+    rounding.load_state_dict(saved)
+    rounding.round_(again, src.clone())
+    assert torch.equal(first, again) and not torch.equal(first, dst)
+
+    big_src = torch.rand(1 << 24, device=device) + 1.0
+    big_dst = torch.empty_like(big_src, dtype=torch.bfloat16)
+    changes = WeightChangeTracker()
+    changes.arm(device)
+    rounding.round_(big_dst, big_src.clone(), changes)  # compiles the counting kernel
+    changes.pop()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    changes.arm(device)
+    rounding.round_(big_dst, big_src, changes)
+    assert 0 < changes.pop() < 1
+    torch.cuda.synchronize()
+    assert torch.cuda.max_memory_allocated() - before <= 1 << 20, torch.cuda.max_memory_allocated() - before
+    del big_src, big_dst, src, dst
+    _release()
