@@ -82,6 +82,8 @@ _RECIPES: list[Recipe] = [
             _config("llama2/13B_full_distributed"),
             _config("llama2/70B_full_distributed"),
             _config("llama3_1/8B_full_distributed"),
+            _config("gemma3/12B_full_distributed"),
+            _config("gemma3/27B_full_distributed"),
         ],
     ),
     Recipe(name="generate", file_path="generate.py", configs=[_config("generate")]),
