@@ -47,6 +47,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -108,18 +109,28 @@ def _run(command: list[str], *, budget: Budget, env: dict, log: Path, cwd: Optio
     timeout = budget.left() - 5  # leave time to write the JSON
     if timeout <= 5:
         raise PhaseStopped("stopped: budget spent before this process could start")
+    # its own process group: a phase's own children (compare's recipe runs) are stopped with it
+    proc = subprocess.Popen(
+        command,
+        env=env,
+        cwd=str(cwd or REPO_ROOT),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
-        proc = subprocess.run(
-            command, env=env, cwd=str(cwd or REPO_ROOT), capture_output=True, text=True, timeout=timeout
-        )
-    except subprocess.TimeoutExpired as exc:
-        log.write_text(f"$ {' '.join(command)}\n{exc.stdout or ''}\n{exc.stderr or ''}")
-        raise PhaseStopped(f"stopped: budget (--budget-s) ran out in {Path(command[1]).name}") from exc
-    log.write_text(f"$ {' '.join(command)}\n{proc.stdout}\n{proc.stderr}")
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        log.write_text(f"$ {' '.join(command)}\n{stdout}\n{stderr}")
+        raise PhaseStopped(f"stopped: budget (--budget-s) ran out in {Path(command[1]).name}") from None
+    log.write_text(f"$ {' '.join(command)}\n{stdout}\n{stderr}")
     if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        tail = (stderr or stdout).strip().splitlines()[-3:]
         raise PhaseStopped(f"failed (exit {proc.returncode}, log {log}): " + " | ".join(tail))
-    return proc.stdout
+    return stdout
 
 
 class Settings:
@@ -434,8 +445,9 @@ def worker_checkpoint(args: argparse.Namespace) -> None:
 
     device = torch.device(args.device)
     torch.manual_seed(0)
+    torch.set_default_dtype(torch.bfloat16)  # built in bf16: no 27 GB fp32 copy of 7B first
     with torch.device(device):
-        model = llama2(**SIZES[args.model]).to(torch.bfloat16)
+        model = llama2(**SIZES[args.model])
     attn = model.layers[0].attn
     out = Path(args.out)
     write_hf_folder(model, out)  # config.json (and an empty weights file, replaced below)
@@ -576,7 +588,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     budget = Budget(args.budget_s)
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="gpu-proof-"))
     work.mkdir(parents=True, exist_ok=True)
-    problems = check_plan({**need, "carry_mib": 0.0}, machine(work, settings.device), "this machine")
+    have = machine(work, settings.device)
+    print(format_plan({**need, "carry_mib": 0.0}, have, "this machine"), file=sys.stderr, flush=True)
+    problems = check_plan({**need, "carry_mib": 0.0}, have, "this machine")
     if problems:
         raise SystemExit(problems[0] + "; run on a larger machine or pick fewer --phases.")
     env = _python_env(carry)
@@ -609,6 +623,10 @@ def main(argv: Optional[list[str]] = None) -> int:
             results["seconds"] = time.monotonic() - started
             json_path.write_text(json.dumps(results, indent=2))
     finally:
+        logs = json_path.parent / f"{json_path.stem}_logs"  # each process's output, kept beside the JSON
+        logs.mkdir(parents=True, exist_ok=True)
+        for log in work.glob("*.log"):
+            shutil.copy(log, logs / log.name)
         if args.work_dir is None:
             shutil.rmtree(work, ignore_errors=True)  # the 7B checkpoints: tens of GB of the machine's disk
     print(_table(results))
