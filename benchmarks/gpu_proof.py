@@ -404,6 +404,9 @@ def phase_pytest(settings: Settings, work: Path, budget: Budget, env: dict) -> l
         link = bin_dir / "python3"
         if not link.exists():
             link.symlink_to(python.resolve())
+            if sys.prefix != sys.base_prefix:  # a virtual environment: the link must find its packages too
+                shutil.copy(Path(sys.prefix) / "pyvenv.cfg", work / "pyvenv.cfg")
+                (work / "lib").symlink_to(Path(sys.prefix) / "lib")
         (bin_dir / "tune").write_text(f"#!{link}\nimport sys\nfrom torchtune._cli.tune import main\nsys.exit(main())\n")
         (bin_dir / "tune").chmod(0o755)
         python = link
