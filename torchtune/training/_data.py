@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
-from typing import Any, Dict
+from typing import Any, Dict, Iterator, List
 
 import torch
 from torch.utils.data import DataLoader
@@ -42,6 +43,14 @@ class TrainingData:
     def num_tokens(self, batch: Dict[str, torch.Tensor]) -> int:
         """Non-padding tokens of a batch (see :func:`num_tokens`)."""
         return num_tokens(batch, self.pad_id)
+
+    def steps(self, gradient_accumulation_steps: int) -> Iterator[List[Dict[str, torch.Tensor]]]:
+        """The host batches of each optimizer step, ``gradient_accumulation_steps`` micro-batches at a
+        time (an incomplete last group is left out), so a step's label tokens can be counted before its
+        first forward."""
+        batches = iter(self.dataloader)
+        while len(micro := list(itertools.islice(batches, gradient_accumulation_steps))) == gradient_accumulation_steps:
+            yield micro
 
 
 def num_tokens(batch: Dict[str, torch.Tensor], pad_id: int) -> int:
