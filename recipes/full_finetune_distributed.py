@@ -45,6 +45,7 @@ RECIPE_KEYS = (
     "model",
     "checkpointer",
     "resume_from_checkpoint",
+    "overwrite",
     "batch_size",
     "epochs",
     "max_steps_per_epoch",
@@ -86,6 +87,7 @@ def validate_config(cfg: DictConfig) -> None:
         ConfigError: naming the key to change.
     """
     config.check_recipe_keys(cfg, RECIPE_KEYS, RECIPE_NAME, "llama2/tiny_full_distributed")
+    training.check_value_types(cfg)
     device = utils.parse_device(cfg.device)
     utils.dtype_name(cfg.dtype)
     training.check_optimizer_settings(cfg)
@@ -94,6 +96,7 @@ def validate_config(cfg: DictConfig) -> None:
     for key in ("max_steps_per_epoch", "save_every_n_steps", "keep_last_n_checkpoints"):
         training.positive_int(cfg, key, allow_none=True)
     training.check_resume_keys(cfg)
+    training.check_overwrite(cfg)
     training.check_validation_settings(cfg)
     training.check_metric_logger(cfg)
     try:
@@ -247,6 +250,7 @@ class FullFinetuneRecipeDistributed:
         the ranks agree that all of them succeeded (one message, not a hang, when one failed) before
         a resume loads the sharded state."""
         cfg = self._cfg
+        training.prepare_output_dir(cfg, self._dist)  # another run's checkpoints there: stop (or overwrite=True)
         error: Optional[BaseException] = None
         try:
             self._setup_locally(cfg)
@@ -524,8 +528,7 @@ class FullFinetuneRecipeDistributed:
         start = time.perf_counter()
         val_loss = self._validation.loss(self._model, self._loss_fn, device=self._device, global_step=self.global_step)
         if self._is_rank_zero:
-            self._metric_logger.log_dict({"val_loss": val_loss}, step=self.global_step)
-            pbar.write(f"Step {self.global_step} | validation loss {val_loss:.4f}", file=sys.stderr)
+            self._metric_logger.log_validation(val_loss, step=self.global_step)  # one line per logger
         return time.perf_counter() - start
 
     # ------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ transformers loads, and refuse bad launches with one message each.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -140,6 +141,20 @@ def test_resume_continues_the_run_on_two_or_one_process(configs, base_run, tmp_p
     done = 4 if resume_from == "step_4" else 3
     assert len(resumed) == len(full) - done
     assert resumed == pytest.approx(full[done:], abs=1e-5, rel=0)
+
+
+def test_a_second_run_into_the_output_dir_stops_every_rank_and_changes_nothing(configs, base_run, tmp_path):
+    _, dist = configs
+    out = tmp_path / "dist"
+    shutil.copytree(base_run / "dist", out)
+    before = {p: p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+    result = _tune_dist(dist, out)
+    message = " ".join(result.stderr.split())
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert message.count("Error:") == 1 and f"output_dir={out} already holds another run" in message
+    assert "nothing to resume: that run finished, epoch_1 is its final checkpoint" in message
+    assert "overwrite=True" in message and "Loading" not in message
+    assert {p: p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()} == before
 
 
 def test_epoch_folder_loads_in_transformers_with_the_models_logits(base_run):
