@@ -322,7 +322,11 @@ class FullFinetuneRecipeDistributed:
             batch_size=self._local_batch_size,
             every_n_steps=cfg.eval_every_n_steps,
         )
-        self._steps_per_epoch = self._count_steps_per_epoch()
+        self._steps_per_epoch = self._data.steps_per_epoch(
+            batch_size=self._settings.batch_size,
+            gradient_accumulation_steps=self._settings.gradient_accumulation_steps,
+            max_steps=self.max_steps_per_epoch,
+        )
 
     def _setup_model(self, cfg: DictConfig) -> torch.nn.Module:
         """Build on the meta device (no memory, no random init), checkpoint/compile the layers, shard,
@@ -377,19 +381,6 @@ class FullFinetuneRecipeDistributed:
             in_bwd_group=self._cfg.optimizer_in_bwd_group,
         )
 
-    def _count_steps_per_epoch(self) -> int:
-        ga, batches = self._settings.gradient_accumulation_steps, len(self._data.dataloader)
-        steps = batches // ga
-        if self.max_steps_per_epoch is not None:
-            steps = min(steps, self.max_steps_per_epoch)
-        if steps < 1:
-            raise TuneError(
-                f"The dataset has {len(self._data.dataloader.dataset)} examples, fewer than one optimizer step needs "
-                f"(batch_size={self._settings.batch_size} x gradient_accumulation_steps={ga}). Lower batch_size or "
-                "use a larger dataset."
-            )
-        return steps
-
     # ------------------------------------------------------------------------------------------
     # training
     # ------------------------------------------------------------------------------------------
@@ -409,13 +400,8 @@ class FullFinetuneRecipeDistributed:
             for epoch in range(progress.epochs_run, self._settings.epochs):
                 start = progress.steps_run_in_epoch * ga * self._settings.batch_size  # examples, all ranks
                 self._data.sampler.set_epoch(epoch, start_index=start)
-                pbar = tqdm(
-                    total=self._steps_per_epoch,
-                    initial=progress.steps_run_in_epoch,
-                    dynamic_ncols=True,
-                    file=sys.stderr,
-                    mininterval=0.5,
-                    disable=not self._is_rank_zero,
+                pbar = training.epoch_progress_bar(
+                    self._steps_per_epoch, progress.steps_run_in_epoch, self._is_rank_zero
                 )
                 step_loss = torch.zeros((), device=self._device)
                 interval_tokens, interval_start = 0, time.perf_counter()
@@ -618,17 +604,8 @@ class FullFinetuneRecipeDistributed:
         else:
             folder = self.save_checkpoint(epoch=epoch, step_checkpoint=True)
         self._checkpoint_writer.finish()  # the save must be complete before the resume command is printed
-        recipe_ckpt = folder / training.RECIPE_STATE_NAME
         if self._is_rank_zero:
-            if recipe_ckpt.exists():
-                print(
-                    f"\nStopped by {name} after step {self.global_step}; checkpoint saved to {folder}.\n"
-                    f"Resume with:\n  {training.resume_command(RECIPE_NAME, recipe_ckpt)}",
-                    file=sys.stderr,
-                    flush=True,
-                )
-            else:
-                print(f"\nStopped by {name}; training had finished. Final weights in {folder}.", file=sys.stderr)
+            training.report_stop(name, self.global_step, folder, RECIPE_NAME)
         raise SystemExit(128 + int(signum))
 
     def _log_memory(self, title: str) -> None:
