@@ -56,6 +56,7 @@ from torchtune.training._metrics import (
     RunSummary,
     build_metric_logger,
     check_metric_logger,
+    epoch_progress_bar,
     metrics_path,
 )
 from torchtune.training._model import (
@@ -86,7 +87,7 @@ from torchtune.training._resume import (
     resolve_resume,
     resume_command,
 )
-from torchtune.training._run_control import CheckpointPolicy, NonFiniteLossGuard, StopSignals
+from torchtune.training._run_control import CheckpointPolicy, NonFiniteLossGuard, StopSignals, report_stop
 from torchtune.training._sampler import ResumableSampler
 from torchtune.training._step import (
     TrainStep,
@@ -114,6 +115,8 @@ __all__ = [
     "NonFiniteLossGuard",
     "OffloadActivations",
     "ProgressBarLogHandler",
+    "epoch_progress_bar",
+    "report_stop",
     "RECIPE_STATE_NAME",
     "RECIPE_VALUE_TYPES",
     "RankErrors",
