@@ -47,6 +47,7 @@ def validate_config(cfg: DictConfig) -> None:
         ConfigError: naming the key to change.
     """
     config.check_recipe_keys(cfg, RECIPE_KEYS, RECIPE_NAME, "llama2/7B_eval")
+    training.check_value_types(cfg)
     utils.parse_device(cfg.device)
     utils.dtype_name(cfg.dtype)
     if isinstance(cfg.seed, bool) or not isinstance(cfg.seed, int):

@@ -87,6 +87,7 @@ def validate_config(cfg: DictConfig) -> None:
         ConfigError: naming the key to change.
     """
     config.check_recipe_keys(cfg, RECIPE_KEYS, RECIPE_NAME, "llama2/tiny_full_distributed")
+    training.check_value_types(cfg)
     device = utils.parse_device(cfg.device)
     utils.dtype_name(cfg.dtype)
     training.check_optimizer_settings(cfg)
@@ -270,8 +271,10 @@ class FullFinetuneRecipeDistributed:
             raise TuneError(
                 f"{self._resume.recipe_state_path} was written by the single-device recipe, whose checkpoints hold "
                 "the full optimizer state in one file; this recipe resumes from its own step_N / epoch_N folders "
-                "(sharded state). Resume it with full_finetune_single_device, or start this run from its weights "
-                f"(checkpointer.checkpoint_dir={self._resume.checkpoint_dir}, resume_from_checkpoint=False)."
+                "(sharded state). Point checkpointer.recipe_checkpoint at the recipe_state.pt of a step_N or epoch_N "
+                "folder of a full_finetune_distributed run, resume this one with full_finetune_single_device, or "
+                f"start from its weights (checkpointer.checkpoint_dir={self._resume.checkpoint_dir}, "
+                "resume_from_checkpoint=False)."
             )
         self.seed = utils.set_seed(self._resume.seed if self._resume else self._seed)
         if self._resume is not None:

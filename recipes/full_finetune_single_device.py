@@ -73,6 +73,7 @@ def validate_config(cfg: DictConfig) -> None:
         ConfigError: naming the key to change.
     """
     config.check_recipe_keys(cfg, RECIPE_KEYS, RECIPE_NAME, "llama2/7B_full_low_memory")
+    training.check_value_types(cfg)
     utils.parse_device(cfg.device)
     utils.dtype_name(cfg.dtype)
     training.check_optimizer_settings(cfg)
@@ -155,7 +156,6 @@ class FullFinetuneRecipeSingleDevice:
         if self._device.type == "cpu":
             memory.reuse_freed_host_memory()  # no page faults for each step's large gradients
         self._dtype = utils.get_dtype(cfg.dtype, self._device)
-        training.check_optimizer_settings(cfg)
         self._settings = training.RunSettings(
             optimizer_in_bwd=bool(cfg.optimizer_in_bwd),
             batch_size=training.positive_int(cfg, "batch_size"),

@@ -6,10 +6,13 @@ logits it materialises (``ChunkedCrossEntropyLoss`` does this chunk by chunk).
 
 from __future__ import annotations
 
+from typing import Any, Mapping
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from torchtune.config._types import whole_number
 from torchtune.modules._chunked_loss import DEFAULT_MIN_CHUNK_ROWS, chunked_linear_cross_entropy
 from torchtune.modules._vocab_chunked_loss import vocab_chunked_linear_cross_entropy
 
@@ -77,10 +80,7 @@ class ChunkedCrossEntropyLoss(nn.Module):
         min_chunk_rows: int = DEFAULT_MIN_CHUNK_ROWS,
     ) -> None:
         super().__init__()
-        if num_output_chunks < 1:
-            raise ValueError(f"num_output_chunks must be >= 1, got {num_output_chunks}")
-        if min_chunk_rows < 1:
-            raise ValueError(f"min_chunk_rows must be >= 1, got {min_chunk_rows}")
+        self.check_config_args("loss", {"num_output_chunks": num_output_chunks, "min_chunk_rows": min_chunk_rows})
         self.num_output_chunks = num_output_chunks
         self.ignore_index = ignore_index
         self.min_chunk_rows = min_chunk_rows
@@ -96,6 +96,13 @@ class ChunkedCrossEntropyLoss(nn.Module):
             self.ignore_index,
             self.min_chunk_rows,
         )
+
+    @staticmethod
+    def check_config_args(key: str, fields: Mapping[str, Any]) -> None:
+        """Raise ConfigError naming ``key.num_output_chunks`` / ``key.min_chunk_rows`` below 1."""
+        for name in ("num_output_chunks", "min_chunk_rows"):
+            if name in fields:
+                whole_number(f"{key}.{name}", fields[name])
 
 
 class VocabChunkedCrossEntropyLoss(nn.Module):
@@ -115,10 +122,12 @@ class VocabChunkedCrossEntropyLoss(nn.Module):
 
     def __init__(self, num_output_chunks: int = 8, ignore_index: int = CROSS_ENTROPY_IGNORE_IDX) -> None:
         super().__init__()
-        if num_output_chunks < 1:
-            raise ValueError(f"num_output_chunks must be >= 1, got {num_output_chunks}")
+        self.check_config_args("loss", {"num_output_chunks": num_output_chunks})
         self.num_output_chunks = num_output_chunks
         self.ignore_index = ignore_index
+
+    # the same arguments, the same checks
+    check_config_args = staticmethod(ChunkedCrossEntropyLoss.check_config_args)
 
     def forward(self, output_proj: nn.Linear, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Loss of ``output_proj(hidden)`` against ``labels``, one vocabulary slice at a time."""

@@ -24,7 +24,7 @@ from torchtune.training._activations import (
     get_act_offloading_ctx_manager,
     set_activation_checkpointing,
 )
-from torchtune.training._checks import check_optimizer_settings, positive_int
+from torchtune.training._checks import RECIPE_VALUE_TYPES, check_optimizer_settings, check_value_types, positive_int
 from torchtune.training._data import TrainingData, build_dataloader, num_tokens, padding_id
 from torchtune.training._distributed import (
     DistributedInfo,
@@ -115,6 +115,7 @@ __all__ = [
     "OffloadActivations",
     "ProgressBarLogHandler",
     "RECIPE_STATE_NAME",
+    "RECIPE_VALUE_TYPES",
     "RankErrors",
     "ResumableSampler",
     "ResumePlan",
@@ -140,13 +141,13 @@ __all__ = [
     "build_model",
     "build_optimizer",
     "build_stochastic_rounding",
-    "backend_for_device",
     "build_validation",
     "check_loaded_checksums",
     "check_metric_logger",
     "check_model_matches_checkpoint",
     "check_optimizer_settings",
     "check_overwrite",
+    "check_value_types",
     "check_resume_keys",
     "check_stochastic_rounding",
     "check_same_config",

@@ -30,6 +30,7 @@ log = logging.getLogger("torchtune")
 
 __all__ = ["check_overwrite", "prepare_output_dir"]
 
+
 def check_overwrite(cfg: Any) -> None:
     """``overwrite`` is a bool and not combined with a resume (which continues the run it would delete).
     Reads no file, so ``tune validate`` runs it too.

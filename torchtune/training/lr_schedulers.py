@@ -9,6 +9,7 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 
 from torchtune import config
+from torchtune.config._types import checked_by, whole_number
 
 __all__ = ["build_lr_scheduler", "get_cosine_schedule_with_warmup"]
 
@@ -37,6 +38,14 @@ def build_lr_scheduler(
     return scheduler
 
 
+def _check_cosine_args(key: str, fields: Mapping[str, Any]) -> None:
+    whole_number(f"{key}.num_warmup_steps", fields.get("num_warmup_steps", 0), minimum=0)
+    cycles = fields.get("num_cycles")
+    if cycles is not None and cycles <= 0:
+        raise config.ConfigError(f"{key}.num_cycles must be a positive number (0.5 decays once), got {cycles!r}.")
+
+
+@checked_by(_check_cosine_args)
 def get_cosine_schedule_with_warmup(
     optimizer: Optimizer,
     num_warmup_steps: int,

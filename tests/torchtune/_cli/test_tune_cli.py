@@ -217,18 +217,20 @@ def test_cp_copies_a_config_and_respects_no_clobber(files):
     cfg = _a_builtin_config()
     if cfg is None:
         pytest.skip("no built-in config file is written yet")
+    recipe = registry.recipe_for_config(cfg.name)
+    copied = registry.recipe_header(recipe, cfg) + cfg.path.read_text()  # the copy names its recipe first
     result = tune("cp", cfg.name, "copy", cwd=files)
     assert result.returncode == 0, result.stderr
-    assert (files / "copy.yaml").read_text() == cfg.path.read_text()
+    assert (files / "copy.yaml").read_text() == copied
     (files / "sub").mkdir()
     assert tune("cp", cfg.name, "sub", cwd=files).returncode == 0
-    assert (files / "sub" / cfg.path.name).read_text() == cfg.path.read_text()
+    assert (files / "sub" / cfg.path.name).read_text() == copied
     (files / "copy.yaml").write_text("mine: 1\n")
     result = tune("cp", cfg.name, "copy.yaml", "--no-clobber", cwd=files)
     assert result.returncode == 0 and "Not overwriting" in result.stdout
     assert (files / "copy.yaml").read_text() == "mine: 1\n"
     assert tune("cp", cfg.name, "copy.yaml", cwd=files).returncode == 0
-    assert (files / "copy.yaml").read_text() == cfg.path.read_text()
+    assert (files / "copy.yaml").read_text() == copied
 
 
 def test_cp_bad_names(files):

@@ -4,6 +4,7 @@ import pytest
 import torch
 from torch import nn
 
+from torchtune._errors import ConfigError
 from torchtune.modules import _vocab_chunked_loss
 from torchtune.modules.loss import ChunkedCrossEntropyLoss, CrossEntropyLoss, VocabChunkedCrossEntropyLoss
 
@@ -89,5 +90,5 @@ def test_each_weight_gradient_slice_is_written_once(monkeypatch):
 
 
 def test_rejects_zero_chunks():
-    with pytest.raises(ValueError, match="num_output_chunks"):
+    with pytest.raises(ConfigError, match="loss.num_output_chunks"):
         VocabChunkedCrossEntropyLoss(0)

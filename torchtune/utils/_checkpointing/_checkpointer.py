@@ -13,13 +13,13 @@ import logging
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Union
+from typing import Any, Callable, Iterator, Mapping, Optional, Union
 
 import torch
 from torch import nn
 
 from torchtune._assets import missing_path_hint
-from torchtune._errors import TuneError
+from torchtune._errors import ConfigError, TuneError
 from torchtune.models.llama2._convert_weights import (
     hf_to_tune,
     meta_to_tune,
@@ -141,14 +141,10 @@ class _FullModelCheckpointer:
                 "Set checkpointer.checkpoint_dir to the folder that holds the model weights "
                 "(download them with `tune download`)."
             )
-        if str(model_type).upper() not in SUPPORTED_MODEL_TYPES:
-            alias = ""
-            if str(model_type).upper() == "LLAMA3_1":
-                alias = " (Llama 3.1 is LLAMA3: Llama 3 and 3.1 share one format)"
-            raise TuneError(
-                f"checkpointer.model_type={model_type} is not supported{alias}; use one of "
-                f"{', '.join(SUPPORTED_MODEL_TYPES)}."
-            )
+        self.check_config_args(
+            "checkpointer",
+            {"model_type": model_type, "checkpoint_files": checkpoint_files, "verify_checksums": verify_checksums},
+        )
         self._model_type = str(model_type).upper()
         if output_dir is None:
             raise TuneError(
@@ -165,14 +161,29 @@ class _FullModelCheckpointer:
         if isinstance(checkpoint_files, (str, Path)):
             checkpoint_files = [str(checkpoint_files)]
         self._checkpoint_files = [str(f) for f in checkpoint_files]
-        if not self._checkpoint_files:
-            raise TuneError("checkpointer.checkpoint_files is empty: list the weight files to load.")
         # Resuming is torchtune.training.resolve_resume's job: it reads this key from the config and
         # points checkpoint_dir at the folder to resume from. Kept so the node describes the whole set-up.
         self.recipe_checkpoint = recipe_checkpoint
         self._verify_checksums = check_checksum_mode(verify_checksums)
         # The background checksum check of the files load_checkpoint read (verify_checksums=background).
         self.checksums: Optional[ChecksumJob] = None
+
+    @staticmethod
+    def check_config_args(key: str, fields: Mapping[str, Any]) -> None:
+        """The checks of the arguments that need no file (``config.validate`` runs them before anything is
+        built): a known ``model_type``, a way to verify checksums, at least one weight file."""
+        model_type = fields.get("model_type", "LLAMA2")
+        if str(model_type).upper() not in SUPPORTED_MODEL_TYPES:
+            alias = ""
+            if str(model_type).upper() == "LLAMA3_1":
+                alias = " (Llama 3.1 is LLAMA3: Llama 3 and 3.1 share one format)"
+            raise ConfigError(
+                f"{key}.model_type={model_type} is not supported{alias}; use one of {', '.join(SUPPORTED_MODEL_TYPES)}."
+            )
+        check_checksum_mode(fields.get("verify_checksums", "before_load"), key=f"{key}.verify_checksums")
+        files = fields.get("checkpoint_files", ["?"])
+        if isinstance(files, (list, tuple)) and not files or isinstance(files, str) and not files.strip():
+            raise ConfigError(f"{key}.checkpoint_files is empty: list the weight files to load.")
 
     # --- helpers -----------------------------------------------------------------------------------
     def _existing_file(self, name: str) -> Path:
