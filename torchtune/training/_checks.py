@@ -29,7 +29,7 @@ RECIPE_VALUE_TYPES = {
     "fsdp_reshard_after_forward": bool,
     "async_checkpoint": bool,
     "eval_every_n_steps": Optional[int],
-    "results_file": str,
+    "results_file": Optional[str],
     "prompt": Union[str, int, float],
     "instruction_template": Optional[str],
 }
