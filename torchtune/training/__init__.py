@@ -63,6 +63,7 @@ from torchtune.training._model import (
     check_model_matches_checkpoint,
     check_tokenizer_fits_model,
     model_fingerprint,
+    model_skeleton,
 )
 from torchtune.training._optimizer import (
     GradNormTracker,
@@ -170,6 +171,7 @@ __all__ = [
     "memory",
     "metrics_path",
     "model_fingerprint",
+    "model_skeleton",
     "num_label_tokens",
     "num_tokens",
     "padding_id",

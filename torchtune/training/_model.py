@@ -68,6 +68,13 @@ def build_model(
     return model
 
 
+def model_skeleton(cfg_model: Any, *, dtype: torch.dtype) -> nn.Module:
+    """The model of ``cfg_model`` on the meta device: its parameter names, shapes and config without any
+    memory, to check the checkpoint and tokenizer against before the weights are read."""
+    with set_default_dtype(dtype), torch.device("meta"):
+        return config.instantiate(cfg_model)
+
+
 def check_model_matches_checkpoint(model: nn.Module, checkpointer: Any) -> None:
     """Heads and RoPE in the checkpoint's config (config.json) vs the model.
 
