@@ -271,8 +271,10 @@ class FullFinetuneRecipeDistributed:
             raise TuneError(
                 f"{self._resume.recipe_state_path} was written by the single-device recipe, whose checkpoints hold "
                 "the full optimizer state in one file; this recipe resumes from its own step_N / epoch_N folders "
-                "(sharded state). Resume it with full_finetune_single_device, or start this run from its weights "
-                f"(checkpointer.checkpoint_dir={self._resume.checkpoint_dir}, resume_from_checkpoint=False)."
+                "(sharded state). Point checkpointer.recipe_checkpoint at the recipe_state.pt of a step_N or epoch_N "
+                "folder of a full_finetune_distributed run, resume this one with full_finetune_single_device, or "
+                f"start from its weights (checkpointer.checkpoint_dir={self._resume.checkpoint_dir}, "
+                "resume_from_checkpoint=False)."
             )
         self.seed = utils.set_seed(self._resume.seed if self._resume else self._seed)
         if self._resume is not None:

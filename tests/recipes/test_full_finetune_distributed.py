@@ -312,15 +312,66 @@ def test_optimizers_that_cannot_step_shards_are_refused_naming_the_alternative(c
         validate_config(cfg)
 
 
-def test_resume_from_a_single_device_checkpoint_is_refused(configs, base_run, tmp_path):
+def _failed_resume(configs, folder: Path, out: Path, *extra: str) -> str:
+    """A 2-process resume from ``folder`` that must fail: every rank exits non-zero, one message (rank
+    0's), no traceback. Returns the message with its line breaks joined."""
     _, dist = configs
-    state = base_run / "single" / "epoch_0" / "recipe_state.pt"
+    state = folder / "recipe_state.pt"
     result = _tune_dist(
-        dist, tmp_path / "o", "resume_from_checkpoint=True", f"checkpointer.recipe_checkpoint={state}", nproc=False
+        dist, out, "resume_from_checkpoint=True", f"checkpointer.recipe_checkpoint={state}", "seed=null", *extra
     )
-    assert result.returncode == 1
+    assert result.returncode != 0, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr and "Traceback" not in result.stdout, result.stderr[-6000:]
+    assert [line.startswith("Error:") for line in result.stderr.splitlines()].count(True) == 1, result.stderr[-6000:]
     message = " ".join(result.stderr.split())
-    assert "written by the single-device recipe" in message and message.count("Error:") == 1
+    assert str(folder) in message, message[-3000:]  # which folder
+    return message
+
+
+@pytest.fixture
+def step_copy(base_run, tmp_path):
+    """A copy of the 2-process run's step_4 folder, for a test to damage."""
+    import shutil
+
+    return Path(shutil.copytree(base_run / "dist" / "step_4", tmp_path / "ckpt" / "step_4"))
+
+
+def test_resume_from_a_single_device_checkpoint_is_refused(configs, base_run, tmp_path):
+    folder = base_run / "single" / "epoch_0"
+    message = _failed_resume(configs, folder, tmp_path / "o")
+    assert "written by the single-device recipe" in message and "checkpointer.recipe_checkpoint" in message
+
+
+def test_resume_with_a_changed_optimizer_names_the_folder_and_the_fix(configs, base_run, tmp_path):
+    """The saved AdamW state has no SGD momentum: torch.distributed.checkpoint raises CheckpointException
+    (a BaseException) on every rank."""
+    folder = base_run / "dist" / "step_4"
+    message = _failed_resume(
+        configs, folder, tmp_path / "o", "optimizer._component_=torch.optim.SGD", "+optimizer.momentum=0.9"
+    )
+    assert "momentum_buffer" in message and "this run's optimizer (SGD) keeps other state" in message
+    assert "checkpointer.recipe_checkpoint" in message
+
+
+def test_resume_from_a_folder_without_manifest_is_refused(configs, step_copy, tmp_path):
+    (step_copy / "manifest.json").unlink()
+    message = _failed_resume(configs, step_copy, tmp_path / "o")
+    assert "manifest.json" in message and "checkpointer.recipe_checkpoint" in message
+
+
+def test_resume_with_a_missing_shard_is_refused(configs, step_copy, tmp_path):
+    (step_copy / "sharded_state" / "__1_0.distcp").unlink()
+    message = _failed_resume(configs, step_copy, tmp_path / "o")
+    assert "__1_0.distcp is missing" in message and "checkpointer.recipe_checkpoint" in message
+
+
+def test_resume_with_a_damaged_shard_is_refused(configs, step_copy, tmp_path):
+    shard = step_copy / "sharded_state" / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    message = _failed_resume(configs, step_copy, tmp_path / "o")
+    assert "__0_0.distcp does not match the checksum" in message and "checkpointer.recipe_checkpoint" in message
 
 
 if __name__ == "__main__":  # pragma: no cover

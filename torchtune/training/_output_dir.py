@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import shutil
 from pathlib import Path
 from typing import Any, List, Optional, Tuple
@@ -25,12 +24,11 @@ from torchtune._errors import ConfigError, TuneError
 from torchtune.training._metrics import metrics_path
 from torchtune.utils._checkpointing import RECIPE_STATE_NAME, find_latest_checkpoint
 from torchtune.utils._checkpointing._atomic import clean_leftovers, fsync_dir
+from torchtune.utils._checkpointing._manifest import _CHECKPOINT_FOLDER, _saved_step
 
 log = logging.getLogger("torchtune")
 
 __all__ = ["check_overwrite", "prepare_output_dir"]
-
-_CHECKPOINT_FOLDER = re.compile(r"^(step|epoch)_(\d+)$")
 
 
 def check_overwrite(cfg: Any) -> None:
@@ -59,13 +57,6 @@ def _checkpoint_folders(folder: Path) -> List[Path]:
         return []
     found = [p for p in folder.iterdir() if p.is_dir() and _CHECKPOINT_FOLDER.match(p.name)]
     return sorted(found, key=lambda p: (_saved_step(p) or 0, p.name))
-
-
-def _saved_step(folder: Path) -> Optional[int]:
-    try:
-        return int(json.loads((folder / "manifest.json").read_text())["step"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
 
 
 def _metric_steps(path: Path) -> Optional[Tuple[int, int]]:
@@ -120,8 +111,10 @@ def _prepare(cfg: Any) -> None:
     folders = _checkpoint_folders(checkpoints_dir)
     steps = _metric_steps(metrics)
     if cfg.resume_from_checkpoint:
+        # A resume continues a run: its own folder, or an output_dir without checkpoints (metrics there, e.g.
+        # of an earlier attempt at this resume, are cut back to the resumed step and continued).
         resumed = _resumed_folder(cfg)
-        if resumed.parent == checkpoints_dir.resolve() or not (folders or steps):
+        if resumed.parent == checkpoints_dir.resolve() or not folders:
             _drop_metrics_after(metrics, _saved_step(resumed))
             return
     elif not (folders or steps):
