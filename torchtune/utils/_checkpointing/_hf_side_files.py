@@ -4,9 +4,10 @@ and loads on its own with ``AutoModelForCausalLM`` / ``AutoTokenizer`` / ``Gener
 * ``config.json``: the input's, with ``torch_dtype`` (or ``dtype``, the newer name, where the input
   uses it) set to the dtype of the tensors written -- a bf16 finetune of a float16 download says bfloat16.
 * tokenizer files: copied from the input folder (``tokenizer.json``, the chat template, Llama 3's
-  ``original/tokenizer.model`` and the other side files transformers and our tokenizers read); when the input has a SentencePiece ``tokenizer.model``
-  but no ``tokenizer_config.json`` / ``special_tokens_map.json`` (the demo bundle, a converted Meta
-  download), they are written from it: BOS added, EOS not, as the recipes encode a prompt.
+  ``original/tokenizer.model`` and the other side files transformers and our tokenizers read); when
+  the input has a SentencePiece ``tokenizer.model`` but no ``tokenizer_config.json`` /
+  ``special_tokens_map.json`` (the demo bundle, a converted Meta download), they are written from it:
+  BOS added, EOS not, as the recipes encode a prompt.
 * ``generation_config.json``: copied, or written with the tokenizer's (else config.json's) BOS/EOS ids.
 """
 
