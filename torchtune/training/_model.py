@@ -60,7 +60,7 @@ def build_model(
             layer.compile()
     log.info(
         "Model %s: %.1fM parameters, %s on %s",
-        getattr(cfg_model, "_component_", type(model).__name__),
+        getattr(cfg_model, config.COMPONENT_KEY, type(model).__name__),
         sum(p.numel() for p in model.parameters()) / 1e6,
         dtype,
         device,
@@ -103,7 +103,7 @@ def check_tokenizer_fits_model(tokenizer: Any, model: nn.Module, cfg_tokenizer: 
     vocab_size = model.tok_embeddings.num_embeddings
     padded = -(-tokenizer.vocab_size // 256) * 256
     if not tokenizer.vocab_size <= vocab_size <= padded:
-        source = cfg_tokenizer.get("path", cfg_tokenizer.get("_component_"))
+        source = cfg_tokenizer.get("path", cfg_tokenizer.get(config.COMPONENT_KEY))
         raise TuneError(
             f"The tokenizer ({source}) has {tokenizer.vocab_size} tokens but the model's vocabulary has "
             f"{vocab_size}: the tokenizer does not belong to this model (token ids past the embedding table would "

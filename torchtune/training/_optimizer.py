@@ -246,7 +246,7 @@ def build_optimizer(
     in standard mode); torchao optimizers are built with their own ``bf16_stochastic_round`` for it.
     """
     params = trainable_parameters(model)
-    extra = rounding.optimizer_kwargs(str(cfg_optimizer.get("_component_", ""))) if rounding is not None else {}
+    extra = rounding.optimizer_kwargs(str(cfg_optimizer.get(config.COMPONENT_KEY, ""))) if rounding is not None else {}
     if not optimizer_in_bwd:
         return config.instantiate(cfg_optimizer, list(params.values()), **extra)
     optim_map: Dict[str, Optimizer] = {}
