@@ -237,7 +237,7 @@ def run(args: argparse.Namespace) -> list[dict]:
         torch.cuda.empty_cache()
 
     cfg.resume_from_checkpoint = True
-    cfg.checkpointer.recipe_checkpoint = str(folder / "recipe_state.pt")
+    cfg.checkpointer.recipe_checkpoint = str(folder / training.RECIPE_STATE_NAME)
     with _Phase("resume load", device, ballast_bytes) as phase:
         checkpointer, model, optimizer = phases_code.setup_run(cfg, device, dtype, simulated=False)
     results.append(phase.result)

@@ -131,7 +131,7 @@ def validate_config(cfg: DictConfig) -> None:
             f"fsdp_reshard_after_forward={reshard!r}: use True (free each layer's gathered weights after its forward: "
             "least memory) or False (keep them until backward: one all-gather less per layer)."
         )
-    component = str(cfg.optimizer.get("_component_", ""))
+    component = str(cfg.optimizer.get(config.COMPONENT_KEY, ""))
     if component.startswith("bitsandbytes."):
         raise ConfigError(
             f"optimizer._component_={component}: bitsandbytes optimizers cannot step FSDP2's sharded (DTensor) "

@@ -13,11 +13,11 @@ when the layer's last gradient arrives, so at most one layer's gradients exist a
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 
 from torchtune import config
@@ -38,6 +38,14 @@ __all__ = [
     "register_optim_in_bwd_hooks",
     "step_optimizer",
 ]
+
+
+def is_dtensor(tensor: Any) -> bool:
+    """Whether ``tensor`` is a DTensor (sharded by FSDP2), without importing ``torch.distributed.tensor``:
+    that import takes a second of CPU, and no tensor can be a DTensor before something else imported it
+    (``tune validate`` and single-device runs never do)."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(tensor, module.DTensor)
 
 
 class GradNormTracker:
@@ -69,7 +77,7 @@ class GradNormTracker:
         """Add one gradient's norm (taken in fp32); of a sharded gradient, this rank's shard."""
         if self._norms is None:
             return
-        if isinstance(grad, DTensor):
+        if is_dtensor(grad):
             self._local.append(torch.linalg.vector_norm(grad.to_local(), dtype=torch.float32))
         else:
             self._norms.append(torch.linalg.vector_norm(grad, dtype=torch.float32))
@@ -238,7 +246,7 @@ def build_optimizer(
     in standard mode); torchao optimizers are built with their own ``bf16_stochastic_round`` for it.
     """
     params = trainable_parameters(model)
-    extra = rounding.optimizer_kwargs(str(cfg_optimizer.get("_component_", ""))) if rounding is not None else {}
+    extra = rounding.optimizer_kwargs(str(cfg_optimizer.get(config.COMPONENT_KEY, ""))) if rounding is not None else {}
     if not optimizer_in_bwd:
         return config.instantiate(cfg_optimizer, list(params.values()), **extra)
     optim_map: Dict[str, Optimizer] = {}
@@ -307,7 +315,7 @@ def step_optimizer(
         torch._foreach_mul_([p.grad for p in with_grad], grad_scale)
     if with_grad and (clip_grad_norm is not None or (grad_norm is not None and grad_norm.armed)):
         norm = torch.nn.utils.get_total_norm([p.grad for p in with_grad])
-        if isinstance(norm, DTensor):
+        if is_dtensor(norm):
             # sharded gradients: the norm of each rank's shards is a partial result; full_tensor sums
             # the squares over the ranks, so every rank clips with the global norm
             norm = norm.full_tensor()
