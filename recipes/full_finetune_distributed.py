@@ -295,11 +295,12 @@ class FullFinetuneRecipeDistributed:
         # what the HF folders this run writes are made of. A resumed run takes its weights from the
         # sharded state instead.
         self._checkpointer = training.build_checkpointer(cfg.checkpointer, None)
+        # config.json vs the builder, on a meta-device model: before any weight is read.
+        training.check_model_matches_checkpoint(cfg.model, self._checkpointer)
         self._model = self._setup_model(cfg)
         self._activations = training.get_act_offloading_ctx_manager(self._model, cfg.enable_activation_offloading)
         if self._resume is not None:
             self._resume.check_model(self._model)
-        training.check_model_matches_checkpoint(self._model, self._checkpointer)
         self._tokenizer = config.instantiate(cfg.tokenizer)
         training.check_tokenizer_fits_model(self._tokenizer, self._model, cfg.tokenizer)
 
