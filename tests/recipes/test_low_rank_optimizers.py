@@ -95,3 +95,43 @@ def test_low_rank_finetune_saves_and_resumes_bit_exactly(tiny, tmp_path, node, d
 
     base = load_file(str(tiny.parent / "base" / "model.safetensors"))
     assert all(not torch.equal(final[n].float(), base[n].float()) for n in final if "norm" not in n)
+
+
+def _validate(tiny, **overrides):
+    from omegaconf import OmegaConf
+
+    from recipes.full_finetune_single_device import validate_config
+    from torchtune._errors import ConfigError
+
+    cfg = OmegaConf.load(tiny)
+    for key, value in overrides.items():
+        OmegaConf.update(cfg, key, value, merge=False)
+    with pytest.raises(ConfigError) as err:
+        validate_config(cfg)  # what the recipe runs first, before any weight loads
+    return str(err.value)
+
+
+def test_bad_low_rank_settings_stop_before_any_weight_loads(tiny, monkeypatch):
+    # rank above the smaller side of a 64 x 64 projection
+    msg = _validate(tiny, optimizer={**APOLLO, "rank": 65})
+    assert "optimizer.rank=65" in msg and "at most 64" in msg and "target_modules" in msg
+    msg = _validate(tiny, optimizer={**GALORE, "target_modules": ["q_proj", "qkv_proj"]})
+    assert "['qkv_proj']" in msg and "match no trainable matrix" in msg and "q_proj" in msg
+    msg = _validate(tiny, optimizer={k: v for k, v in APOLLO_MINI.items() if k != "rest"})
+    assert "optimizer.rest" in msg and "AdamW8bit" in msg
+    msg = _validate(tiny, optimizer={"_component_": "lomo_optim.AdaLomo", "lr": 1e-3})
+    assert "fused backward" in msg and "apollo_torch.APOLLOAdamW" in msg
+    # the package missing: the pip extra to install
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_apollo(name, *args, **kwargs):
+        if name.split(".")[0] == "apollo_torch":
+            raise ImportError("No module named 'apollo_torch'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_apollo)
+    monkeypatch.setattr("importlib.import_module", lambda name, *a: no_apollo(name))
+    msg = _validate(tiny, optimizer=APOLLO_MINI)
+    assert "plaintune[apollo]" in msg and "not installed" in msg
