@@ -48,7 +48,7 @@ from torchtune.training._distributed_checkpoint import (
     load_sharded_checkpoint,
     save_sharded_checkpoint,
 )
-from torchtune.training._low_rank import check_low_rank_optimizer
+from torchtune.training._low_rank import check_low_rank_optimizer, is_low_rank
 from torchtune.training._metrics import (
     MetricLoggers,
     ProgressBarLogHandler,
@@ -143,6 +143,7 @@ __all__ = [
     "check_metric_logger",
     "check_model_matches_checkpoint",
     "check_low_rank_optimizer",
+    "is_low_rank",
     "check_optimizer_settings",
     "check_resume_keys",
     "check_stochastic_rounding",

@@ -57,6 +57,8 @@ GB = 1e9
 CATEGORIES = ("weights", "gradients", "optimizer_state", "activations", "temporaries")
 # device memory, anonymous host RAM, CUDA managed memory (paged optimizers), file pages of mmap loads
 MEMORY_KINDS = ("device", "host", "managed", "mapped")
+# PCIe 4.0 x16 moves about 25 GB/s each way in practice (32 GB/s raw): the bandwidth paged state is costed at.
+PCIE_GB_PER_S = 25.0
 _ALIGN = 512  # the CUDA caching allocator rounds every block up to a multiple of 512 bytes
 
 
@@ -478,6 +480,116 @@ class LayoutOptimizer(torch.optim.Optimizer):
             super().load_state_dict(state_dict, **kwargs)
 
 
+def _state_bytes(value: Any, seen: set[int]) -> int:
+    """Bytes of the tensors in an optimizer state value: tensors, lists, dicts and the objects holding
+    tensors (a low-rank optimizer's projector), each storage once."""
+    if isinstance(value, torch.Tensor):
+        total = 0
+        for inner in _inner_tensors(value):
+            key = _storage_key(inner)
+            if key not in seen:
+                seen.add(key)
+                total += inner.untyped_storage().nbytes()
+        return total
+    if isinstance(value, (list, tuple)):
+        return sum(_state_bytes(v, seen) for v in value)
+    if isinstance(value, dict):
+        return sum(_state_bytes(v, seen) for v in value.values())
+    if hasattr(value, "__dict__") and not isinstance(value, type):
+        return sum(_state_bytes(v, seen) for v in vars(value).values())
+    return 0
+
+
+def _measured_low_rank_bytes(
+    optimizer_cls: type, kwargs: dict[str, Any], group: dict[str, Any], shape: tuple[int, int], dtype: torch.dtype
+) -> int:
+    torch.manual_seed(0)
+    param = nn.Parameter(torch.randn(shape, dtype=torch.float32).to(dtype))
+    optimizer = optimizer_cls([{"params": [param], **group}], **kwargs)
+    param.grad = torch.randn_like(param)
+    optimizer.step()
+    return _state_bytes(dict(optimizer.state[param]), set())
+
+
+def measure_low_rank_state(
+    optimizer_cls: type, kwargs: dict[str, Any], group: dict[str, Any], shape: tuple[int, ...], dtype: torch.dtype
+) -> int:
+    """Device bytes of a low-rank optimizer's state (moments, projector) for a matrix of ``shape``.
+
+    Measured by one real step of the real class on CPU. The state of a rank-r projection is of the form
+    a + b*m + c*n + d*m*n in the matrix's sides m x n, so large matrices are measured on four small ones
+    of the same orientation (which side is longer decides the projection) and the four terms solved for.
+    """
+    key = (
+        f"{optimizer_cls.__module__}.{optimizer_cls.__qualname__}",
+        tuple(sorted((k, str(v)) for k, v in {**kwargs, **group}.items())),
+        tuple(shape),
+        dtype,
+    )
+    if key in _LAYOUT_CACHE:
+        return _LAYOUT_CACHE[key][0]
+    with _disable_current_modes():  # real tensors, even when called under the fake mode
+        m, n = shape
+        if m * n <= _MEASURE_DIRECT_UP_TO:
+            result = _measured_low_rank_bytes(optimizer_cls, kwargs, group, (m, n), dtype)
+        else:
+            a = max(2 * int(group.get("rank", 1)), 16)
+            # m >= n: (2a, a) .. (4a, 2a) keep m >= n; m < n: (a, 4a) .. (2a, 8a) keep m < n
+            m0, n0 = (2 * a, a) if m >= n else (a, 4 * a)
+            f = {
+                (i, j): _measured_low_rank_bytes(optimizer_cls, kwargs, group, (m0 * i, n0 * j), dtype)
+                for i in (1, 2)
+                for j in (1, 2)
+            }
+            d = (f[2, 2] - f[2, 1] - f[1, 2] + f[1, 1]) / (m0 * n0)
+            b = (f[2, 1] - f[1, 1]) / m0 - d * n0
+            c = (f[1, 2] - f[1, 1]) / n0 - d * m0
+            const = f[1, 1] - b * m0 - c * n0 - d * m0 * n0
+            result = max(0, round(const + b * m + c * n + d * m * n))
+    _LAYOUT_CACHE[key] = (result, 0)
+    return result
+
+
+class LowRankLayoutOptimizer(torch.optim.Optimizer):
+    """Stands in for a low-rank optimizer (apollo_torch, galore_torch) under the fake mode, whose step has
+    data-dependent Python (APOLLO's norm-growth limiter, its seed draws) that fake tensors cannot run.
+
+    Per parameter it allocates the state bytes the real class ``optimizer_component`` creates for that
+    shape and param group (``measure_low_rank_state``). Its step makes one parameter-sized temporary in
+    the gradient's dtype (APOLLO's rescaled gradient, GaLore's update projected back) before the
+    in-place update; the smaller low-rank temporaries are left out.
+    """
+
+    def __init__(self, params: Any, optimizer_component: str, **kwargs: Any) -> None:
+        from torchtune.training._low_rank import LOW_RANK_OPTIMIZERS
+
+        self.optimizer_cls = _import(optimizer_component)
+        self.optimizer_component = optimizer_component
+        self.group_keys = LOW_RANK_OPTIMIZERS[optimizer_component][1]
+        self.real_kwargs = kwargs
+        super().__init__(params, {"lr": kwargs.get("lr", 1e-3)})
+
+    @torch.no_grad()
+    def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
+        for group in self.param_groups:
+            options = {k: group[k] for k in self.group_keys if k in group}
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    nbytes = measure_low_rank_state(
+                        self.optimizer_cls, self.real_kwargs, options, tuple(p.shape), p.dtype
+                    )
+                    state["step"] = 0
+                    state["device_state"] = torch.zeros(nbytes, dtype=torch.uint8, device=p.device)
+                state["step"] += 1
+                update = p.grad * 1.0
+                p.add_(update, alpha=-group["lr"])
+                del update
+        return None
+
+
 def layout_optimizer_config(component: str, kwargs: dict[str, Any]) -> Optional[dict[str, Any]]:
     """The ``_component_`` node that replaces a bitsandbytes/torchao optimizer, or None for others."""
     if not component.startswith(("bitsandbytes.", "torchao.")):
@@ -528,6 +640,17 @@ class MemoryEstimate:
             f"{'  optimizer state, paged/managed':<34}{self.paged_optimizer_bytes / GB:>9.2f} GB"
             "  (CUDA managed memory; needs that much host RAM when paged out)"
         )
+        if self.paged_optimizer_bytes:
+            # With paged state every step reads and writes all of it (optimizer in backward steps every
+            # parameter), and a 16 GB card cannot keep it resident next to the weights: it crosses PCIe
+            # both ways each step.
+            paged = self.paged_optimizer_bytes / GB
+            seconds = paged / PCIE_GB_PER_S
+            lines.append(
+                f"{'  paged per step (estimated)':<34}{paged:>9.2f} GB in + {paged:.2f} GB out; at "
+                f"{PCIE_GB_PER_S:g} GB/s each way (PCIe 4.0 x16) {seconds:.1f} s (directions overlapped) to "
+                f"{2 * seconds:.1f} s per step, when the card cannot keep the state resident"
+            )
         host_label = f"  {self.host_label} (host)"
         lines.append(f"{host_label:<34}{self.host_offload_peak_bytes / GB:>9.2f} GB  (pinned host memory)")
         lines.append(f"{'  host RAM needed for these':<34}{self.host_bytes_needed / GB:>9.2f} GB")
@@ -740,7 +863,21 @@ def prepare_estimate(cfg: Any) -> tuple[Any, torch.device, torch.dtype, list[str
     optimizer_node = OmegaConf.to_container(cfg.optimizer, resolve=True)
     component = optimizer_node.pop(COMPONENT_KEY)
     layout = layout_optimizer_config(component, optimizer_node)
-    if layout is not None:
+    if training.is_low_rank(cfg.optimizer):
+        from torchtune.training._low_rank import LAYOUT_COMPONENT
+
+        rest = dict(optimizer_node["rest"])
+        rest_component = rest.pop(COMPONENT_KEY)
+        rest_layout = layout_optimizer_config(rest_component, rest)
+        if rest_layout is not None:
+            _require(rest_component, "bitsandbytes" if rest_component.startswith("bitsandbytes.") else "torchao")
+            optimizer_node["rest"] = rest_layout
+        cfg.optimizer = {COMPONENT_KEY: LAYOUT_COMPONENT, "optimizer_component": component, **optimizer_node}
+        notes.append(
+            f"{component} state (low-rank moments and projector) measured per matrix from the real class on small "
+            f"CPU matrices and solved for each matrix's shape; optimizer.rest ({rest_component}) as its own class"
+        )
+    elif layout is not None:
         _require(component, "bitsandbytes" if component.startswith("bitsandbytes.") else "torchao")
         cfg.optimizer = layout
         notes.append(
