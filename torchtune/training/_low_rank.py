@@ -30,6 +30,7 @@ over the whole model) and do not run under per-parameter hooks: they are refused
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import re
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -120,13 +121,18 @@ def _require_package(component: str) -> None:
     extra = LOW_RANK_OPTIMIZERS[component][0]
     module = component.split(".", 1)[0]
     try:
-        importlib.import_module(module)
-    except ImportError as exc:
+        # found, not imported: apollo_torch imports transformers (seconds), and tune validate imports nothing heavy
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError) as exc:
+        found, why = False, str(exc)
+    else:
+        why = f"no module named {module!r}"
+    if not found:
         raise ConfigError(
-            f"optimizer._component_={component} needs the {module} package, which is not installed ({exc}). "
+            f"optimizer._component_={component} needs the {module} package, which is not installed ({why}). "
             f"Install it with pip install 'plaintune[{extra}]' (or pip install -e '.[{extra}]' in a checkout), "
             "or choose another optimizer, e.g. optimizer._component_=bitsandbytes.optim.AdamW8bit."
-        ) from exc
+        )
 
 
 def _as_container(node: Any) -> Dict[str, Any]:
