@@ -555,9 +555,9 @@ class LowRankLayoutOptimizer(torch.optim.Optimizer):
     data-dependent Python (APOLLO's norm-growth limiter, its seed draws) that fake tensors cannot run.
 
     Per parameter it allocates the state bytes the real class ``optimizer_component`` creates for that
-    shape and param group (``measure_low_rank_state``). Its step makes one parameter-sized temporary in
-    the gradient's dtype (APOLLO's rescaled gradient, GaLore's update projected back) before the
-    in-place update; the smaller low-rank temporaries are left out.
+    shape and param group (``measure_low_rank_state``). Its step holds two parameter-sized temporaries
+    in the gradient's dtype at once, as the real steps do (see ``step``), before the in-place update;
+    the low-rank temporaries (rank x a side) are left out.
     """
 
     def __init__(self, params: Any, optimizer_component: str, **kwargs: Any) -> None:
@@ -584,9 +584,14 @@ class LowRankLayoutOptimizer(torch.optim.Optimizer):
                     state["step"] = 0
                     state["device_state"] = torch.zeros(nbytes, dtype=torch.uint8, device=p.device)
                 state["step"] += 1
+                # two parameter-sized temporaries at once, as the real step has: APOLLO's rescaled gradient
+                # and its norm-limited copy (scaled_grad / limiter); GaLore's projected-back update and its
+                # scaled copy (full_rank_grad * scale)
                 update = p.grad * 1.0
-                p.add_(update, alpha=-group["lr"])
+                limited = update / 1.0
                 del update
+                p.add_(limited, alpha=-group["lr"])
+                del limited
         return None
 
 
