@@ -476,8 +476,18 @@ class LayoutOptimizer(torch.optim.Optimizer):
         if self.optimizer_component.startswith("bitsandbytes."):
             # the real class's loading (move_to_device=...), run on this object's state
             self.optimizer_cls.load_state_dict(self, state_dict, **kwargs)
-        else:
-            super().load_state_dict(state_dict, **kwargs)
+            return
+        # torch's loading casts every state tensor of a floating-point parameter to the parameter's dtype,
+        # also these byte buffers (uint8 -> bf16 doubles them); the real torchao state keeps its own layout
+        saved = state_dict["state"]
+        super().load_state_dict({**state_dict, "state": {}}, **kwargs)
+        ids = [pid for group in state_dict["param_groups"] for pid in group["params"]]
+        params = [p for group in self.param_groups for p in group["params"]]
+        for pid, param in zip(ids, params):
+            if pid in saved:
+                self.state[param] = {
+                    k: v.to(param.device) if isinstance(v, torch.Tensor) else v for k, v in saved[pid].items()
+                }
 
 
 def _state_bytes(value: Any, seen: set[int]) -> int:
