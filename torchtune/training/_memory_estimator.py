@@ -526,9 +526,11 @@ def measure_low_rank_state(
 ) -> int:
     """Device bytes of a low-rank optimizer's state (moments, projector) for a matrix of ``shape``.
 
-    Measured by one real step of the real class on CPU. The state of a rank-r projection is of the form
-    a + b*m + c*n + d*m*n in the matrix's sides m x n, so large matrices are measured on four small ones
-    of the same orientation (which side is longer decides the projection) and the four terms solved for.
+    Measured by one real step of the real class on CPU. The state is of the form
+    a + b*m + c*n + d*m*n + e*m^2 + f*n^2 in the matrix's sides m x n (moments of rank x a side, the
+    projection, and the square SVD factor that GaLore's projection is a view of, kept alive by it), so
+    a large matrix is measured on six small ones of the same orientation (which side is longer decides
+    the projection) and the six terms solved for.
     """
     key = (
         f"{optimizer_cls.__module__}.{optimizer_cls.__qualname__}",
@@ -543,19 +545,24 @@ def measure_low_rank_state(
         if m * n <= _MEASURE_DIRECT_UP_TO:
             result = _measured_low_rank_bytes(optimizer_cls, kwargs, group, (m, n), dtype)
         else:
-            a = max(2 * int(group.get("rank", 1)), 16)
-            # m >= n: (2a, a) .. (4a, 2a) keep m >= n; m < n: (a, 4a) .. (2a, 8a) keep m < n
-            m0, n0 = (2 * a, a) if m >= n else (a, 4 * a)
-            f = {
-                (i, j): _measured_low_rank_bytes(optimizer_cls, kwargs, group, (m0 * i, n0 * j), dtype)
-                for i in (1, 2)
-                for j in (1, 2)
-            }
-            d = (f[2, 2] - f[2, 1] - f[1, 2] + f[1, 1]) / (m0 * n0)
-            b = (f[2, 1] - f[1, 1]) / m0 - d * n0
-            c = (f[1, 2] - f[1, 1]) / n0 - d * m0
-            const = f[1, 1] - b * m0 - c * n0 - d * m0 * n0
-            result = max(0, round(const + b * m + c * n + d * m * n))
+            a = max(2 * int(group.get("rank", 1)), 8)
+            # every sample keeps the orientation: m >= n from (4a, a), m < n from (a, 4a)
+            base = (4 * a, a) if m >= n else (a, 4 * a)
+            steps = [(1, 1), (2, 1), (1, 2), (2, 2), (3, 1), (1, 3)]
+            if m < n:
+                steps = [(j, i) for i, j in steps]
+            samples = [(base[0] * i, base[1] * j) for i, j in steps]
+
+            def features(x: int, y: int) -> list[float]:
+                return [1.0, x, y, x * y, x * x, y * y]
+
+            lhs = torch.tensor([features(x, y) for x, y in samples], dtype=torch.float64)
+            rhs = torch.tensor(
+                [float(_measured_low_rank_bytes(optimizer_cls, kwargs, group, xy, dtype)) for xy in samples],
+                dtype=torch.float64,
+            )
+            coef = torch.linalg.solve(lhs, rhs)
+            result = max(0, round(float(torch.tensor(features(m, n), dtype=torch.float64) @ coef)))
     _LAYOUT_CACHE[key] = (result, 0)
     return result
 

@@ -201,7 +201,13 @@ def _step_and_free(
 
         return hook
 
+    del group  # read from the optimizer at each call: a list held here would tie the parameters to their own
+    # hooks, a cycle through autograd's C++ hook table that the garbage collector cannot see (the memory
+    # estimator's resume phase found the previous model's layers alive); clearing the optimizer's
+    # param_groups breaks it instead
+
     def group_hook(param: torch.Tensor) -> None:
+        group = [p for g in optimizer.param_groups for p in g["params"]]
         if grad_norm is not None:
             grad_norm.add(param.grad)
         # Stateless on purpose: the group is complete when every member holds a gradient (a member
