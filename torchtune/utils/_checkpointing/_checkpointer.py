@@ -13,13 +13,13 @@ import logging
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Union
+from typing import Any, Callable, Iterator, Mapping, Optional, Union
 
 import torch
 from torch import nn
 
 from torchtune._assets import missing_path_hint
-from torchtune._errors import TuneError
+from torchtune._errors import ConfigError, TuneError
 from torchtune.models.llama2._convert_weights import (
     hf_to_tune,
     meta_to_tune,
@@ -42,7 +42,8 @@ from torchtune.utils._checkpointing._streaming_write import safetensors_order, s
 log = logging.getLogger("torchtune")
 
 # LLAMA3 is Llama 3 and 3.1 (one format); LLAMA3_2 the tied 3.2 text models. All convert alike.
-SUPPORTED_MODEL_TYPES = tuple(MODEL_TYPES)
+# GEMMA3 (Hugging Face folders only) converts through torchtune.models.gemma3's Gemma3Folder.
+SUPPORTED_MODEL_TYPES = (*MODEL_TYPES, "GEMMA3")
 MODEL_KEY = "model"
 # Files of a HF model folder that are not weights but belong with them (written by _hf_side_files).
 HF_SIDE_FILES = (
@@ -140,14 +141,10 @@ class _FullModelCheckpointer:
                 "Set checkpointer.checkpoint_dir to the folder that holds the model weights "
                 "(download them with `tune download`)."
             )
-        if str(model_type).upper() not in SUPPORTED_MODEL_TYPES:
-            alias = ""
-            if str(model_type).upper() == "LLAMA3_1":
-                alias = " (Llama 3.1 is LLAMA3: Llama 3 and 3.1 share one format)"
-            raise TuneError(
-                f"checkpointer.model_type={model_type} is not supported{alias}; use one of "
-                f"{', '.join(SUPPORTED_MODEL_TYPES)}."
-            )
+        self.check_config_args(
+            "checkpointer",
+            {"model_type": model_type, "checkpoint_files": checkpoint_files, "verify_checksums": verify_checksums},
+        )
         self._model_type = str(model_type).upper()
         if output_dir is None:
             raise TuneError(
@@ -164,14 +161,29 @@ class _FullModelCheckpointer:
         if isinstance(checkpoint_files, (str, Path)):
             checkpoint_files = [str(checkpoint_files)]
         self._checkpoint_files = [str(f) for f in checkpoint_files]
-        if not self._checkpoint_files:
-            raise TuneError("checkpointer.checkpoint_files is empty: list the weight files to load.")
         # Resuming is torchtune.training.resolve_resume's job: it reads this key from the config and
         # points checkpoint_dir at the folder to resume from. Kept so the node describes the whole set-up.
         self.recipe_checkpoint = recipe_checkpoint
         self._verify_checksums = check_checksum_mode(verify_checksums)
         # The background checksum check of the files load_checkpoint read (verify_checksums=background).
         self.checksums: Optional[ChecksumJob] = None
+
+    @staticmethod
+    def check_config_args(key: str, fields: Mapping[str, Any]) -> None:
+        """The checks of the arguments that need no file (``config.validate`` runs them before anything is
+        built): a known ``model_type``, a way to verify checksums, at least one weight file."""
+        model_type = fields.get("model_type", "LLAMA2")
+        if str(model_type).upper() not in SUPPORTED_MODEL_TYPES:
+            alias = ""
+            if str(model_type).upper() == "LLAMA3_1":
+                alias = " (Llama 3.1 is LLAMA3: Llama 3 and 3.1 share one format)"
+            raise ConfigError(
+                f"{key}.model_type={model_type} is not supported{alias}; use one of {', '.join(SUPPORTED_MODEL_TYPES)}."
+            )
+        check_checksum_mode(fields.get("verify_checksums", "before_load"), key=f"{key}.verify_checksums")
+        files = fields.get("checkpoint_files", ["?"])
+        if isinstance(files, (list, tuple)) and not files or isinstance(files, str) and not files.strip():
+            raise ConfigError(f"{key}.checkpoint_files is empty: list the weight files to load.")
 
     # --- helpers -----------------------------------------------------------------------------------
     def _existing_file(self, name: str) -> Path:
@@ -299,17 +311,40 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
                 f"{config_path} does not exist; a Hugging Face checkpoint folder needs its "
                 f"config.json. Check checkpointer.checkpoint_dir."
             )
+        self._key_to_file: dict[str, str] = {}
+        self._family: Any = None  # the family's folder handling where it is not Llama's
+        if self._model_type == "GEMMA3":
+            from torchtune.models.gemma3._hf import Gemma3Folder
+
+            try:
+                config = json.loads(config_path.read_text())
+            except ValueError as exc:
+                raise TuneError(
+                    f"{config_path} is not valid JSON ({exc}); use the config.json of the weights."
+                ) from exc
+            self._family = Gemma3Folder(config, config_path)
+            self._tied = self._family.tied
+            return
         self._model_config = HFModelConfig.from_file(config_path)
+        if self._model_config.is_gemma3:
+            raise TuneError(
+                f"checkpointer.model_type={self._model_type} does not match {config_path}: it describes a Gemma 3 "
+                "model. Set checkpointer.model_type=GEMMA3 and model._component_ to a Gemma 3 builder (e.g. "
+                "torchtune.models.gemma3.gemma3_1b)."
+            )
         self._model_config.check_model_type(self._model_type)
         self._num_heads = self._model_config.num_heads
         self._dim = self._model_config.dim
         self._num_kv_heads = self._model_config.num_kv_heads
         self._head_dim = self._model_config.head_dim
         self._tied = self._model_config.tied
-        self._key_to_file: dict[str, str] = {}
 
     def check_model(self, model: nn.Module) -> None:
-        """Raise ``TuneError`` if ``model``'s heads or RoPE differ from ``config.json`` (see ``HFModelConfig``)."""
+        """Raise ``TuneError`` if ``model``'s heads or RoPE differ from ``config.json`` (see ``HFModelConfig``;
+        Gemma 3: every size and setting, see ``torchtune.models.gemma3._hf.check_model``)."""
+        if self._family is not None:
+            self._family.check_model(model)
+            return
         self._model_config.check_model(model)
 
     def load_checkpoint(self) -> dict[str, Any]:
@@ -321,7 +356,9 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
             shard = self._read(load_safetensors_weights if self._safetensors else load_torch_weights, path)
             for key, value in shard.items():
                 merged[key] = value
-                self._key_to_file[key] = name
+                self._key_to_file[self._family.hf_name(key) if self._family else key] = name
+        if self._family is not None:
+            merged = {self._family.hf_name(k): v for k, v in merged.items()}
         if self._tied and "lm_head.weight" in merged:
             lm_head, embed = merged.pop("lm_head.weight"), merged.get("model.embed_tokens.weight")
             if embed is not None and not torch.equal(lm_head, embed):
@@ -331,6 +368,8 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
                     self._checkpoint_dir / "config.json",
                 )
             self._key_to_file.pop("lm_head.weight", None)
+        if self._family is not None:
+            return self._finish_load(self._family.to_tune(merged))
         try:
             model_sd = hf_to_tune(
                 merged,
@@ -356,8 +395,20 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
         for a permuted q/k weight) and no device memory. ``.bin`` shards go through ``torch.save``,
         which needs the whole shard at once: one shard on the host at a time.
         """
-        names = tune_to_hf_names(model_sd)
-        shape_args = {"num_heads": self._num_heads, "num_kv_heads": self._num_kv_heads, "head_dim": self._head_dim}
+        if self._family is not None:
+            names = self._family.hf_names(model_sd)
+            by_hf_key = {hf_key: key for key, hf_key in names.items()}
+
+            def hf_tensor(hf_key: str, tensor: torch.Tensor) -> torch.Tensor:
+                return self._family.hf_tensor(by_hf_key[hf_key], tensor)
+
+        else:
+            names = tune_to_hf_names(model_sd)
+            shape_args = {"num_heads": self._num_heads, "num_kv_heads": self._num_kv_heads, "head_dim": self._head_dim}
+
+            def hf_tensor(hf_key: str, tensor: torch.Tensor) -> torch.Tensor:
+                return tune_to_hf_tensor(hf_key, tensor, **shape_args)
+
         default_file = self._shard_names[-1]
         by_file: dict[str, dict[str, torch.Tensor]] = {name: {} for name in self._shard_names}
         for key, hf_key in names.items():
@@ -368,10 +419,10 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
         for name, source in by_file.items():
             if self._safetensors:
                 specs = safetensors_order((k, t.dtype, t.shape) for k, t in source.items())
-                converted = (tune_to_hf_tensor(k, source[k], **shape_args) for k, _, _ in specs)
+                converted = (hf_tensor(k, source[k]) for k, _, _ in specs)
                 hashed[name] = _write_safetensors_file(folder / name, specs, converted)
             else:
-                shard = {k: tune_to_hf_tensor(k, t, **shape_args).contiguous() for k, t in source.items()}
+                shard = {k: hf_tensor(k, t).contiguous() for k, t in source.items()}
                 hashed[name] = _save_torch_file(shard, folder / name)
                 del shard
         if self._index_name or len(self._shard_names) > 1:
@@ -381,7 +432,10 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
             index = {"metadata": {"total_size": total_size}, "weight_map": dict(sorted(weight_map.items()))}
             (folder / index_name).write_text(json.dumps(index, indent=2) + "\n")
         written = next((t.dtype for t in model_sd.values() if t.is_floating_point()), None)
-        config = json.loads((self._checkpoint_dir / "config.json").read_text())
+        if self._family is not None:
+            config = self._family.saved_config()
+        else:
+            config = json.loads((self._checkpoint_dir / "config.json").read_text())
         write_hf_side_files(self._checkpoint_dir, folder, config=config, dtype=written)
         return hashed
 
@@ -414,6 +468,11 @@ class FullModelMetaCheckpointer(_FullModelCheckpointer):
         verify_checksums: str = "before_load",
     ) -> None:
         super().__init__(checkpoint_dir, checkpoint_files, model_type, output_dir, recipe_checkpoint, verify_checksums)
+        if self._model_type == "GEMMA3":
+            raise TuneError(
+                "checkpointer.model_type=GEMMA3: Gemma 3 is read from its Hugging Face folder only; set "
+                "checkpointer._component_=torchtune.utils.FullModelHFCheckpointer."
+            )
         if self._model_type == "LLAMA3_2":
             raise TuneError(
                 "checkpointer.model_type=LLAMA3_2 (tied embeddings) is read from Hugging Face folders only: set "

@@ -53,6 +53,7 @@ class HFModelConfig:
     head_dim: int
     tied: bool
     rope: RopeSettings
+    is_gemma3: bool = False
 
     @classmethod
     def from_file(cls, path: Path) -> "HFModelConfig":
@@ -61,6 +62,9 @@ class HFModelConfig:
             config = json.loads(path.read_text())
         except ValueError as exc:
             raise TuneError(f"{path} is not valid JSON ({exc}); use the config.json of the weights.") from exc
+        if config.get("model_type") in ("gemma3", "gemma3_text"):
+            # read by torchtune.models.gemma3 (its rope and text_config differ); here only to say so
+            return cls(path, 0, 0, 0, 0, True, RopeSettings(0.0), is_gemma3=True)
         try:
             num_heads = int(config["num_attention_heads"])
             dim = int(config["hidden_size"])
