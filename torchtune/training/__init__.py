@@ -29,6 +29,7 @@ from torchtune.training._activations import (
 )
 from torchtune.training._checks import RECIPE_VALUE_TYPES, check_optimizer_settings, check_value_types, positive_int
 from torchtune.training._data import TrainingData, build_dataloader, num_tokens, padding_id
+from torchtune.training._low_rank import check_low_rank_optimizer, is_low_rank
 from torchtune.training._metrics import (
     MetricLoggers,
     ProgressBarLogHandler,
@@ -163,6 +164,8 @@ __all__ = [
     "check_loaded_checksums",
     "check_metric_logger",
     "check_model_matches_checkpoint",
+    "check_low_rank_optimizer",
+    "is_low_rank",
     "check_optimizer_settings",
     "check_overwrite",
     "check_value_types",
