@@ -45,6 +45,7 @@ RECIPE_KEYS = (
     "model",
     "checkpointer",
     "resume_from_checkpoint",
+    "overwrite",
     "batch_size",
     "epochs",
     "max_steps_per_epoch",
@@ -86,6 +87,7 @@ def validate_config(cfg: DictConfig) -> None:
         ConfigError: naming the key to change.
     """
     config.check_recipe_keys(cfg, RECIPE_KEYS, RECIPE_NAME, "llama2/tiny_full_distributed")
+    training.check_value_types(cfg)
     device = utils.parse_device(cfg.device)
     utils.dtype_name(cfg.dtype)
     training.check_optimizer_settings(cfg)
@@ -94,6 +96,7 @@ def validate_config(cfg: DictConfig) -> None:
     for key in ("max_steps_per_epoch", "save_every_n_steps", "keep_last_n_checkpoints"):
         training.positive_int(cfg, key, allow_none=True)
     training.check_resume_keys(cfg)
+    training.check_overwrite(cfg)
     training.check_validation_settings(cfg)
     training.check_metric_logger(cfg)
     try:
@@ -184,6 +187,9 @@ class FullFinetuneRecipeDistributed:
         if not self._is_rank_zero:
             log.setLevel(logging.WARNING)  # one log, rank 0's; warnings and errors from every rank
         training.check_same_config(cfg, self._dist)
+        # Rank 0 decides the seed (seed: null draws one) before any random number is drawn: with a seed
+        # per rank each would shuffle differently and the ranks' slices of the data would overlap.
+        self._seed = training.agree_on_seed(cfg.seed, self._dist)
         self._dtype = utils.get_dtype(cfg.dtype, self._device)
         world = self._dist.world_size
         batch_size = training.positive_int(cfg, "batch_size")
@@ -235,6 +241,7 @@ class FullFinetuneRecipeDistributed:
         the ranks agree that all of them succeeded (one message, not a hang, when one failed) before
         a resume loads the sharded state."""
         cfg = self._cfg
+        training.prepare_output_dir(cfg, self._dist)  # another run's checkpoints there: stop (or overwrite=True)
         error: Optional[BaseException] = None
         try:
             self._setup_locally(cfg)
@@ -264,10 +271,12 @@ class FullFinetuneRecipeDistributed:
             raise TuneError(
                 f"{self._resume.recipe_state_path} was written by the single-device recipe, whose checkpoints hold "
                 "the full optimizer state in one file; this recipe resumes from its own step_N / epoch_N folders "
-                "(sharded state). Resume it with full_finetune_single_device, or start this run from its weights "
-                f"(checkpointer.checkpoint_dir={self._resume.checkpoint_dir}, resume_from_checkpoint=False)."
+                "(sharded state). Point checkpointer.recipe_checkpoint at the recipe_state.pt of a step_N or epoch_N "
+                "folder of a full_finetune_distributed run, resume this one with full_finetune_single_device, or "
+                f"start from its weights (checkpointer.checkpoint_dir={self._resume.checkpoint_dir}, "
+                "resume_from_checkpoint=False)."
             )
-        self.seed = utils.set_seed(self._resume.seed if self._resume else cfg.seed)
+        self.seed = utils.set_seed(self._resume.seed if self._resume else self._seed)
         if self._resume is not None:
             self.progress = self._resume.progress
             self.max_steps_per_epoch = self._resume.max_steps_per_epoch  # keeps the epoch length
@@ -516,8 +525,7 @@ class FullFinetuneRecipeDistributed:
         start = time.perf_counter()
         val_loss = self._validation.loss(self._model, self._loss_fn, device=self._device, global_step=self.global_step)
         if self._is_rank_zero:
-            self._metric_logger.log_dict({"val_loss": val_loss}, step=self.global_step)
-            pbar.write(f"Step {self.global_step} | validation loss {val_loss:.4f}", file=sys.stderr)
+            self._metric_logger.log_validation(val_loss, step=self.global_step)  # one line per logger
         return time.perf_counter() - start
 
     # ------------------------------------------------------------------------------------------

@@ -35,6 +35,7 @@ RECIPE_KEYS = (
     "model",
     "checkpointer",
     "resume_from_checkpoint",
+    "overwrite",
     "batch_size",
     "epochs",
     "max_steps_per_epoch",
@@ -72,6 +73,7 @@ def validate_config(cfg: DictConfig) -> None:
         ConfigError: naming the key to change.
     """
     config.check_recipe_keys(cfg, RECIPE_KEYS, RECIPE_NAME, "llama2/7B_full_low_memory")
+    training.check_value_types(cfg)
     utils.parse_device(cfg.device)
     utils.dtype_name(cfg.dtype)
     training.check_optimizer_settings(cfg)
@@ -81,6 +83,7 @@ def validate_config(cfg: DictConfig) -> None:
     for key in ("max_steps_per_epoch", "save_every_n_steps", "keep_last_n_checkpoints"):
         training.positive_int(cfg, key, allow_none=True)
     training.check_resume_keys(cfg)
+    training.check_overwrite(cfg)
     training.check_validation_settings(cfg)
     training.check_metric_logger(cfg)
     eval_after_training_settings(cfg)
@@ -138,7 +141,8 @@ class FullFinetuneRecipeSingleDevice:
     Raises (as ``TuneError``, printed as one paragraph by ``tune``): unknown or missing keys and
     values out of range; a device or dtype this machine cannot run; conflicting optimizer settings;
     a missing optional package (lm-eval for ``eval_after_training``, checked with its tasks before
-    training starts); a resume that cannot continue (missing or damaged state, another
+    training starts); an output_dir that holds another run's checkpoints or metrics (resume it, pick
+    another output_dir, or set overwrite=True); a resume that cannot continue (missing or damaged state, another
     model, other optimizer/batch settings); weights or a tokenizer that do not fit the model; an
     empty dataset; a NaN or infinite loss. Each message names the key to change.
     """
@@ -152,7 +156,6 @@ class FullFinetuneRecipeSingleDevice:
         if self._device.type == "cpu":
             memory.reuse_freed_host_memory()  # no page faults for each step's large gradients
         self._dtype = utils.get_dtype(cfg.dtype, self._device)
-        training.check_optimizer_settings(cfg)
         self._settings = training.RunSettings(
             optimizer_in_bwd=bool(cfg.optimizer_in_bwd),
             batch_size=training.positive_int(cfg, "batch_size"),
@@ -197,6 +200,7 @@ class FullFinetuneRecipeSingleDevice:
         """Build everything, in order: resume plan, checkpointer, model, tokenizer, optimizer, loss,
         data, LR schedule, metric logger."""
         cfg = self._cfg
+        training.prepare_output_dir(cfg)  # another run's checkpoints there: stop (or overwrite=True), load nothing
         if self._eval_settings is not None:  # before training: a missing lm-eval or a typo in a task name
             evaluation.import_lm_eval()
             self._eval_tasks = evaluation.resolve_tasks(self._eval_settings.tasks)
@@ -435,8 +439,7 @@ class FullFinetuneRecipeSingleDevice:
         """Log the validation loss; returns the seconds it took."""
         start = time.perf_counter()
         val_loss = self._validation.loss(self._model, self._loss_fn, device=self._device, global_step=self.global_step)
-        self._metric_logger.log_dict({"val_loss": val_loss}, step=self.global_step)
-        pbar.write(f"Step {self.global_step} | validation loss {val_loss:.4f}", file=sys.stderr)
+        self._metric_logger.log_validation(val_loss, step=self.global_step)  # one line per logger
         return time.perf_counter() - start
 
     # ------------------------------------------------------------------------------------------

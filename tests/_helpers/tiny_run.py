@@ -142,6 +142,7 @@ def base_config(tmp_path: Path, ckpt: Path, tokenizer: Path, data: Path, vocab: 
             "verify_checksums": "background",  # as the shipped configs
         },
         "resume_from_checkpoint": False,
+        "overwrite": False,
         "batch_size": 4,
         "epochs": 2,
         "max_steps_per_epoch": None,

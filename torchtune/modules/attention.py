@@ -1,16 +1,14 @@
-"""Multi-head attention with grouped-query heads, rotary embeddings and PyTorch's fused SDPA, and the
-variants other families need: q/k norms (Qwen3, Gemma 3), q/k/v biases (Qwen2.5, in the projections
-given) and a sliding attention window (Mistral v0.1, Gemma 3's local layers)."""
+"""Multi-head attention with grouped-query heads, rotary embeddings and PyTorch's fused SDPA."""
 
 from __future__ import annotations
 
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from torchtune.modules.kv_cache import KVCache
+from torchtune.modules.sliding_window import attention, sliding_window_attention
 
 
 class MultiHeadAttention(nn.Module):
@@ -30,12 +28,15 @@ class MultiHeadAttention(nn.Module):
         pos_embeddings: rotary embeddings applied to q and k (may be shared between layers).
         max_seq_len: longest sequence; size of the KV cache.
         attn_dropout: dropout on attention weights, training only.
-        q_norm, k_norm: norms over ``head_dim`` applied to each query / key head before RoPE (Qwen3's
+        q_norm, k_norm: norms over ``head_dim`` applied to each query / key head before RoPE (Gemma 3's
             per-head RMSNorm); ``None`` for none.
-        sliding_window: a query at position ``p`` sees keys at ``p - sliding_window < k <= p`` only,
-            as transformers' ``sliding_window_overlay``; ``None`` for full causal attention. Sequences
-            no longer than the window skip the mask (SDPA's causal kernel); longer ones build a
-            boolean ``s x s`` mask.
+        scale: multiplies the attention logits; default ``head_dim ** -0.5`` (Gemma 3:
+            ``query_pre_attn_scalar ** -0.5``).
+        softcap: soft cap of the attention logits (``softcap * tanh(logits / softcap)``), or ``None``.
+            It needs the logits, which fused SDPA kernels never form: a capped layer computes them.
+        sliding_window: a query at position ``p`` sees keys at ``p - sliding_window < k <= p`` only, as
+            transformers' ``sliding_window_overlay``; ``None`` for full causal attention. See
+            ``torchtune.modules.sliding_window`` for the kernels (no ``s x s`` mask on CUDA).
     """
 
     def __init__(
@@ -54,6 +55,8 @@ class MultiHeadAttention(nn.Module):
         attn_dropout: float = 0.0,
         q_norm: Optional[nn.Module] = None,
         k_norm: Optional[nn.Module] = None,
+        scale: Optional[float] = None,
+        softcap: Optional[float] = None,
         sliding_window: Optional[int] = None,
     ) -> None:
         super().__init__()
@@ -76,6 +79,8 @@ class MultiHeadAttention(nn.Module):
         self.pos_embeddings = pos_embeddings
         self.q_norm = q_norm
         self.k_norm = k_norm
+        self.scale = scale
+        self.softcap = softcap
         self.sliding_window = sliding_window
         self.kv_cache: Optional[KVCache] = None
 
@@ -117,8 +122,6 @@ class MultiHeadAttention(nn.Module):
                     "(TransformerDecoder.forward builds the mask from input_pos)"
                 )
             k, v = self.kv_cache.update(input_pos, k, v)
-        if self.sliding_window is not None and (self.kv_cache is not None or seq_len > self.sliding_window):
-            mask = self._windowed(mask, seq_len, input_pos, x.device)
 
         # [b, s, h, d] -> [b, h, s, d], the layout SDPA expects
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
@@ -128,31 +131,23 @@ class MultiHeadAttention(nn.Module):
             k = k.repeat_interleave(rep, dim=1)
             v = v.repeat_interleave(rep, dim=1)
 
-        out = F.scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            attn_mask=None if mask is None else mask[:, None, :, :],
-            dropout_p=self.attn_dropout if self.training else 0.0,
-            is_causal=mask is None,
-        )
+        dropout_p = self.attn_dropout if self.training else 0.0
+        mask = None if mask is None else mask[:, None, :, :]
+        if self.sliding_window is not None:
+            out = sliding_window_attention(
+                q,
+                k,
+                v,
+                window=self.sliding_window,
+                mask=mask,
+                q_positions=None if self.kv_cache is None else input_pos.reshape(-1, seq_len),
+                scale=self.scale,
+                softcap=self.softcap,
+                dropout_p=dropout_p,
+            )
+        else:
+            out = attention(
+                q, k, v, mask=mask, is_causal=mask is None, scale=self.scale, softcap=self.softcap, dropout_p=dropout_p
+            )
         out = out.transpose(1, 2).reshape(bsz, seq_len, self.num_heads * self.head_dim)
         return self.output_proj(out)
-
-    def _windowed(
-        self, mask: Optional[torch.Tensor], seq_len: int, input_pos: Optional[torch.Tensor], device: torch.device
-    ) -> torch.Tensor:
-        """``mask`` (causal when ``None``) restricted to the sliding window.
-
-        Distances are taken between indices: in a packed batch the given mask is block-diagonal and
-        positions inside a block differ as their indices do; with a KV cache a key's index is its slot,
-        which is its position, and the query's is ``input_pos``. Built from tensors only (no host sync).
-        """
-        if self.kv_cache is not None:
-            q_idx = input_pos.reshape(-1, seq_len, 1)
-            k_idx = torch.arange(self.kv_cache.max_seq_len, device=device).view(1, 1, -1)
-        else:
-            q_idx = torch.arange(seq_len, device=device).view(1, -1, 1)
-            k_idx = q_idx.view(1, 1, -1)
-        window = k_idx > q_idx - self.sliding_window
-        return (k_idx <= q_idx) & window if mask is None else mask & window

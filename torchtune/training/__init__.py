@@ -2,6 +2,7 @@
 
 A recipe calls them in order (see ``recipes/full_finetune_single_device.py``)::
 
+    training.prepare_output_dir(cfg)                             # stop before overwriting another run
     resume = training.resolve_resume(cfg, settings)             # what to load, from where
     checkpointer = training.build_checkpointer(cfg.checkpointer, resume)
     model = training.build_model(cfg.model, device=..., dtype=..., state_dict=..., ...)
@@ -23,11 +24,12 @@ from torchtune.training._activations import (
     get_act_offloading_ctx_manager,
     set_activation_checkpointing,
 )
-from torchtune.training._checks import check_optimizer_settings, positive_int
+from torchtune.training._checks import RECIPE_VALUE_TYPES, check_optimizer_settings, check_value_types, positive_int
 from torchtune.training._data import TrainingData, build_dataloader, num_tokens, padding_id
 from torchtune.training._distributed import (
     DistributedInfo,
     RankErrors,
+    agree_on_seed,
     any_rank,
     backend_for_device,
     check_same_config,
@@ -71,6 +73,7 @@ from torchtune.training._optimizer import (
     step_optimizer,
     trainable_parameters,
 )
+from torchtune.training._output_dir import check_overwrite, prepare_output_dir
 from torchtune.training._resume import (
     RECIPE_STATE_NAME,
     ResumePlan,
@@ -112,6 +115,7 @@ __all__ = [
     "OffloadActivations",
     "ProgressBarLogHandler",
     "RECIPE_STATE_NAME",
+    "RECIPE_VALUE_TYPES",
     "RankErrors",
     "ResumableSampler",
     "ResumePlan",
@@ -127,6 +131,7 @@ __all__ = [
     "TrainingProgress",
     "Validation",
     "WeightChangeTracker",
+    "agree_on_seed",
     "any_rank",
     "backend_for_device",
     "build_checkpointer",
@@ -136,12 +141,13 @@ __all__ = [
     "build_model",
     "build_optimizer",
     "build_stochastic_rounding",
-    "backend_for_device",
     "build_validation",
     "check_loaded_checksums",
     "check_metric_logger",
     "check_model_matches_checkpoint",
     "check_optimizer_settings",
+    "check_overwrite",
+    "check_value_types",
     "check_resume_keys",
     "check_stochastic_rounding",
     "check_same_config",
@@ -171,6 +177,7 @@ __all__ = [
     "raise_if_any_rank_failed",
     "recipe_state",
     "register_optim_in_bwd_hooks",
+    "prepare_output_dir",
     "resolve_resume",
     "resume_command",
     "save_sharded_checkpoint",

@@ -368,11 +368,23 @@ def setup_run(
             warnings.filterwarnings("ignore", message=".*non-meta parameter.*")
             model.load_state_dict(state_dict)  # what build_model(state_dict=...) does after to_empty
     del state_dict
+    rounding = None
+    if not simulated:
+        # the recipe's rounding, its stream continued from the checkpoint: a step after the resume is
+        # rounded as the run's own steps were (in backward, by the hooks build_optimizer registers)
+        rounding = training.build_stochastic_rounding(
+            bool(cfg.get("bf16_stochastic_rounding", False)),
+            dtype=dtype,
+            seed=cfg.seed if cfg.get("seed") is not None else 0,
+            device=device,
+            state=resume.stochastic_rounding_state if resume is not None else None,
+        )
     optimizer = training.build_optimizer(
         cfg.optimizer,
         model,
         optimizer_in_bwd=bool(cfg.optimizer_in_bwd),
         in_bwd_group=cfg.optimizer_in_bwd_group,
+        rounding=rounding,
     )
     if resume is not None:
         training.load_optimizer_state(optimizer, resume.optimizer_state)

@@ -246,7 +246,14 @@ def build_optimizer(
         opt = config.instantiate(cfg_optimizer, [params[name] for name in names], **extra)
         optim_map.update({name: opt for name in names})
     register_optim_in_bwd_hooks(model, optim_map, grad_norm, rounding=rounding, weight_changes=weight_changes)
-    return OptimInBackwardWrapper(optim_map)
+    if rounding is None and weight_changes is None:
+        return OptimInBackwardWrapper(optim_map)
+
+    def step_group(optimizer: Optimizer, group: List[torch.Tensor]) -> None:
+        # what backward left of a layer's group: rounded and counted as the hooks' own steps
+        step_each_parameter(optimizer, group, rounding=rounding, changes=weight_changes)
+
+    return OptimInBackwardWrapper(optim_map, step_group=step_group)
 
 
 def load_optimizer_state(optimizer: Optimizer, state_dict: Mapping[str, Any]) -> None:

@@ -13,13 +13,13 @@ import logging
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Union
+from typing import Any, Callable, Iterator, Mapping, Optional, Union
 
 import torch
 from torch import nn
 
 from torchtune._assets import missing_path_hint
-from torchtune._errors import TuneError
+from torchtune._errors import ConfigError, TuneError
 from torchtune.models._hf_convert import hf_to_tune, tune_to_hf_plan, tune_to_hf_tensor
 from torchtune.models._hf_family import (
     canonical_model_type,
@@ -44,8 +44,9 @@ from torchtune.utils._checkpointing._streaming_write import safetensors_order, s
 log = logging.getLogger("torchtune")
 
 # LLAMA3 is Llama 3 and 3.1 (one format); LLAMA3_2 the tied 3.2 text models. The Meta format has these;
-# Hugging Face folders every family registered in torchtune.models._hf_family.
-SUPPORTED_MODEL_TYPES = tuple(MODEL_TYPES)
+# Hugging Face folders every family registered in torchtune.models._hf_family, and GEMMA3, which converts
+# through torchtune.models.gemma3's Gemma3Folder.
+SUPPORTED_MODEL_TYPES = (*MODEL_TYPES, "GEMMA3")
 MODEL_KEY = "model"
 # Files of a HF model folder that are not weights but belong with them (written by _hf_side_files).
 HF_SIDE_FILES = (
@@ -153,15 +154,11 @@ class _FullModelCheckpointer:
                 "Set checkpointer.checkpoint_dir to the folder that holds the model weights "
                 "(download them with `tune download`)."
             )
-        canonical = canonical_model_type(model_type)
-        if canonical is None:
-            alias = ""
-            if str(model_type).upper() == "LLAMA3_1":
-                alias = " (Llama 3.1 is LLAMA3: Llama 3 and 3.1 share one format)"
-            raise TuneError(
-                f"checkpointer.model_type={model_type} is not supported{alias}; use one of {supported_model_types()}."
-            )
-        self._model_type = canonical
+        self.check_config_args(
+            "checkpointer",
+            {"model_type": model_type, "checkpoint_files": checkpoint_files, "verify_checksums": verify_checksums},
+        )
+        self._model_type = canonical_model_type(model_type) or str(model_type).upper()
         if output_dir is None:
             raise TuneError(
                 "checkpointer.output_dir is not set: set it to the folder where checkpoints should be written."
@@ -177,14 +174,30 @@ class _FullModelCheckpointer:
         if isinstance(checkpoint_files, (str, Path)):
             checkpoint_files = [str(checkpoint_files)]
         self._checkpoint_files = [str(f) for f in checkpoint_files]
-        if not self._checkpoint_files:
-            raise TuneError("checkpointer.checkpoint_files is empty: list the weight files to load.")
         # Resuming is torchtune.training.resolve_resume's job: it reads this key from the config and
         # points checkpoint_dir at the folder to resume from. Kept so the node describes the whole set-up.
         self.recipe_checkpoint = recipe_checkpoint
         self._verify_checksums = check_checksum_mode(verify_checksums)
         # The background checksum check of the files load_checkpoint read (verify_checksums=background).
         self.checksums: Optional[ChecksumJob] = None
+
+    @staticmethod
+    def check_config_args(key: str, fields: Mapping[str, Any]) -> None:
+        """The checks of the arguments that need no file (``config.validate`` runs them before anything is
+        built): a known ``model_type``, a way to verify checksums, at least one weight file."""
+        model_type = fields.get("model_type", "LLAMA2")
+        if canonical_model_type(model_type) is None and str(model_type).upper() not in SUPPORTED_MODEL_TYPES:
+            alias = ""
+            if str(model_type).upper() == "LLAMA3_1":
+                alias = " (Llama 3.1 is LLAMA3: Llama 3 and 3.1 share one format)"
+            raise ConfigError(
+                f"{key}.model_type={model_type} is not supported{alias}; use one of {supported_model_types()}, "
+                "GEMMA3 (Gemma 3)."
+            )
+        check_checksum_mode(fields.get("verify_checksums", "before_load"), key=f"{key}.verify_checksums")
+        files = fields.get("checkpoint_files", ["?"])
+        if isinstance(files, (list, tuple)) and not files or isinstance(files, str) and not files.strip():
+            raise ConfigError(f"{key}.checkpoint_files is empty: list the weight files to load.")
 
     # --- helpers -----------------------------------------------------------------------------------
     def _existing_file(self, name: str) -> Path:
@@ -312,12 +325,26 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
                 f"{config_path} does not exist; a Hugging Face checkpoint folder needs its "
                 f"config.json. Check checkpointer.checkpoint_dir."
             )
+        self._key_to_file: dict[str, str] = {}
         try:
             config = json.loads(config_path.read_text())
         except ValueError as exc:
             raise TuneError(f"{config_path} is not valid JSON ({exc}); use the config.json of the weights.") from exc
         if not isinstance(config, dict):
             raise TuneError(f"{config_path} is not a JSON object; use the config.json of the weights.")
+        from torchtune.models.gemma3._hf import Gemma3Folder, is_gemma3
+
+        self._gemma: Optional[Gemma3Folder] = None  # Gemma 3's own folder handling (text_config, norms)
+        if self._model_type == "GEMMA3":
+            self._gemma = Gemma3Folder(config, config_path)
+            self._tied = self._gemma.tied
+            return
+        if is_gemma3(config):
+            raise TuneError(
+                f"checkpointer.model_type={self._model_type} does not match {config_path}: it describes a Gemma 3 "
+                "model. Set checkpointer.model_type=GEMMA3 and model._component_ to a Gemma 3 builder (e.g. "
+                "torchtune.models.gemma3.gemma3_1b)."
+            )
         self._config_path = config_path
         self._family = detect_family(config, config_path)
         if self._family.model_type in MODEL_TYPES:
@@ -331,12 +358,15 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
         check_yaml_model_type(self._model_type, self._family, config_path)
         self._shape = self._family.shape(config, config_path)
         self._tied = self._shape.tie_word_embeddings
-        self._key_to_file: dict[str, str] = {}
 
     def check_model(self, model: nn.Module) -> None:
         """Raise ``TuneError`` if ``model`` differs from ``config.json`` in a way the weight shapes cannot
         show or before any weight is read: sizes, heads, RoPE, norm epsilon, tying, biases, q/k norm,
-        sliding window (each named with its config.json key and both values). Works on a meta-device model."""
+        sliding window (each named with its config.json key and both values). Works on a meta-device model.
+        Gemma 3: every size and setting, see ``torchtune.models.gemma3._hf.check_model``."""
+        if self._gemma is not None:
+            self._gemma.check_model(model)
+            return
         if self._model_config is not None:
             self._model_config.check_model(model)
         check_shape(self._shape, model, self._config_path, self._family)
@@ -350,7 +380,9 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
             shard = self._read(load_safetensors_weights if self._safetensors else load_torch_weights, path)
             for key, value in shard.items():
                 merged[key] = value
-                self._key_to_file[key] = name
+                self._key_to_file[self._gemma.hf_name(key) if self._gemma else key] = name
+        if self._gemma is not None:
+            merged = {self._gemma.hf_name(k): v for k, v in merged.items()}
         if self._tied and "lm_head.weight" in merged:
             lm_head, embed = merged.pop("lm_head.weight"), merged.get("model.embed_tokens.weight")
             if embed is not None and not torch.equal(lm_head, embed):
@@ -360,6 +392,8 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
                     self._checkpoint_dir / "config.json",
                 )
             self._key_to_file.pop("lm_head.weight", None)
+        if self._gemma is not None:
+            return self._finish_load(self._gemma.to_tune(merged))
         try:
             model_sd = hf_to_tune(merged, self._shape, fused=self._family.fused_projections, family=self._family.name)
         except RuntimeError as exc:  # q/k un-permutation: the shapes in config.json do not fit the weights
@@ -381,7 +415,21 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
         for a permuted q/k weight) and no device memory. ``.bin`` shards go through ``torch.save``,
         which needs the whole shard at once: one shard on the host at a time.
         """
-        plan = tune_to_hf_plan(model_sd, fused=self._family.fused_projections, family=self._family.name)
+        if self._gemma is not None:
+            gemma = self._gemma
+            plan = {hf_key: [key] for key, hf_key in gemma.hf_names(model_sd).items()}
+
+            def hf_tensor(hf_key: str, parts: dict[str, torch.Tensor]) -> torch.Tensor:
+                ((key, tensor),) = parts.items()
+                return gemma.hf_tensor(key, tensor)
+
+        else:
+            plan = tune_to_hf_plan(model_sd, fused=self._family.fused_projections, family=self._family.name)
+            shape = self._shape
+
+            def hf_tensor(hf_key: str, parts: dict[str, torch.Tensor]) -> torch.Tensor:
+                return tune_to_hf_tensor(hf_key, parts, shape)
+
         default_file = self._shard_names[-1]
         by_file: dict[str, dict[str, dict[str, torch.Tensor]]] = {name: {} for name in self._shard_names}
         for hf_key, parts in plan.items():
@@ -392,10 +440,10 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
         for name, source in by_file.items():
             if self._safetensors:
                 specs = safetensors_order((k, *_hf_spec(p)) for k, p in source.items())
-                converted = (tune_to_hf_tensor(k, source[k], self._shape) for k, _, _ in specs)
+                converted = (hf_tensor(k, source[k]) for k, _, _ in specs)
                 hashed[name] = _write_safetensors_file(folder / name, specs, converted)
             else:
-                shard = {k: tune_to_hf_tensor(k, p, self._shape).contiguous() for k, p in source.items()}
+                shard = {k: hf_tensor(k, p).contiguous() for k, p in source.items()}
                 hashed[name] = _save_torch_file(shard, folder / name)
                 del shard
         if self._index_name or len(self._shard_names) > 1:
@@ -405,7 +453,10 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
             index = {"metadata": {"total_size": total_size}, "weight_map": dict(sorted(weight_map.items()))}
             (folder / index_name).write_text(json.dumps(index, indent=2) + "\n")
         written = next((t.dtype for t in model_sd.values() if t.is_floating_point()), None)
-        config = json.loads((self._checkpoint_dir / "config.json").read_text())
+        if self._gemma is not None:
+            config = self._gemma.saved_config()
+        else:
+            config = json.loads((self._checkpoint_dir / "config.json").read_text())
         write_hf_side_files(self._checkpoint_dir, folder, config=config, dtype=written)
         return hashed
 
