@@ -83,6 +83,11 @@ VARIANTS: Dict[str, Dict[str, Any]] = {
         "in_bwd": True,
         "loss": {"_component_": _CHUNKED, "num_output_chunks": 8, "min_chunk_rows": 1},
     },
+    "adamw_bwd_vocab8": {  # the vocabulary cut into 8 slices instead of the rows
+        "optimizer": _FUSED,
+        "in_bwd": True,
+        "loss": {"_component_": "torchtune.modules.loss.VocabChunkedCrossEntropyLoss", "num_output_chunks": 8},
+    },
     "adamw_bwd_chunked32": {
         "optimizer": _FUSED,
         "in_bwd": True,
@@ -131,6 +136,7 @@ def bench_config(
             "model": {"_component_": "torchtune.models.llama2.llama2", **model},
             "checkpointer": None,
             "resume_from_checkpoint": False,
+            "overwrite": False,
             "batch_size": 1,
             "epochs": 1,
             "max_steps_per_epoch": None,

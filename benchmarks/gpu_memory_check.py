@@ -351,7 +351,7 @@ def _resume(
     _point_checkpointer_at(cfg, work)
     folder = phases_code.latest_step_folder(work / "output")
     cfg.resume_from_checkpoint = True
-    cfg.checkpointer.recipe_checkpoint = str(folder / "recipe_state.pt")
+    cfg.checkpointer.recipe_checkpoint = str(folder / training.RECIPE_STATE_NAME)
     with _Phase("resume load", device, ballast_bytes) as phase:
         checkpointer, model, optimizer = phases_code.setup_run(cfg, device, dtype, simulated=False)
         if args.stage == "resume":

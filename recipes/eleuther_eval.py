@@ -47,15 +47,16 @@ def validate_config(cfg: DictConfig) -> None:
         ConfigError: naming the key to change.
     """
     config.check_recipe_keys(cfg, RECIPE_KEYS, RECIPE_NAME, "llama2/7B_eval")
+    training.check_value_types(cfg)
     utils.parse_device(cfg.device)
     utils.dtype_name(cfg.dtype)
     if isinstance(cfg.seed, bool) or not isinstance(cfg.seed, int):
         raise config.ConfigError(f"seed must be a whole number (it seeds few-shot sampling), got {cfg.seed!r}.")
     evaluation.eval_settings(cfg, seed=cfg.seed)
-    if cfg.results_file is None or str(cfg.results_file).strip() == "":
+    if cfg.results_file is not None and str(cfg.results_file).strip() == "":
         raise config.ConfigError(
-            "results_file is empty: set the JSON file the scores are written to, e.g. "
-            "results_file=${checkpointer.checkpoint_dir}/eval_results.json (next to the checkpoint)."
+            "results_file is empty: set the JSON file the scores are written to, or results_file=null for "
+            "eval_results.json next to the checkpoint scored (checkpointer.checkpoint_dir)."
         )
 
 
@@ -71,7 +72,8 @@ class EleutherEvalRecipe:
           log-likelihoods, rolling log-likelihoods and KV-cache generation, encoded as lm-eval's own
           Hugging Face model encodes a Llama (BOS first), so scores are comparable with published ones;
         - ``limit``, ``num_fewshot``, ``batch_size``, ``max_seq_length``; lm-eval's table printed, the
-          scores written as JSON to ``results_file`` (next to the checkpoint in the shipped configs).
+          scores written as JSON to ``results_file`` (null, as in the shipped configs: ``eval_results.json``
+          next to the checkpoint; for the bundled demo weights, in the working directory).
 
     Raises:
         ConfigError: unknown or missing keys, bad values of the eval keys.
@@ -91,14 +93,16 @@ class EleutherEvalRecipe:
     def setup(self, cfg: DictConfig) -> None:
         """Find lm-eval and the tasks first (seconds), then build checkpointer, model and tokenizer."""
         evaluation.import_lm_eval()
-        self._results_file = evaluation.check_writable(Path(str(cfg.results_file)))
+        self._results_file = evaluation.check_writable(
+            evaluation.results_path(cfg.results_file, cfg.checkpointer.checkpoint_dir)
+        )
         self._tasks = evaluation.resolve_tasks(self._settings.tasks)
         checkpointer = config.instantiate(cfg.checkpointer)
         self._checkpoint_dir = Path(cfg.checkpointer.checkpoint_dir).expanduser()
+        training.check_model_matches_checkpoint(cfg.model, checkpointer)  # before any weight is read
         model = training.build_model(
             cfg.model, device=self._device, dtype=self._dtype, state_dict=checkpointer.load_checkpoint()["model"]
         )
-        training.check_model_matches_checkpoint(model, checkpointer)
         tokenizer = config.instantiate(cfg.tokenizer)
         training.check_tokenizer_fits_model(tokenizer, model, cfg.tokenizer)
         self._lm = evaluation.build_lm(model, tokenizer, self._settings)

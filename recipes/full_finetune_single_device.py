@@ -35,6 +35,7 @@ RECIPE_KEYS = (
     "model",
     "checkpointer",
     "resume_from_checkpoint",
+    "overwrite",
     "batch_size",
     "epochs",
     "max_steps_per_epoch",
@@ -72,6 +73,7 @@ def validate_config(cfg: DictConfig) -> None:
         ConfigError: naming the key to change.
     """
     config.check_recipe_keys(cfg, RECIPE_KEYS, RECIPE_NAME, "llama2/7B_full_low_memory")
+    training.check_value_types(cfg)
     utils.parse_device(cfg.device)
     utils.dtype_name(cfg.dtype)
     training.check_optimizer_settings(cfg)
@@ -81,6 +83,7 @@ def validate_config(cfg: DictConfig) -> None:
     for key in ("max_steps_per_epoch", "save_every_n_steps", "keep_last_n_checkpoints"):
         training.positive_int(cfg, key, allow_none=True)
     training.check_resume_keys(cfg)
+    training.check_overwrite(cfg)
     training.check_validation_settings(cfg)
     training.check_metric_logger(cfg)
     eval_after_training_settings(cfg)
@@ -138,7 +141,8 @@ class FullFinetuneRecipeSingleDevice:
     Raises (as ``TuneError``, printed as one paragraph by ``tune``): unknown or missing keys and
     values out of range; a device or dtype this machine cannot run; conflicting optimizer settings;
     a missing optional package (lm-eval for ``eval_after_training``, checked with its tasks before
-    training starts); a resume that cannot continue (missing or damaged state, another
+    training starts); an output_dir that holds another run's checkpoints or metrics (resume it, pick
+    another output_dir, or set overwrite=True); a resume that cannot continue (missing or damaged state, another
     model, other optimizer/batch settings); weights or a tokenizer that do not fit the model; an
     empty dataset; a NaN or infinite loss. Each message names the key to change.
     """
@@ -152,7 +156,6 @@ class FullFinetuneRecipeSingleDevice:
         if self._device.type == "cpu":
             memory.reuse_freed_host_memory()  # no page faults for each step's large gradients
         self._dtype = utils.get_dtype(cfg.dtype, self._device)
-        training.check_optimizer_settings(cfg)
         self._settings = training.RunSettings(
             optimizer_in_bwd=bool(cfg.optimizer_in_bwd),
             batch_size=training.positive_int(cfg, "batch_size"),
@@ -194,9 +197,10 @@ class FullFinetuneRecipeSingleDevice:
     # setup
     # ------------------------------------------------------------------------------------------
     def setup(self) -> None:
-        """Build everything, in order: resume plan, checkpointer, model, tokenizer, optimizer, loss,
-        data, LR schedule, metric logger."""
+        """Build everything, cheapest check first: resume plan, metric logger, tokenizer, data, checkpointer
+        and the model's shapes against it and the tokenizer; only then the weights, optimizer, loss, LR schedule."""
         cfg = self._cfg
+        training.prepare_output_dir(cfg)  # another run's checkpoints there: stop (or overwrite=True), load nothing
         if self._eval_settings is not None:  # before training: a missing lm-eval or a typo in a task name
             evaluation.import_lm_eval()
             self._eval_tasks = evaluation.resolve_tasks(self._eval_settings.tasks)
@@ -217,7 +221,30 @@ class FullFinetuneRecipeSingleDevice:
             log.info("The checkpoint was saved without bf16_stochastic_rounding: its rounding stream starts now.")
         self._metric_logger = training.build_metric_logger(cfg)  # metrics.jsonl + the loggers listed in the config
 
+        # Cheapest first: a missing tokenizer file, a missing data column or a template that does not fit the
+        # rows fails here, in seconds, before minutes of reading weights.
+        self._tokenizer = config.instantiate(cfg.tokenizer)
+        self._data = training.build_dataloader(
+            cfg.dataset, self._tokenizer, batch_size=self._settings.batch_size, shuffle=cfg.shuffle, seed=self.seed
+        )
+        self._validation = training.build_validation(
+            cfg.validation_dataset,
+            self._tokenizer,
+            batch_size=self._settings.batch_size,
+            every_n_steps=cfg.eval_every_n_steps,
+        )
+        self._steps_per_epoch = self._data.steps_per_epoch(
+            batch_size=self._settings.batch_size,
+            gradient_accumulation_steps=self._settings.gradient_accumulation_steps,
+            max_steps=self.max_steps_per_epoch,
+        )
         self._checkpointer = training.build_checkpointer(cfg.checkpointer, self._resume)
+        # the model's shapes without its weights (meta device): checked against the checkpoint's config and
+        # the tokenizer before any weight is read
+        skeleton = training.model_skeleton(cfg.model, dtype=self._dtype)
+        training.check_model_matches_checkpoint(skeleton, self._checkpointer)
+        training.check_tokenizer_fits_model(self._tokenizer, skeleton, cfg.tokenizer)
+        del skeleton
         self._model = training.build_model(
             cfg.model,
             device=self._device,
@@ -229,9 +256,6 @@ class FullFinetuneRecipeSingleDevice:
         self._activations = training.get_act_offloading_ctx_manager(self._model, cfg.enable_activation_offloading)
         if self._resume is not None:
             self._resume.check_model(self._model)
-        training.check_model_matches_checkpoint(self._model, self._checkpointer)
-        self._tokenizer = config.instantiate(cfg.tokenizer)
-        training.check_tokenizer_fits_model(self._tokenizer, self._model, cfg.tokenizer)
 
         self._optimizer = self._setup_optimizer(
             cfg.optimizer,
@@ -239,16 +263,6 @@ class FullFinetuneRecipeSingleDevice:
             opt_state_dict=self._resume.optimizer_state if self._resume else None,
         )
         self._loss_fn = config.instantiate(cfg.loss)
-        self._data = training.build_dataloader(
-            cfg.dataset, self._tokenizer, batch_size=self._settings.batch_size, shuffle=cfg.shuffle, seed=self.seed
-        )
-        self._validation = training.build_validation(
-            cfg.validation_dataset,
-            self._tokenizer,
-            batch_size=self._settings.batch_size,
-            every_n_steps=cfg.eval_every_n_steps,
-        )
-        self._steps_per_epoch = self._count_steps_per_epoch()
         self._lr_scheduler = training.build_lr_scheduler(
             cfg.lr_scheduler,
             self._optimizer,
@@ -279,19 +293,6 @@ class FullFinetuneRecipeSingleDevice:
             training.load_optimizer_state(optimizer, opt_state_dict)
         return optimizer
 
-    def _count_steps_per_epoch(self) -> int:
-        ga, batches = self._settings.gradient_accumulation_steps, len(self._data.dataloader)
-        steps = batches // ga
-        if self.max_steps_per_epoch is not None:
-            steps = min(steps, self.max_steps_per_epoch)
-        if steps < 1:
-            raise TuneError(
-                f"The dataset has {len(self._data.dataloader.dataset)} examples, fewer than one optimizer step needs "
-                f"(batch_size={self._settings.batch_size} x gradient_accumulation_steps={ga}). Lower batch_size or "
-                "use a larger dataset."
-            )
-        return steps
-
     # ------------------------------------------------------------------------------------------
     # training
     # ------------------------------------------------------------------------------------------
@@ -303,13 +304,7 @@ class FullFinetuneRecipeSingleDevice:
             for epoch in range(progress.epochs_run, self._settings.epochs):
                 start = progress.steps_run_in_epoch * ga * self._settings.batch_size
                 self._data.sampler.set_epoch(epoch, start_index=start)
-                pbar = tqdm(
-                    total=self._steps_per_epoch,
-                    initial=progress.steps_run_in_epoch,
-                    dynamic_ncols=True,
-                    file=sys.stderr,
-                    mininterval=0.5,
-                )
+                pbar = training.epoch_progress_bar(self._steps_per_epoch, progress.steps_run_in_epoch)
                 step_loss, step_label_tokens = torch.zeros((), device=self._device), 0
                 interval_tokens, interval_start = 0, time.perf_counter()
                 interval_positions = 0
@@ -434,8 +429,7 @@ class FullFinetuneRecipeSingleDevice:
         """Log the validation loss; returns the seconds it took."""
         start = time.perf_counter()
         val_loss = self._validation.loss(self._model, self._loss_fn, device=self._device, global_step=self.global_step)
-        self._metric_logger.log_dict({"val_loss": val_loss}, step=self.global_step)
-        pbar.write(f"Step {self.global_step} | validation loss {val_loss:.4f}", file=sys.stderr)
+        self._metric_logger.log_validation(val_loss, step=self.global_step)  # one line per logger
         return time.perf_counter() - start
 
     # ------------------------------------------------------------------------------------------
@@ -493,16 +487,7 @@ class FullFinetuneRecipeSingleDevice:
             folder = self._last_checkpoint  # just written (epoch end or a step checkpoint): no second save
         else:
             folder = self.save_checkpoint(epoch=epoch, step_checkpoint=True)
-        recipe_ckpt = folder / training.RECIPE_STATE_NAME
-        if recipe_ckpt.exists():
-            print(
-                f"\nStopped by {self._stop.name} after step {self.global_step}; checkpoint saved to {folder}.\n"
-                f"Resume with:\n  {training.resume_command(RECIPE_NAME, recipe_ckpt)}",
-                file=sys.stderr,
-                flush=True,
-            )
-        else:
-            print(f"\nStopped by {self._stop.name}; training had finished. Final weights in {folder}.", file=sys.stderr)
+        training.report_stop(self._stop.name, self.global_step, folder, RECIPE_NAME)
         raise SystemExit(128 + int(self._stop.signum))
 
     def evaluate(self) -> Optional[Dict[str, Any]]:

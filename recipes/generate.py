@@ -45,6 +45,7 @@ def validate_config(cfg: DictConfig) -> None:
         ConfigError: naming the key to change.
     """
     config.check_recipe_keys(cfg, RECIPE_KEYS, "generate", "generate.yaml")
+    training.check_value_types(cfg)
     utils.parse_device(cfg.device)
     utils.dtype_name(cfg.dtype)
     if isinstance(cfg.max_new_tokens, bool) or not isinstance(cfg.max_new_tokens, int) or cfg.max_new_tokens < 1:
@@ -104,6 +105,7 @@ class InferenceRecipe:
     def setup(self, cfg: DictConfig) -> None:
         """Build checkpointer, model (with the checkpoint's weights) and tokenizer."""
         checkpointer = config.instantiate(cfg.checkpointer)
+        training.check_model_matches_checkpoint(cfg.model, checkpointer)  # before any weight is read
         model = training.build_model(
             cfg.model, device=self._device, dtype=self._dtype, state_dict=checkpointer.load_checkpoint()["model"]
         )

@@ -251,3 +251,77 @@ def test_docs_index_links_every_page():
     expected = pages | {"memory.md", "checkpoints.md", "speed.md"}
     assert expected <= linked, f"docs/README.md does not link: {', '.join(sorted(expected - linked))}"
     assert index.strip()
+
+
+def _tune_ls_pairs(started_blocks: dict) -> List[tuple]:
+    """(recipe, config) of each row of `tune ls`, as docs/configs.md's own offline block printed it."""
+    block = next(b for b in offline_blocks() if b.page == "docs/configs.md" and b.text.strip() == "tune ls")
+    returncode, stdout, stderr = _finished(started_blocks, block)
+    assert returncode == 0, stderr[-3000:]
+    pairs, recipe = [], None
+    for line in stdout.splitlines()[1:]:
+        cells = line.split()
+        if len(cells) == 2:
+            recipe = cells[0]
+        pairs.append((recipe, cells[-1]))
+    return pairs
+
+
+def test_configs_page_lists_what_tune_ls_prints(started_blocks: dict):
+    pairs = _tune_ls_pairs(started_blocks)
+    text = (DOCS / "configs.md").read_text(encoding="utf-8")
+    table = re.findall(r"^\|\s*`([\w./-]+)`\s*\|\s*`([\w./-]+)`\s*\|", text, flags=re.M)
+    assert table == pairs, (
+        "docs/configs.md's config table differs from `tune ls`: add or remove rows (in tune ls's order); "
+        f"tune ls: {pairs}; the page: {table}"
+    )
+    recipes = list(dict.fromkeys(recipe for recipe, _ in pairs))
+    listed = re.search(r"Runs a built-in recipe \(([^)]*)\)", text).group(1)
+    assert re.findall(r"`([\w-]+)`", listed) == recipes, listed
+
+
+_GB = re.compile(r"(?<![\d.])(\d+\.\d\d) GB")
+
+
+def _config_rows(path: Path, configs: set) -> Iterator[tuple]:
+    """(config, line) of each table row of ``path`` that states figures of a built-in config: a row whose
+    first cell is the config, and the ``... `override` `` rows under it."""
+    config = None
+    for line in _lines_outside_fences(path):
+        cell = line.split("|")[1].strip() if line.startswith("|") and line.count("|") > 2 else None
+        if cell is None:
+            config = None
+            continue
+        name = cell.strip("`")
+        if name in configs:
+            config = name
+        elif not cell.startswith("..."):
+            config = None
+        if config is not None:
+            yield config, line
+
+
+def test_memory_figures_in_docs_tables_are_those_of_the_config_headers():
+    """A config's figures in a docs table (its row and the `... override` rows under it) are the figures its
+    header states; the headers are compared with `tune estimate-memory` by the config tests
+    (tests/recipes/test_llama3_configs.py, test_distributed_configs.py)."""
+    from torchtune import _recipe_registry as registry
+
+    headers = {}
+    for recipe in registry.get_all_recipes():
+        for config in recipe.configs:
+            lines = config.path.read_text(encoding="utf-8").splitlines()
+            headers[config.name] = " ".join(line for line in lines if line.startswith("#"))
+    stale = []
+    for page in sorted(DOCS.glob("*.md")) + [REPO / "README.md"]:
+        for config, line in _config_rows(page, set(headers)):
+            # a header may round to one decimal (40.7 GB of host RAM for the table's 40.69 GB)
+            stated = set(re.findall(r"(?<![\d.])(\d+\.\d\d?) GB", headers[config]))
+            stale += [
+                f"{page.name}: {config}: {x} GB"
+                for x in _GB.findall(line)
+                if x not in stated and f"{float(x):.1f}" not in stated
+            ]
+    assert not stale, "figures in docs tables that the config's header does not state (re-run the estimate): " + (
+        "; ".join(stale)
+    )

@@ -36,10 +36,21 @@ def debug_enabled() -> bool:
 
 def report_error(exc: TuneError) -> int:
     """Print ``exc`` for a user (one paragraph on stderr) and return its exit status."""
+    end_progress_bars()
     if debug_enabled():
         traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
     print(format_message(f"Error: {exc}"), file=sys.stderr)
     return exc.exit_code
+
+
+def end_progress_bars() -> None:
+    """Close the tqdm bars still drawn (a run stopped mid-epoch): a bar's line has no newline until it
+    closes, so a message printed now would be glued to its end instead of starting a line."""
+    std = sys.modules.get("tqdm.std")  # never imported here: no bar can be live without it
+    if std is None:
+        return
+    for bar in list(getattr(std.tqdm, "_instances", ())):
+        bar.close()
 
 
 def format_message(message: str, width: int = 100) -> str:

@@ -53,11 +53,25 @@ _RECIPES: list[Recipe] = [
         file_path="full_finetune_single_device.py",
         configs=[
             _config("llama2/7B_full_low_memory"),
+            _config("llama2/7B_full_16gb_apollo_mini"),
             _config("llama2/7B_full"),
             _config("llama2/tiny_full"),
             _config("llama3_2/1B_full_single_device"),
             _config("llama3_2/3B_full_single_device"),
             _config("llama3_1/8B_full_low_memory"),
+            _config("qwen3/0.6B_full_single_device"),
+            _config("qwen3/1.7B_full_single_device"),
+            _config("qwen3/4B_full_single_device"),
+            _config("qwen3/tiny_full"),
+            _config("qwen2_5/0.5B_full_single_device"),
+            _config("qwen2_5/1.5B_full_single_device"),
+            _config("qwen2_5/3B_full_single_device"),
+            _config("qwen2_5/tiny_full"),
+            _config("mistral/tiny_full"),
+            _config("phi4/tiny_full"),
+            _config("gemma3/1B_full_single_device"),
+            _config("gemma3/4B_full_single_device"),
+            _config("gemma3/tiny_full"),
         ],
     ),
     Recipe(
@@ -97,9 +111,37 @@ def get_config(name: str) -> Optional[Config]:
     return next((c for r in _RECIPES for c in r.configs if c.name == name), None)
 
 
+# The first line `tune cp` writes into a copied config: the recipe it belongs to, so `tune validate` and
+# `tune run` check the copy as they check the built-in (a typo in a key fails without --recipe).
+RECIPE_HEADER = "# tune-recipe:"
+_HEADER_LINES = 5  # the header is looked for in the first lines only: nothing else is read
+
+
+def recipe_header(recipe: Recipe, config: Config) -> str:
+    """The header line ``tune cp`` writes into a copy of ``config``."""
+    return (
+        f"{RECIPE_HEADER} {recipe.name}  (copied from {config.name} by tune cp: tune validate and tune run check "
+        "this file with that recipe's checks)\n"
+    )
+
+
+def header_recipe(path: Path) -> Optional[str]:
+    """The recipe name a ``tune cp`` header in the YAML file ``path`` names, or None."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = [f.readline() for _ in range(_HEADER_LINES)]
+    except (OSError, UnicodeDecodeError):
+        return None
+    for line in lines:
+        if line.startswith(RECIPE_HEADER):
+            words = line[len(RECIPE_HEADER) :].split()
+            return words[0] if words else None
+    return None
+
+
 def recipe_for_config(name_or_path: str) -> Optional[Recipe]:
-    """The built-in recipe a built-in config belongs to: by name (``llama2/tiny_full``) or by the path of
-    its file inside the installed package; None for any other file."""
+    """The built-in recipe of a config: a built-in one by name (``llama2/tiny_full``) or by the path of its
+    file inside the installed package, or a copy by the recipe its ``tune cp`` header names; None otherwise."""
     config = get_config(str(name_or_path))
     if config is None:
         candidate = Path(str(name_or_path)).expanduser()
@@ -108,7 +150,8 @@ def recipe_for_config(name_or_path: str) -> Optional[Recipe]:
         resolved = candidate.resolve()
         config = next((c for r in _RECIPES for c in r.configs if c.path.resolve() == resolved), None)
         if config is None:
-            return None
+            name = header_recipe(candidate)
+            return get_recipe(name) if name else None
     return next(r for r in _RECIPES if config in r.configs)
 
 

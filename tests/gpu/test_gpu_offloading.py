@@ -1,10 +1,8 @@
 """Activation offloading on a real GPU: the same gradients, about one layer input in flight in forward,
-copies back that overlap backward compute, and weights never moved (also compiled).
+copies back that compute barely waits for, and weights never moved (also compiled).
 
 Run with ``make test-gpu``; skipped with the reason where PyTorch sees no CUDA GPU.
 """
-
-import json
 
 import pytest
 import torch
@@ -65,16 +63,24 @@ def test_offloading_on_and_off_give_equal_gradients(use_streams):
 
 
 def _memory_at_each_layer(model, ctx, tokens):
-    """``memory_allocated`` as each decoder layer starts its forward, and the step's peak above the start."""
+    """``memory_allocated`` as each decoder layer starts its forward, and the step's peak above the start.
+
+    Each gradient is dropped as soon as it is complete, as the recipe's optimizer in backward does: kept,
+    the gradients (12.6 MB a layer here) grow through backward by about what offloading saves there, and
+    the two peaks then differ by about one layer input whatever offloading does (the first GPU run saw
+    18.8 MB so)."""
     seen = []
     hooks = [
         layer.register_forward_pre_hook(lambda *_: seen.append(torch.cuda.memory_allocated())) for layer in model.layers
     ]
+    hooks += [p.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None)) for p in model.parameters()]
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     start = torch.cuda.memory_allocated()
     try:
-        _step(model, ctx, tokens)
+        with ctx:
+            model(tokens).float().logsumexp(-1).mean().backward()
+        torch.cuda.synchronize()
     finally:
         for hook in hooks:
             hook.remove()
@@ -95,42 +101,77 @@ def test_offloading_keeps_about_one_layer_input_in_flight():
     assert growth_kept[-1] >= (LAYERS - 1) * LAYER_INPUT * 0.95, growth_kept
     # offloaded: the previous layer's input waits for its copy, nothing older is held
     assert max(growth_moved) <= 1.5 * LAYER_INPUT, growth_moved
-    # backward holds the layer input in use and the one being brought back, not all of them
-    assert kept_peak - moved_peak >= (LAYERS - 4) * LAYER_INPUT, (kept_peak, moved_peak)
+    # backward holds the layer input in use, the one being brought back and those whose blocks wait
+    # for compute to finish with them (at most prefetch + 3 in all, OffloadActivations' docstring), where
+    # checkpointing alone holds every layer input at the start of backward
+    assert kept_peak - moved_peak >= (LAYERS - 5) * LAYER_INPUT, (kept_peak, moved_peak)
 
 
-def test_copies_back_overlap_backward_compute(tmp_path):
-    """In a profile of one step, most host->device time runs while a compute kernel runs on another stream."""
-    from torch.profiler import ProfilerActivity, profile
+class _Timed(CudaCopies):
+    """The real CUDA engine, timing on the GPU each copy back and each wait of compute for one."""
 
+    def __init__(self):
+        self.copies = []  # (start, end) events around each host->device copy, on the copy stream
+        self.stalls = []  # (before, after) events around each wait of compute for a copy back
+        self._ready = []  # the events that mark a copy back complete
+        self._copied_back = False
+
+    @staticmethod
+    def _mark(stream):
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(stream)
+        return event
+
+    def copy(self, dst, src, non_blocking=True):
+        if dst.device.type != "cuda" or src.device.type != "cpu":
+            return super().copy(dst, src, non_blocking)
+        stream = torch.cuda.current_stream(dst.device)  # the copy stream (inside ``on``)
+        start = self._mark(stream)
+        super().copy(dst, src, non_blocking)
+        self.copies.append((start, self._mark(stream)))
+        self._copied_back = True
+
+    def record(self, stream):
+        event = super().record(stream)
+        if self._copied_back:  # the event recorded right after a copy back says it is complete
+            self._ready.append(event)
+            self._copied_back = False
+        return event
+
+    def wait(self, stream, event):
+        if not any(event is ready for ready in self._ready):
+            return super().wait(stream, event)
+        before = self._mark(stream)
+        super().wait(stream, event)
+        self.stalls.append((before, self._mark(stream)))  # ``after`` waits for the copy: the stall
+
+    def milliseconds(self, pairs):
+        return [a.elapsed_time(b) for a, b in pairs]
+
+
+def test_compute_waits_little_for_copies_back():
+    """Backward brings the next saved tensor back while the current layer computes, so compute waits for
+    at most half of the copy-back time (timed on the GPU with events on each stream). Only the first
+    tensors backward asks for (the loss's, the final norm's and the last layer's input, about a third of
+    the bytes here) have no compute to hide behind.
+
+    (This replaces a profiler count of copy time overlapping some kernel, which the first GPU run put at
+    20%: kernel gaps while the CPU launches the next op count there as not hidden, though compute did not
+    wait; what costs time is compute waiting, measured here directly.)"""
     model, tokens = _model(), _tokens()
-    ctx = OffloadActivations(model=model)
-    _step(model, ctx, tokens)  # warm-up
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        _step(model, ctx, tokens)
-    trace = tmp_path / "trace.json"
-    prof.export_chrome_trace(str(trace))
-    events = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("ph") == "X" and "dur" in e]
-    kernels = [e for e in events if e.get("cat") == "kernel"]
-    copies_back = [e for e in events if e.get("cat") == "gpu_memcpy" and "HtoD" in e.get("name", "")]
-    if not kernels:
-        pytest.skip("the profiler recorded no CUDA kernels here (CUPTI unavailable)")
-    assert len(copies_back) >= LAYERS, [e.get("name") for e in events if e.get("cat") == "gpu_memcpy"][:20]
-
-    def stream(e):
-        return e.get("args", {}).get("stream")
-
-    def overlap(copy):
-        start, end = copy["ts"], copy["ts"] + copy["dur"]
-        covered = 0.0
-        for k in kernels:
-            if stream(k) != stream(copy):
-                covered += max(0.0, min(end, k["ts"] + k["dur"]) - max(start, k["ts"]))
-        return min(covered, copy["dur"])
-
-    total = sum(c["dur"] for c in copies_back)
-    overlapped = sum(overlap(c) for c in copies_back)
-    assert overlapped >= 0.5 * total, f"{overlapped:.0f} of {total:.0f} us of copies back overlap compute"
+    timed = _Timed()
+    ctx = OffloadActivations(model=model, copies=timed)
+    _step(model, ctx, tokens)  # warm-up: pinned buffers, streams, the copy stream's cached blocks
+    torch.cuda.synchronize()
+    timed.copies, timed.stalls, timed._ready = [], [], []
+    _step(model, ctx, tokens)  # synchronizes: every event is complete
+    copies, stalls = timed.milliseconds(timed.copies), timed.milliseconds(timed.stalls)
+    assert len(copies) >= LAYERS and len(stalls) == len(copies), (len(copies), len(stalls))
+    assert sum(stalls) <= 0.5 * sum(copies), (
+        f"compute waited {sum(stalls):.3f} ms for copies back taking {sum(copies):.3f} ms; "
+        f"per copy (ms, in backward order): waits {[round(x, 3) for x in stalls]}, "
+        f"copies {[round(x, 3) for x in copies]}"
+    )
 
 
 class _Watch(CudaCopies):

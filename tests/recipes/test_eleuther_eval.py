@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 
@@ -29,8 +30,9 @@ def _tune_in_process(capsys, *argv):
 
 
 def test_tiny_eval_through_tune_prints_table_and_writes_json(tmp_path):
-    results = tmp_path / "scores.json"
-    cmd = [TUNE, "run", "eleuther_eval", "--config", "llama2/tiny_eval", "limit=8", f"results_file={results}"]
+    # results_file: null and the bundled weights (inside the package): eval_results.json in the working directory
+    results = tmp_path / "eval_results.json"
+    cmd = [TUNE, "run", "eleuther_eval", "--config", "llama2/tiny_eval", "limit=8"]
     run = subprocess.run(cmd, cwd=tmp_path, env={**os.environ, **OFFLINE}, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr
     assert "|demo_mc |" in run.stdout and "acc_norm" in run.stdout and "exact_match" in run.stdout
@@ -76,10 +78,19 @@ def test_meta_format_and_step_checkpoint_score_like_the_hf_folder(tmp_path, caps
         ],
     }
     for name, overrides in cases.items():
-        out = tmp_path / f"{name}.json"
-        rc, _, err = _tune_in_process(capsys, "tasks=[demo_mc]", "limit=12", f"results_file={out}", *overrides)
+        # results_file: null writes next to the checkpoint scored (the step case); the others are told where
+        out = step / "eval_results.json" if name == "step" else tmp_path / f"{name}.json"
+        where = [] if name == "step" else [f"results_file={out}"]
+        rc, _, err = _tune_in_process(capsys, "tasks=[demo_mc]", "limit=12", *where, *overrides)
         assert rc == 0, err
         scores[name] = json.loads(out.read_text())["results"]["demo_mc"]
+    # the scores with the mode of the checkpoint files beside them: the umask's, not mkstemp's 0600
+    umask = os.umask(0)
+    os.umask(umask)
+    modes = {
+        stat.S_IMODE((step / f).stat().st_mode) for f in ("eval_results.json", "model.safetensors", "recipe_state.pt")
+    }
+    assert modes == {0o666 & ~umask}, (oct(umask), sorted(map(oct, modes)))
     for name in ("step", "meta"):
         for metric in ("acc,none", "acc_norm,none"):
             assert scores[name][metric] == pytest.approx(scores["hf"][metric], abs=1e-6), (name, metric)

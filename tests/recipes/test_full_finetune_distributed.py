@@ -1,14 +1,15 @@
 """full_finetune_distributed through the real `tune run --nproc_per_node 2` (gloo, CPU, tiny model).
 
 Two processes must train exactly what one process trains with the same global batch and seed (both
-optimizer modes), resume on 2 or 1 processes with the losses of the uninterrupted run, survive a
-rank killed mid-save, write a final folder that transformers loads, and refuse bad launches with one
-message each.
+optimizer modes; with ``seed: null`` the ranks share rank 0's drawn seed), resume on 2 or 1 processes
+with the losses of the uninterrupted run, survive a rank killed mid-save, write a final folder that
+transformers loads, and refuse bad launches with one message each.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -64,14 +65,21 @@ def _ok(result: subprocess.CompletedProcess) -> None:
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
 
 
+def _drawn_seed(run: Path) -> int:
+    """The seed a ``seed: null`` run drew, as its step checkpoint records it."""
+    return int(torch.load(run / "step_2" / "recipe_state.pt", weights_only=False)["seed"])
+
+
 @pytest.fixture(scope="module")
 def base_run(configs, tmp_path_factory):
-    """The uninterrupted 2-process run (optimizer in backward, step checkpoints written in the background)
-    and its single-device twin."""
+    """The uninterrupted 2-process run (optimizer in backward, step checkpoints written in the background,
+    ``seed: null`` with shuffling on, as the shipped large configs run) and its single-device twin with
+    the seed that run drew. Were the seed drawn per rank, the ranks' slices of their own shuffles would
+    overlap and no one-process run would see the same batches."""
     single, dist = configs
     root = tmp_path_factory.mktemp("base")
-    _ok(_tune_dist(dist, root / "dist", "async_checkpoint=True"))  # its step checkpoints resume below
-    run_single_device(single, output_dir=str(root / "single"))
+    _ok(_tune_dist(dist, root / "dist", "async_checkpoint=True", "seed=null"))  # its step checkpoints resume below
+    run_single_device(single, output_dir=str(root / "single"), seed=_drawn_seed(root / "dist"))
     return root
 
 
@@ -92,7 +100,9 @@ def test_standard_optimizer_with_accumulation_and_clipping_matches_one_process(c
     kv = dict(
         optimizer_in_bwd=False, gradient_accumulation_steps=2, clip_grad_norm=0.5, batch_size=2, save_every_n_steps=None
     )
-    _ok(_tune_dist(dist, tmp_path / "dist", *_overrides(**kv), "epochs=1"))
+    result = _tune_dist(dist, tmp_path / "dist", *_overrides(**kv), "epochs=1")
+    _ok(result)
+    assert "global batch 2 = 1 per rank x 2 ranks; x 2 accumulation steps = 4 examples" in result.stderr
     run_single_device(single, output_dir=str(tmp_path / "single"), epochs=1, **kv)
     from torchtune.utils.metric_logging import read_metrics
 
@@ -108,7 +118,9 @@ def test_standard_optimizer_with_accumulation_and_clipping_matches_one_process(c
 def test_layer_grouped_optimizer_in_backward_matches_one_process(configs, base_run, tmp_path):
     """One optimizer per decoder layer, stepped once FSDP has reduce-scattered the layer's gradients."""
     _, dist = configs
-    _ok(_tune_dist(dist, tmp_path / "dist", "optimizer_in_bwd_group=layer", "epochs=1", "save_every_n_steps=null"))
+    seed = f"seed={_drawn_seed(base_run / 'dist')}"
+    extra = ("optimizer_in_bwd_group=layer", "epochs=1", "save_every_n_steps=null", seed)
+    _ok(_tune_dist(dist, tmp_path / "dist", *extra))
     assert read_losses(tmp_path / "dist") == pytest.approx(read_losses(base_run / "single")[:3], abs=1e-5, rel=0)
 
 
@@ -121,6 +133,7 @@ def test_resume_continues_the_run_on_two_or_one_process(configs, base_run, tmp_p
         tmp_path / "resumed",
         "resume_from_checkpoint=True",
         f"checkpointer.recipe_checkpoint={state}",
+        "seed=null",  # the checkpoint's seed, on every rank
         nproc=nproc,
     )
     _ok(result)
@@ -128,6 +141,20 @@ def test_resume_continues_the_run_on_two_or_one_process(configs, base_run, tmp_p
     done = 4 if resume_from == "step_4" else 3
     assert len(resumed) == len(full) - done
     assert resumed == pytest.approx(full[done:], abs=1e-5, rel=0)
+
+
+def test_a_second_run_into_the_output_dir_stops_every_rank_and_changes_nothing(configs, base_run, tmp_path):
+    _, dist = configs
+    out = tmp_path / "dist"
+    shutil.copytree(base_run / "dist", out)
+    before = {p: p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+    result = _tune_dist(dist, out)
+    message = " ".join(result.stderr.split())
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert message.count("Error:") == 1 and f"output_dir={out} already holds another run" in message
+    assert "nothing to resume: that run finished, epoch_1 is its final checkpoint" in message
+    assert "overwrite=True" in message and "Loading" not in message
+    assert {p: p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()} == before
 
 
 def test_epoch_folder_loads_in_transformers_with_the_models_logits(base_run):
@@ -287,15 +314,66 @@ def test_optimizers_that_cannot_step_shards_are_refused_naming_the_alternative(c
         validate_config(cfg)
 
 
-def test_resume_from_a_single_device_checkpoint_is_refused(configs, base_run, tmp_path):
+def _failed_resume(configs, folder: Path, out: Path, *extra: str) -> str:
+    """A 2-process resume from ``folder`` that must fail: every rank exits non-zero, one message (rank
+    0's), no traceback. Returns the message with its line breaks joined."""
     _, dist = configs
-    state = base_run / "single" / "epoch_0" / "recipe_state.pt"
+    state = folder / "recipe_state.pt"
     result = _tune_dist(
-        dist, tmp_path / "o", "resume_from_checkpoint=True", f"checkpointer.recipe_checkpoint={state}", nproc=False
+        dist, out, "resume_from_checkpoint=True", f"checkpointer.recipe_checkpoint={state}", "seed=null", *extra
     )
-    assert result.returncode == 1
+    assert result.returncode != 0, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr and "Traceback" not in result.stdout, result.stderr[-6000:]
+    assert [line.startswith("Error:") for line in result.stderr.splitlines()].count(True) == 1, result.stderr[-6000:]
     message = " ".join(result.stderr.split())
-    assert "written by the single-device recipe" in message and message.count("Error:") == 1
+    assert str(folder) in message, message[-3000:]  # which folder
+    return message
+
+
+@pytest.fixture
+def step_copy(base_run, tmp_path):
+    """A copy of the 2-process run's step_4 folder, for a test to damage."""
+    import shutil
+
+    return Path(shutil.copytree(base_run / "dist" / "step_4", tmp_path / "ckpt" / "step_4"))
+
+
+def test_resume_from_a_single_device_checkpoint_is_refused(configs, base_run, tmp_path):
+    folder = base_run / "single" / "epoch_0"
+    message = _failed_resume(configs, folder, tmp_path / "o")
+    assert "written by the single-device recipe" in message and "checkpointer.recipe_checkpoint" in message
+
+
+def test_resume_with_a_changed_optimizer_names_the_folder_and_the_fix(configs, base_run, tmp_path):
+    """The saved AdamW state has no SGD momentum: torch.distributed.checkpoint raises CheckpointException
+    (a BaseException) on every rank."""
+    folder = base_run / "dist" / "step_4"
+    message = _failed_resume(
+        configs, folder, tmp_path / "o", "optimizer._component_=torch.optim.SGD", "+optimizer.momentum=0.9"
+    )
+    assert "momentum_buffer" in message and "this run's optimizer (SGD) keeps other state" in message
+    assert "checkpointer.recipe_checkpoint" in message
+
+
+def test_resume_from_a_folder_without_manifest_is_refused(configs, step_copy, tmp_path):
+    (step_copy / "manifest.json").unlink()
+    message = _failed_resume(configs, step_copy, tmp_path / "o")
+    assert "manifest.json" in message and "checkpointer.recipe_checkpoint" in message
+
+
+def test_resume_with_a_missing_shard_is_refused(configs, step_copy, tmp_path):
+    (step_copy / "sharded_state" / "__1_0.distcp").unlink()
+    message = _failed_resume(configs, step_copy, tmp_path / "o")
+    assert "__1_0.distcp is missing" in message and "checkpointer.recipe_checkpoint" in message
+
+
+def test_resume_with_a_damaged_shard_is_refused(configs, step_copy, tmp_path):
+    shard = step_copy / "sharded_state" / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    message = _failed_resume(configs, step_copy, tmp_path / "o")
+    assert "__0_0.distcp does not match the checksum" in message and "checkpointer.recipe_checkpoint" in message
 
 
 if __name__ == "__main__":  # pragma: no cover

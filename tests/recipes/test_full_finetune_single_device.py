@@ -39,10 +39,11 @@ def test_lr_logged_is_the_cosine_schedule(tiny, tmp_path):
 
     _run(tiny, output_dir=str(tmp_path / "o"), epochs=1)
     lrs = [row["lr"] for row in read_metrics(tmp_path / "o" / "logs" / "metrics.jsonl")]
-    # warm-up over 2 steps, then a half cosine over the remaining 4 of the (one-epoch) run
+    # warm-up over 2 steps, starting above 0 (a step at lr 0 would change nothing), then a half cosine
+    # over the remaining 4 of the (one-epoch) run
     peak = 1e-3
     cosine = [0.5 * (1 + math.cos(math.pi * k / 4)) * peak for k in range(1, 4)]
-    assert lrs == pytest.approx([0.0, peak / 2, peak, *cosine], abs=1e-12)
+    assert lrs == pytest.approx([peak / 3, 2 * peak / 3, peak, *cosine], abs=1e-12)
 
 
 @pytest.mark.parametrize("optimizer_in_bwd", [True, False])

@@ -2,7 +2,6 @@
 compile with optimizer-in-backward hooks, packed datasets."""
 
 import math
-import time
 import traceback
 from pathlib import Path
 
@@ -155,9 +154,10 @@ def test_compile_gives_the_same_losses_with_in_backward_hooks(tiny, tmp_path):
     }
     eager_dir, compiled_dir = tmp_path / "eager", tmp_path / "compiled"
     _train(_recipe(tiny, output_dir=str(eager_dir), **same))
-    t0 = time.perf_counter()
+    torch._dynamo.reset()  # counts only this run's compiles, not an earlier test's cache
+    counters = torch._dynamo.utils.counters
+    counters.clear()
     recipe = _train(_recipe(tiny, output_dir=str(compiled_dir), compile=True, **same))
-    compiled_s = time.perf_counter() - t0
     assert all(
         hasattr(layer, "_compiled_call_impl") and layer._compiled_call_impl is not None
         for layer in recipe._model.layers
@@ -166,7 +166,11 @@ def test_compile_gives_the_same_losses_with_in_backward_hooks(tiny, tmp_path):
     assert len(eager) == len(compiled) == 4
     assert compiled == pytest.approx(eager, abs=1e-5)
     assert compiled[-1] < compiled[0]  # the hooks did step the parameters
-    assert compiled_s < 120, f"compiled tiny run took {compiled_s:.0f}s"
+    # The work compile did, not the time it took (a busy machine makes any time limit flaky): both
+    # layers and all 4 steps share one graph of one frame, with no graph break and no recompile.
+    stats = {k: dict(v) for k, v in counters.items() if v}
+    assert counters["frames"]["ok"] == 1 and counters["stats"]["unique_graphs"] == 1, stats
+    assert not counters["graph_break"] and not counters["recompiles"], stats
 
 
 def test_packed_dataset_trains_in_fewer_steps_with_the_block_mask(tiny, tmp_path, monkeypatch):

@@ -75,9 +75,14 @@ def cp_command(args: argparse.Namespace) -> int:
     if target.exists() and args.no_clobber:
         print(f"Not overwriting {target}: it already exists (--no-clobber).")
         return 0
+    config = registry.get_config(args.name) if source.suffix in (".yaml", ".yml") else None
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(source, target)
+        if config is not None:  # the copy names its recipe, so `tune validate my.yaml` runs the recipe's checks
+            recipe = next(r for r in registry.get_all_recipes() if config in r.configs)
+            target.write_text(registry.recipe_header(recipe, config) + source.read_text(encoding="utf-8"), "utf-8")
+        else:
+            shutil.copyfile(source, target)
     except OSError as exc:
         raise TuneError(f"Cannot copy {source} to {target}: {exc.strerror or exc}.") from exc
     print(f"Copied {source.name} to {target}")

@@ -124,7 +124,21 @@ def run_command(args: argparse.Namespace) -> int:
         name = args.recipe if registry.get_recipe(args.recipe) else None
         raise UsageError(missing_config_message(name))
     config_path = resolve_config_path(args.config)
+    check_config_header(args.recipe, config_path)
     return run_recipe(recipe_path, ["--config", str(config_path), *args.overrides])
+
+
+def check_config_header(recipe: str, config_path: Path) -> None:
+    """A config copied by ``tune cp`` names its recipe in its first line; running it with another built-in
+    recipe would fail on the keys only after that recipe's imports, with a less direct message."""
+    named = registry.header_recipe(config_path)
+    if named is None or registry.get_recipe(recipe) is None or named == recipe:
+        return
+    raise UsageError(
+        f"{config_path} was copied for the {named} recipe (its '{registry.RECIPE_HEADER}' line), not {recipe}. "
+        f"Run it with `tune run {named} --config {config_path}`, or, if you adapted it for {recipe}, change that "
+        f"line to '{registry.RECIPE_HEADER} {recipe}'."
+    )
 
 
 def is_launcher_invocation(argv: list[str]) -> bool:

@@ -7,8 +7,9 @@ Two kinds of checks, both without building a model, reading data or touching a d
 * the recipe's own: its module-level ``validate_config(cfg)`` (keys the recipe reads, value ranges,
   settings that conflict, dtype and device spellings), the same function its ``__init__`` runs first.
 
-A built-in config knows its recipe (``torchtune/_recipe_registry.py``); for another YAML file name it
-with ``--recipe``, or only the generic checks run (and the output says so).
+A built-in config knows its recipe (``torchtune/_recipe_registry.py``), and so does a copy made by
+``tune cp`` (its first line, ``# tune-recipe: NAME``); for another YAML file name it with ``--recipe``,
+or only the generic checks run (and the output says so).
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         description="Check a config without running it: YAML syntax, overrides, every _component_ exists and "
         "its keys match the callable's arguments, every ${...} resolves; then the recipe's own checks "
         "(its validate_config: keys, value ranges, conflicting settings, dtype). Nothing is built or downloaded.",
-        epilog="A built-in config is checked with its own recipe. For your own YAML name the recipe with "
-        "--recipe (a built-in name or a .py file), e.g.\n"
+        epilog="A built-in config, or a copy made by `tune cp` (its first line names the recipe), is checked with "
+        "its own recipe. For another YAML name the recipe with --recipe (a built-in name or a .py file), e.g.\n"
         "  tune validate ./my_config.yaml --recipe full_finetune_single_device",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -74,7 +75,8 @@ def validate_command(args: argparse.Namespace) -> int:
         print(
             "Config is well-formed (generic checks: YAML, overrides, components and their keys).\n"
             f"Not run: a recipe's own checks (the keys it reads, value ranges, conflicting settings, dtype), "
-            f"because {args.config} is not a built-in config. Name its recipe to run them: "
+            f"because {args.config} is not a built-in config nor a copy made by `tune cp`. "
+            "Name its recipe to run them: "
             f"--recipe NAME ({names}) or --recipe path/to/recipe.py."
         )
         return 0

@@ -56,6 +56,12 @@ def _module_file(name: str) -> Optional[Path]:
     return None
 
 
+def _keeps_signature(decorator: ast.expr) -> bool:
+    """``@checked_by(...)`` (torchtune.config._types) attaches value checks and returns the function itself."""
+    call = decorator.func if isinstance(decorator, ast.Call) else None
+    return isinstance(call, ast.Name) and call.id == "checked_by"
+
+
 def _parse(path: Path) -> Optional[ast.Module]:
     try:
         return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
@@ -155,7 +161,9 @@ class _Resolver:
             return None
         where, node, is_package = found
         if isinstance(node, ast.FunctionDef):
-            return None if node.decorator_list else _signature_from_args(node.args, drop_first=False)
+            if any(not _keeps_signature(d) for d in node.decorator_list):
+                return None
+            return _signature_from_args(node.args, drop_first=False)
         return self.class_signature(where, node, is_package)
 
     def class_signature(self, module: str, node: ast.ClassDef, is_package: bool) -> Optional[inspect.Signature]:

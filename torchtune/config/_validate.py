@@ -11,6 +11,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from torchtune._errors import ConfigError
 from torchtune.config._instantiate import COMPONENT_KEY, component_signature, import_component, signature_problem
 from torchtune.config._source_signature import source_signature
+from torchtune.config._types import component_value_problems
 
 
 def _join(prefix: str, key: Any) -> str:
@@ -62,6 +63,27 @@ def _check_component(node: DictConfig, prefix: str, problems: list[str], import_
     problem = signature_problem(signature, fields, partial=True)
     if problem:
         problems.append(f"{prefix or '<root>'}: {path}: {problem}")
+        return
+    problems.extend(component_value_problems(target, prefix, _plain_fields(node)))
+
+
+def _plain_fields(node: DictConfig) -> dict:
+    """The node's values as the component receives them, less nested components (built objects by then)
+    and values that do not resolve (reported already)."""
+    fields = {}
+    for key in node.keys():
+        if key == COMPONENT_KEY or OmegaConf.is_missing(node, key):
+            continue
+        try:
+            value = node[key]
+            if isinstance(value, DictConfig) and COMPONENT_KEY in value:
+                continue
+            if isinstance(value, (DictConfig, ListConfig)):
+                value = OmegaConf.to_container(value, resolve=True)
+        except Exception:  # an interpolation that does not resolve: reported by _walk
+            continue
+        fields[str(key)] = value
+    return fields
 
 
 def validate(cfg: Any, import_components: bool = True) -> None:
@@ -80,6 +102,8 @@ def validate(cfg: Any, import_components: bool = True) -> None:
         raise ConfigError(f"validate() needs a config mapping, got {type(cfg).__name__}.")
     problems: list[str] = []
     _walk(cfg, "", problems, import_components)
+    if len(problems) == 1:
+        raise ConfigError(problems[0] if problems[0].endswith(".") else problems[0] + ".")
     if problems:
         listing = "\n".join(f"  - {p}" for p in problems)
         plural = "s" if len(problems) > 1 else ""

@@ -6,10 +6,12 @@ from typing import Any
 
 from torch.utils.data import Dataset
 
-from torchtune.datasets._instruct import Tokenizer, instruct_dataset
+from torchtune.config._types import checked_by
+from torchtune.datasets._instruct import Tokenizer, check_dataset_args, instruct_dataset
 from torchtune.datasets._templates import AlpacaInstructTemplate
 
 
+@checked_by(check_dataset_args)
 def alpaca_dataset(
     tokenizer: Tokenizer,
     source: str = "tatsu-lab/alpaca",

@@ -8,6 +8,7 @@ from typing import Any, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
 from torch.utils.data import Dataset
 
 from torchtune._errors import TuneError
+from torchtune.config._types import checked_by
 from torchtune.datasets._collate import CROSS_ENTROPY_IGNORE_IDX
 from torchtune.datasets._loading import describe_source, load_hf_dataset
 
@@ -197,6 +198,14 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def _check_chat_args(key: str, fields: Mapping[str, Any]) -> None:
+    # imported here: _instruct imports this module's neighbours, not this one
+    from torchtune.datasets._instruct import check_dataset_args
+
+    check_dataset_args(key, fields)
+
+
+@checked_by(_check_chat_args)
 def chat_dataset(
     tokenizer: ChatTokenizer,
     source: str,

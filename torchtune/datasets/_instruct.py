@@ -7,7 +7,8 @@ from typing import Any, Dict, List, Mapping, Optional, Protocol
 
 from torch.utils.data import Dataset
 
-from torchtune._errors import TuneError
+from torchtune._errors import ConfigError, TuneError
+from torchtune.config._types import checked_by, whole_number
 from torchtune.datasets._loading import describe_source, load_hf_dataset
 from torchtune.datasets._pack_cache import pack_cache_file
 from torchtune.datasets._packed import PackedDataset
@@ -187,6 +188,19 @@ def _names(names: List[str]) -> str:
     return ", ".join(f"'{n}'" for n in names) if names else "(none)"
 
 
+def check_dataset_args(key: str, fields: Mapping[str, Any]) -> None:
+    """The value checks of the dataset builders' arguments (``config.validate`` runs them before anything
+    is built): ``max_seq_len`` holds BOS and EOS, a source is named."""
+    whole_number(f"{key}.max_seq_len", fields.get("max_seq_len"), minimum=2, allow_none=True, why=" (BOS and EOS)")
+    source = fields.get("source", "?")
+    if isinstance(source, str) and not source.strip():
+        raise ConfigError(
+            f"{key}.source is empty: name a Hugging Face dataset (tatsu-lab/alpaca) or a file format with "
+            f"its files ({key}.source=json {key}.data_files=/path/data.json)."
+        )
+
+
+@checked_by(check_dataset_args)
 def instruct_dataset(
     tokenizer: Tokenizer,
     source: str,

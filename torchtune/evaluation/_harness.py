@@ -16,6 +16,7 @@ import logging
 import math
 import os
 import tempfile
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -354,17 +355,32 @@ def write_results(results: dict[str, Any], path: Path, extra: Optional[dict[str,
     text = json.dumps(_finite(json.loads(json.dumps(payload, default=_jsonable))), indent=2, sort_keys=False)
     path = Path(path).expanduser()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    # A plain exclusive open, not mkstemp: mkstemp creates 0600 files, open() the umask's mode, which is
+    # what the checkpoint files beside the results get (a reader of the checkpoint can read its scores).
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        with open(tmp, "x", encoding="utf-8") as fh:
             fh.write(text + "\n")
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
     return path
+
+
+def results_path(results_file: Any, checkpoint_dir: Any) -> Path:
+    """Where an eval writes its scores: ``results_file``, or (null) ``eval_results.json`` next to the
+    checkpoint it scores. The bundled demo weights lie inside the installed package, which is no place
+    for a user's files: their scores go to ``eval_results.json`` in the working directory."""
+    if results_file is not None:
+        return Path(str(results_file)).expanduser()
+    folder = Path(str(checkpoint_dir)).expanduser().resolve()
+    package = Path(__file__).resolve().parents[1]
+    if folder == package or package in folder.parents:
+        return Path.cwd() / "eval_results.json"
+    return folder / "eval_results.json"
 
 
 def build_lm(model: Any, tokenizer: Any, settings: EvalSettings) -> Any:
@@ -398,6 +414,7 @@ __all__ = [
     "eval_settings",
     "import_lm_eval",
     "primary_scores",
+    "results_path",
     "resolve_tasks",
     "results_table",
     "run_tasks",

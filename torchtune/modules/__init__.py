@@ -4,19 +4,23 @@ from torchtune.modules.attention import MultiHeadAttention
 from torchtune.modules.feed_forward import FeedForward
 from torchtune.modules.kv_cache import KVCache
 from torchtune.modules.loss import CrossEntropyLoss
-from torchtune.modules.position_embeddings import Llama3ScaledRoPE, RotaryPositionalEmbeddings
-from torchtune.modules.rms_norm import RMSNorm
+from torchtune.modules.position_embeddings import LinearScaledRoPE, Llama3ScaledRoPE, RotaryPositionalEmbeddings
+from torchtune.modules.rms_norm import GemmaRMSNorm, RMSNorm
+from torchtune.modules.scaled_embedding import ScaledEmbedding
 from torchtune.modules.tied_linear import TiedLinear
 from torchtune.modules.transformer import TransformerDecoder, TransformerDecoderLayer
 
 __all__ = [
     "CrossEntropyLoss",
     "FeedForward",
+    "GemmaRMSNorm",
     "KVCache",
+    "LinearScaledRoPE",
     "Llama3ScaledRoPE",
     "MultiHeadAttention",
     "RMSNorm",
     "RotaryPositionalEmbeddings",
+    "ScaledEmbedding",
     "TiedLinear",
     "TransformerDecoder",
     "TransformerDecoderLayer",

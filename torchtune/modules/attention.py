@@ -1,14 +1,17 @@
-"""Multi-head attention with grouped-query heads, rotary embeddings and PyTorch's fused SDPA."""
+"""Multi-head attention with grouped-query heads, rotary embeddings and PyTorch's fused SDPA, and the
+variants other families need: q/k norms (Qwen3, Gemma 3), q/k/v biases (Qwen2.5, in the projections
+given), a logit scale and soft cap (Gemma 3) and a sliding attention window (Mistral v0.1, Gemma 3's
+local layers)."""
 
 from __future__ import annotations
 
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from torchtune.modules.kv_cache import KVCache
+from torchtune.modules.sliding_window import attention, sliding_window_attention
 
 
 class MultiHeadAttention(nn.Module):
@@ -28,6 +31,15 @@ class MultiHeadAttention(nn.Module):
         pos_embeddings: rotary embeddings applied to q and k (may be shared between layers).
         max_seq_len: longest sequence; size of the KV cache.
         attn_dropout: dropout on attention weights, training only.
+        q_norm, k_norm: norms over ``head_dim`` applied to each query / key head before RoPE (Qwen3's
+            and Gemma 3's per-head RMSNorm); ``None`` for none.
+        scale: multiplies the attention logits; default ``head_dim ** -0.5`` (Gemma 3:
+            ``query_pre_attn_scalar ** -0.5``).
+        softcap: soft cap of the attention logits (``softcap * tanh(logits / softcap)``), or ``None``.
+            It needs the logits, which fused SDPA kernels never form: a capped layer computes them.
+        sliding_window: a query at position ``p`` sees keys at ``p - sliding_window < k <= p`` only, as
+            transformers' ``sliding_window_overlay``; ``None`` for full causal attention. See
+            ``torchtune.modules.sliding_window`` for the kernels (no ``s x s`` mask on CUDA).
     """
 
     def __init__(
@@ -44,12 +56,19 @@ class MultiHeadAttention(nn.Module):
         pos_embeddings: nn.Module,
         max_seq_len: int = 4096,
         attn_dropout: float = 0.0,
+        q_norm: Optional[nn.Module] = None,
+        k_norm: Optional[nn.Module] = None,
+        scale: Optional[float] = None,
+        softcap: Optional[float] = None,
+        sliding_window: Optional[int] = None,
     ) -> None:
         super().__init__()
         if num_heads % num_kv_heads:
             raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
         if not 0.0 <= attn_dropout <= 1.0:
             raise ValueError(f"attn_dropout must be in [0, 1], got {attn_dropout}")
+        if sliding_window is not None and sliding_window < 1:
+            raise ValueError(f"sliding_window must be a positive number of tokens or None, got {sliding_window}")
         self.embed_dim = embed_dim
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
@@ -61,6 +80,11 @@ class MultiHeadAttention(nn.Module):
         self.v_proj = v_proj
         self.output_proj = output_proj
         self.pos_embeddings = pos_embeddings
+        self.q_norm = q_norm
+        self.k_norm = k_norm
+        self.scale = scale
+        self.softcap = softcap
+        self.sliding_window = sliding_window
         self.kv_cache: Optional[KVCache] = None
 
     def setup_cache(self, batch_size: int, dtype: torch.dtype, device: Optional[torch.device] = None) -> None:
@@ -87,6 +111,10 @@ class MultiHeadAttention(nn.Module):
         q = self.q_proj(x).view(bsz, seq_len, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(bsz, seq_len, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(bsz, seq_len, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q = self.q_norm(q)
+        if self.k_norm is not None:
+            k = self.k_norm(k)
         q = self.pos_embeddings(q, input_pos=input_pos)
         k = self.pos_embeddings(k, input_pos=input_pos)
 
@@ -106,13 +134,23 @@ class MultiHeadAttention(nn.Module):
             k = k.repeat_interleave(rep, dim=1)
             v = v.repeat_interleave(rep, dim=1)
 
-        out = F.scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            attn_mask=None if mask is None else mask[:, None, :, :],
-            dropout_p=self.attn_dropout if self.training else 0.0,
-            is_causal=mask is None,
-        )
+        dropout_p = self.attn_dropout if self.training else 0.0
+        mask = None if mask is None else mask[:, None, :, :]
+        if self.sliding_window is not None:
+            out = sliding_window_attention(
+                q,
+                k,
+                v,
+                window=self.sliding_window,
+                mask=mask,
+                q_positions=None if self.kv_cache is None else input_pos.reshape(-1, seq_len),
+                scale=self.scale,
+                softcap=self.softcap,
+                dropout_p=dropout_p,
+            )
+        else:
+            out = attention(
+                q, k, v, mask=mask, is_causal=mask is None, scale=self.scale, softcap=self.softcap, dropout_p=dropout_p
+            )
         out = out.transpose(1, 2).reshape(bsz, seq_len, self.num_heads * self.head_dim)
         return self.output_proj(out)

@@ -138,3 +138,27 @@ class Llama3ScaledRoPE(RotaryPositionalEmbeddings):
         blended = (1 - smooth) * freqs / self.scale_factor + smooth * freqs
         scaled = torch.where(wavelen > low_freq_wavelen, freqs / self.scale_factor, blended)
         return torch.where(wavelen < high_freq_wavelen, freqs, scaled)
+
+
+class LinearScaledRoPE(RotaryPositionalEmbeddings):
+    """Rotary embeddings with every frequency divided by ``scale_factor`` (position interpolation).
+
+    This is the ``rope_type: linear`` of Hugging Face's ``rope_scaling`` / ``rope_parameters``
+    (``inv_freq / factor``): Gemma 3 4B/12B/27B use it with factor 8 on their global layers to reach
+    128K tokens.
+
+    Args:
+        dim: the head dimension.
+        max_seq_len: number of positions cached.
+        base: the frequency base.
+        scale_factor: how much slower every frequency turns (``factor``).
+    """
+
+    def __init__(self, dim: int, max_seq_len: int = 4096, base: int = 10_000, scale_factor: float = 1.0) -> None:
+        if scale_factor <= 0:
+            raise ValueError(f"scale_factor must be positive, got {scale_factor}")
+        self.scale_factor = float(scale_factor)  # set before the base class builds the cache
+        super().__init__(dim=dim, max_seq_len=max_seq_len, base=base)
+
+    def inverse_frequencies(self, device: torch.device) -> torch.Tensor:
+        return super().inverse_frequencies(device) / self.scale_factor

@@ -12,27 +12,43 @@ from torchtune.modules.attention import MultiHeadAttention
 
 
 class TransformerDecoderLayer(nn.Module):
-    """``h = x + attn(sa_norm(x)); out = h + mlp(mlp_norm(h))``.
+    """``h = x + sa_scale(attn(sa_norm(x))); out = h + mlp_scale(mlp(mlp_norm(h)))``.
 
     Args:
         attn: the self-attention block.
         mlp: the feed-forward block.
         sa_norm: norm applied before attention.
         mlp_norm: norm applied before the feed-forward block.
+        sa_scale: applied to the attention's output before the residual add (Gemma's post-attention
+            norm); ``None`` for none (Llama).
+        mlp_scale: applied to the feed-forward output before the residual add (Gemma's
+            post-feed-forward norm); ``None`` for none.
     """
 
-    def __init__(self, attn: MultiHeadAttention, mlp: nn.Module, sa_norm: nn.Module, mlp_norm: nn.Module) -> None:
+    def __init__(
+        self,
+        attn: MultiHeadAttention,
+        mlp: nn.Module,
+        sa_norm: nn.Module,
+        mlp_norm: nn.Module,
+        sa_scale: Optional[nn.Module] = None,
+        mlp_scale: Optional[nn.Module] = None,
+    ) -> None:
         super().__init__()
         self.sa_norm = sa_norm
         self.attn = attn
         self.mlp_norm = mlp_norm
         self.mlp = mlp
+        self.sa_scale = sa_scale
+        self.mlp_scale = mlp_scale
 
     def forward(
         self, x: torch.Tensor, *, mask: Optional[torch.Tensor] = None, input_pos: Optional[torch.Tensor] = None
     ) -> torch.Tensor:
-        h = x + self.attn(self.sa_norm(x), mask=mask, input_pos=input_pos)
-        return h + self.mlp(self.mlp_norm(h))
+        attn_out = self.attn(self.sa_norm(x), mask=mask, input_pos=input_pos)
+        h = x + (attn_out if self.sa_scale is None else self.sa_scale(attn_out))
+        mlp_out = self.mlp(self.mlp_norm(h))
+        return h + (mlp_out if self.mlp_scale is None else self.mlp_scale(mlp_out))
 
 
 class TransformerDecoder(nn.Module):

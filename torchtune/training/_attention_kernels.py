@@ -133,6 +133,8 @@ def target_attention(device_type: str) -> Iterator[dict[str, int]]:
     ``TorchFunctionMode``, because activation checkpointing recomputes the layer inside the autograd
     engine, where function modes are not active: the recomputation must save what the forward saved.
     """
+    from torchtune.modules.sliding_window import window_kernel_device
+
     if device_type != "cuda":
         yield {}
         return
@@ -140,7 +142,8 @@ def target_attention(device_type: str) -> Iterator[dict[str, int]]:
     stand_in = _TargetAttention(original)
     F.scaled_dot_product_attention = stand_in
     try:
-        yield stand_in.kernels
+        with window_kernel_device(device_type):
+            yield stand_in.kernels
     finally:
         F.scaled_dot_product_attention = original
 

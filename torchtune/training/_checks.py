@@ -2,13 +2,37 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, ListConfig
 
 from torchtune._errors import ConfigError
+from torchtune.config._types import check_type
 
-__all__ = ["IN_BWD_GROUPS", "check_optimizer_settings", "positive_int"]
+__all__ = ["IN_BWD_GROUPS", "RECIPE_VALUE_TYPES", "check_optimizer_settings", "check_value_types", "positive_int"]
+
+# The type of each plain top-level key the recipes read (those with their own range checks, such as
+# batch_size, are checked where the range is). A wrong one fails here, at start-up and in `tune validate`,
+# instead of where the value is first used (a seed of "abc" in torch.manual_seed, after the model is built).
+RECIPE_VALUE_TYPES = {
+    "output_dir": str,
+    "seed": Optional[int],
+    "shuffle": bool,
+    "resume_from_checkpoint": bool,
+    "optimizer_in_bwd": bool,
+    "compile": bool,
+    "bf16_stochastic_rounding": bool,
+    "enable_activation_checkpointing": bool,
+    "enable_activation_offloading": bool,
+    "log_peak_memory_stats": bool,
+    "fsdp_cpu_offload": bool,
+    "fsdp_reshard_after_forward": bool,
+    "async_checkpoint": bool,
+    "eval_every_n_steps": Optional[int],
+    "results_file": Optional[str],  # null: eval_results.json next to the checkpoint scored
+    "prompt": Union[str, int, float],
+    "instruction_template": Optional[str],
+}
 
 # optimizer_in_bwd_group: how many parameters one in-backward optimizer steps together
 IN_BWD_GROUPS = ("param", "layer")
@@ -27,6 +51,17 @@ def positive_int(cfg: Any, key: str, allow_none: bool = False) -> Optional[int]:
         extra = " or null" if allow_none else ""
         raise ConfigError(f"{key} must be a whole number of at least 1{extra}, got {value!r}. Set {key}=1 or more.")
     return value
+
+
+def check_value_types(cfg: Any) -> None:
+    """Each key of ``RECIPE_VALUE_TYPES`` that ``cfg`` has must have that type.
+
+    Raises:
+        ConfigError: naming the key, the value found and the type to set.
+    """
+    for key, hint in RECIPE_VALUE_TYPES.items():
+        if key in cfg:
+            check_type(key, cfg[key], hint)
 
 
 def check_optimizer_settings(cfg: Any) -> None:
@@ -62,6 +97,27 @@ def check_optimizer_settings(cfg: Any) -> None:
             )
         if isinstance(clip, bool) or not isinstance(clip, (int, float)) or clip <= 0:
             raise ConfigError(f"clip_grad_norm must be a positive number or null, got {clip!r}.")
-    lr = cfg.optimizer.get("lr") if isinstance(cfg.optimizer, DictConfig) else None
+    from torchtune.training._low_rank import check_low_rank_optimizer
+
+    check_low_rank_optimizer(cfg)  # package, keys, target patterns and ranks, on a meta-device model
+    node = cfg.optimizer if isinstance(cfg.optimizer, DictConfig) else {}
+    lr = node.get("lr")
     if lr is not None and (isinstance(lr, bool) or not isinstance(lr, (int, float)) or lr < 0):
         raise ConfigError(f"optimizer.lr must be a non-negative number, got {lr!r}. Set e.g. optimizer.lr=2e-5.")
+    # Checked here, not from the optimizer's signature: an optimizer package (bitsandbytes) is imported only
+    # when the optimizer is built, and every optimizer reads these the same way.
+    for key, low in (("weight_decay", 0.0), ("eps", 0.0), ("momentum", 0.0)):
+        value = node.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < low):
+            raise ConfigError(
+                f"optimizer.{key} must be a number >= {low:g}, got {value!r}. Set e.g. optimizer.{key}=0.0."
+            )
+    betas = node.get("betas")
+    if betas is not None and not (
+        isinstance(betas, (ListConfig, list, tuple))
+        and len(betas) == 2
+        and all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in betas)
+    ):
+        raise ConfigError(
+            f"optimizer.betas must be two numbers in [0, 1), got {betas!r}. Set e.g. optimizer.betas=[0.9,0.999]."
+        )

@@ -32,6 +32,7 @@ log = logging.getLogger("torchtune")
 
 __all__ = [
     "DistributedInfo",
+    "agree_on_seed",
     "backend_for_device",
     "destroy_distributed",
     "get_world_size_and_rank",
@@ -368,6 +369,25 @@ def _lookup(cfg: Any, dotted: str) -> Any:
 
 
 _MISSING = object()
+
+
+def agree_on_seed(seed: Optional[int], info: DistributedInfo) -> int:
+    """The one seed of the run on every rank: ``seed``, or (``None``) one rank 0 draws, broadcast.
+
+    A collective on ``info.cpu_group``; call it before anything draws random numbers. Each rank
+    drawing its own seed would shuffle the data differently per rank, so the ranks' every-N-th
+    slices of their orders would overlap (duplicates and missed examples in one epoch) and the run
+    would not be the single-process run with the same global batch.
+    """
+    if seed is None and info.is_rank_zero:
+        from torchtune.utils import draw_seed
+
+        seed = draw_seed()
+    if info.world_size == 1:
+        return int(seed)
+    value = torch.tensor([-1 if seed is None else int(seed)], dtype=torch.int64)
+    dist.broadcast(value, src=0, group=info.cpu_group)
+    return int(value.item())
 
 
 def any_rank(flag: bool, info: DistributedInfo) -> bool:

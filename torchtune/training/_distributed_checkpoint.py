@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
@@ -47,6 +48,7 @@ from torchtune.utils._checkpointing._manifest import (
     MANIFEST_NAME,
     RECIPE_STATE_NAME,
     file_digest,
+    previous_checkpoint,
     read_manifest,
     verify_manifest,
 )
@@ -62,6 +64,30 @@ __all__ = [
 # The DCP folder inside a checkpoint folder, and what recipe_state.pt holds instead of the optimizer state.
 SHARDED_STATE_DIR = "sharded_state"
 SHARDED_STATE_MARKER = {"saved_with": "torch.distributed.checkpoint", "folder": SHARDED_STATE_DIR}
+
+
+# What a failed DCP call raises: its own errors come as CheckpointException, a BaseException (it
+# escapes ``except Exception``), raised on every rank with the failures of all ranks.
+_SAVE_LOAD_ERRORS = (Exception, CheckpointException)
+
+
+def _cause(exc: BaseException) -> str:
+    """One line per distinct cause: CheckpointException's text is a traceback per rank."""
+    if isinstance(exc, CheckpointException):
+        causes = {f"{type(e).__name__}: {e}" for e, _ in exc.failures.values()}
+        return "; ".join(sorted(causes))
+    return f"{type(exc).__name__}: {exc}" if not isinstance(exc, TuneError) else str(exc)
+
+
+def _resume_hint(folder: Path) -> str:
+    """What to point ``checkpointer.recipe_checkpoint`` at instead of ``folder``."""
+    previous = previous_checkpoint(folder)
+    if previous is not None and (previous / RECIPE_STATE_NAME).is_file():
+        return f"Point checkpointer.recipe_checkpoint at {previous / RECIPE_STATE_NAME} (the checkpoint before)."
+    return (
+        f"Point checkpointer.recipe_checkpoint at the {RECIPE_STATE_NAME} of another step_N or epoch_N folder of "
+        "this distributed run, or start from the base weights with resume_from_checkpoint=False."
+    )
 
 
 def _optimizers(optimizer: Optimizer) -> List[Optimizer]:
@@ -190,8 +216,8 @@ class ShardedCheckpointWriter:
                 job.future = self._executor.submit(dcp.save, staged, checkpoint_id=sharded, process_group=self._group)
             else:
                 dcp.save(_state(model, optimizer), checkpoint_id=sharded)
-        except Exception as exc:  # noqa: BLE001 - every rank must learn of it, or the others wait forever
-            error = exc
+        except _SAVE_LOAD_ERRORS as exc:  # every rank must learn of it, or the others wait forever
+            error = TuneError(_cause(exc))
         raise_if_any_rank_failed(error, info, f"Writing the sharded checkpoint {destination}")
         self._pending = job
         if job.future is None:
@@ -213,8 +239,8 @@ class ShardedCheckpointWriter:
             if job.future is not None:
                 job.future.result()
             entries = _own_files(job.tmp, info.rank)
-        except Exception as exc:  # noqa: BLE001 - every rank must learn of it
-            error, entries = exc, {}
+        except _SAVE_LOAD_ERRORS as exc:  # every rank must learn of it
+            error, entries = TuneError(_cause(exc)), {}
         raise_if_any_rank_failed(error, info, f"Writing the sharded checkpoint {job.destination}")
         gathered: List[Any] = [entries]
         if info.world_size > 1:
@@ -312,16 +338,21 @@ def load_sharded_checkpoint(folder: Path, *, model: nn.Module, optimizer: Optimi
         if not (folder / SHARDED_STATE_DIR / ".metadata").is_file():
             raise TuneError(
                 f"{folder} has no sharded training state ({SHARDED_STATE_DIR}/.metadata): it was not written by "
-                "full_finetune_distributed (a single-device checkpoint, or final weights). Point "
-                f"checkpointer.recipe_checkpoint at the {RECIPE_STATE_NAME} of a step_N or epoch_N folder of a "
-                "distributed run."
+                "full_finetune_distributed (a single-device checkpoint, or final weights). " + _resume_hint(folder)
             )
-        manifest = read_manifest(folder) or {"files": {}}
+        manifest = read_manifest(folder)
+        if manifest is None:
+            # A folder is published with its manifest written last: without one it is an unfinished
+            # save or a partial copy, and nothing says whether every rank's shards are there and intact.
+            raise TuneError(
+                f"{folder} has no {MANIFEST_NAME}, which every checkpoint this recipe publishes ends with: it is "
+                "an unfinished save or an incomplete copy, so its shards cannot be checked. " + _resume_hint(folder)
+            )
         names = sorted(n for n in manifest["files"] if n.startswith(f"{SHARDED_STATE_DIR}/"))
         # Each rank checks a share of the files, in parallel.
         verify_manifest(folder, only=names[info.rank :: info.world_size])
     except TuneError as exc:
-        error = exc
+        error = TuneError(f"{exc} {_resume_hint(folder)}") if "recipe_checkpoint" not in str(exc) else exc
     raise_if_any_rank_failed(error, info, f"Checking the checkpoint {folder}")
 
     try:
@@ -335,10 +366,17 @@ def load_sharded_checkpoint(folder: Path, *, model: nn.Module, optimizer: Optimi
         )
         if isinstance(optimizer, OptimInBackwardWrapper):
             optimizer.follow_inner_param_groups()
-    except Exception as exc:  # noqa: BLE001 - every rank must learn of it
+    except _SAVE_LOAD_ERRORS as exc:  # every rank must learn of it (DCP raises on all of them)
+        cause = _cause(exc)
+        what = (
+            f"this run's optimizer ({type(_optimizers(optimizer)[0]).__name__}) keeps other state than the one "
+            "that saved it"
+            if "optimizer." in cause
+            else "it was written for another model"
+        )
         error = TuneError(
-            f"Loading the sharded training state from {folder / SHARDED_STATE_DIR} failed: {exc}. It was written "
-            "for another model or optimizer (check model, optimizer and optimizer_in_bwd against the run that "
-            "saved it), or it is damaged: resume from an earlier step_N folder."
+            f"Loading the sharded training state from {folder / SHARDED_STATE_DIR} failed ({cause}): {what}. Resume "
+            "with the saved run's model, optimizer, optimizer_in_bwd and optimizer_in_bwd_group settings. "
+            + _resume_hint(folder)
         )
     raise_if_any_rank_failed(error, info, f"Loading the checkpoint {folder}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
@@ -21,9 +22,10 @@ from torchtune import config
 from torchtune._errors import ConfigError
 from torchtune.config._instantiate import COMPONENT_KEY
 from torchtune.training import memory
-from torchtune.utils.metric_logging import DiskLogger
+from torchtune.utils.metric_logging import DiskLogger, StdoutLogger
 
 __all__ = [
+    "epoch_progress_bar",
     "MetricLoggers",
     "ProgressBarLogHandler",
     "RunSummary",
@@ -113,6 +115,15 @@ class MetricLoggers:
     def log(self, name: str, value: float, step: int) -> None:
         self.log_dict({name: value}, step)
 
+    def log_validation(self, val_loss: float, step: int) -> None:
+        """Log ``val_loss`` to every logger, and show it once: a listed ``StdoutLogger`` prints it; without
+        one, a ``Step N | validation loss X`` line goes to stderr above the progress bar."""
+        self.log_dict({"val_loss": val_loss}, step)
+        if not any(isinstance(logger, StdoutLogger) for logger in self.loggers):
+            from tqdm import tqdm
+
+            tqdm.write(f"Step {step} | validation loss {val_loss:.4f}", file=sys.stderr)
+
     def close(self) -> None:
         for logger in self.loggers:
             logger.close()
@@ -134,6 +145,14 @@ class ProgressBarLogHandler(logging.StreamHandler):
             self.flush()
         except Exception:
             self.handleError(record)
+
+
+def epoch_progress_bar(total: int, initial: int, enabled: bool = True) -> Any:
+    """The progress bar of one epoch of ``total`` steps, ``initial`` of them done (a resumed epoch), on
+    stderr; ``enabled=False`` (ranks other than 0) draws nothing."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, dynamic_ncols=True, file=sys.stderr, mininterval=0.5, disable=not enabled)
 
 
 def _number(value: Any) -> Optional[float]:

@@ -146,11 +146,32 @@ def _recipe_state_path(cfg: Any, recipe_checkpoint: Any) -> Path:
     if not path.is_absolute() and not path.exists():
         path = Path(str(cfg.checkpointer.checkpoint_dir)) / path  # relative to the weights, as torchtune has it
     if not path.is_file():
-        raise TuneError(
+        raise TuneError(_missing_recipe_state_message(recipe_checkpoint, path))
+    return path.resolve()
+
+
+def _missing_recipe_state_message(recipe_checkpoint: Any, path: Path) -> str:
+    """Why ``path`` is not there, and which ``step_N`` to resume from instead."""
+    folder = path.parent if path.name == RECIPE_STATE_NAME or path.suffix else path
+    final = folder.is_dir() and folder.name.startswith("epoch_") and not (folder / RECIPE_STATE_NAME).exists()
+    if not final:
+        return (
             f"checkpointer.recipe_checkpoint={recipe_checkpoint} does not exist (looked for {path}). Point it "
             f"at the {RECIPE_STATE_NAME} inside a checkpoint folder of the run to resume."
         )
-    return path.resolve()
+    steps = [p.parent for p in folder.parent.glob(f"step_*/{RECIPE_STATE_NAME}") if p.parent.name[5:].isdigit()]
+    latest = max(steps, key=lambda f: int(f.name[5:])) if steps else None
+    instead = (
+        f"resume from a step_N instead: checkpointer.recipe_checkpoint={latest / RECIPE_STATE_NAME}"
+        if latest is not None
+        else f"no step_N of the run with a {RECIPE_STATE_NAME} is left in {folder.parent}"
+    )
+    return (
+        f"checkpointer.recipe_checkpoint={recipe_checkpoint} points into {folder}, a final checkpoint: the run's "
+        f"last save keeps only the weights (no {RECIPE_STATE_NAME}), so there is nothing to resume there; {instead}. "
+        f"To train on from the final weights, start a new run with checkpointer.checkpoint_dir={folder} "
+        "(resume_from_checkpoint=False) and another output_dir."
+    )
 
 
 def check_resume_keys(cfg: Any) -> None:

@@ -8,12 +8,18 @@ result is rounded up or down to a neighbouring bf16 value with probability propo
 it is. The random bits come from a generator of this run's own, seeded from the run's seed and saved
 in the recipe state, so runs are reproducible and a resume is bitwise exact.
 
+The rounding itself (``StochasticRounding.round_``) is, on CUDA, one compiled kernel per slice that
+reads the fp32 result and writes the bf16 weight, drawing its random bits (philox) inside the kernel:
+no noise tensor and no scratch pass. Elsewhere (CPU) it is plain PyTorch on chunks of the slice.
+
 How each optimizer family is stepped (``step_parameter``):
 
 - ``torch.optim`` and ``bitsandbytes.optim``: the parameter, its gradient and (torch) its bf16 state
-  are swapped to fp32 copies for ``optimizer.step()``; the state goes back to bf16 rounded to
-  nearest (as a fused bf16 kernel stores it), the weight goes back stochastically rounded.
-  bitsandbytes keeps its own state dtypes (fp32 or 8-bit), which the swap never touches.
+  are swapped to fp32 copies for ``optimizer.step()``, one slice of a large parameter at a time (the
+  fp32 copies exist for one slice, never for a whole parameter); the weight and the bf16 state go back
+  stochastically rounded. Rounded to nearest, Adam's ``exp_avg_sq`` with beta2 = 0.999 would never
+  decay in bf16 (0.999 v rounds back to v). bitsandbytes keeps its own state dtypes (fp32 or 8-bit),
+  which the swap never touches.
 - ``torchao.optim``: its optimizers round stochastically themselves (``bf16_stochastic_round``, built
   in by ``optimizer_kwargs``), inside their compiled step. Its random bits come from the default
   generator, so for the step that generator is given this run's rounding stream and handed back.
@@ -23,12 +29,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import zlib
 from typing import Any, Dict, Iterator, Mapping, Optional
 
 import torch
 from torch.optim import Optimizer
 
 from torchtune._errors import ConfigError
+from torchtune.config._instantiate import COMPONENT_KEY
 from torchtune.training._bnb_step import step_without_sync, supports_step_without_sync
 
 log = logging.getLogger("torchtune")
@@ -44,7 +52,9 @@ __all__ = [
 KEY = "bf16_stochastic_rounding"
 # The optimizer families whose state handling is known (see the module docstring); any other
 # optimizer may keep state in a layout the fp32 swap would get wrong, so it is refused.
-_SUPPORTED = ("torch.optim.", "bitsandbytes.optim.", "torchao.optim.")
+# apollo_torch/galore_torch: plain torch ops on the weight (their low-rank state is not parameter-shaped, so the
+# fp32 swap leaves it in the gradient's dtype, fp32 for a rounded step).
+_SUPPORTED = ("torch.optim.", "bitsandbytes.optim.", "torchao.optim.", "apollo_torch.", "galore_torch.")
 # The rounding noise is drawn in chunks, so its buffer (4 bytes an element) stays small next to a
 # large parameter; the chunk size is part of the random stream, so it never changes.
 _CHUNK = 1 << 22
@@ -63,7 +73,7 @@ def check_stochastic_rounding(cfg: Any) -> None:
     value = cfg[KEY]
     if not isinstance(value, bool):
         raise ConfigError(f"{KEY} must be True or False, got {value!r}.")
-    component = str(cfg.optimizer.get("_component_", ""))
+    component = str(cfg.optimizer.get(COMPONENT_KEY, ""))
     own = cfg.optimizer.get("bf16_stochastic_round")
     if own is not None and bool(own) != value:
         raise ConfigError(
@@ -72,10 +82,15 @@ def check_stochastic_rounding(cfg: Any) -> None:
         )
     if not value:
         return
-    if not component.startswith(_SUPPORTED):
+    rest = cfg.optimizer.get("rest")  # a low-rank optimizer's optimizer for the other parameters
+    if rest is not None and hasattr(rest, "get") and not str(rest.get("_component_", "")).startswith(_SUPPORTED):
+        component = f"optimizer.rest._component_={rest.get('_component_')}"
+    else:
+        component = f"optimizer._component_={component}"
+    if not component.split("=", 1)[1].startswith(_SUPPORTED):
         raise ConfigError(
             f"{KEY}=True supports the optimizers of torch.optim, bitsandbytes.optim and torchao.optim, whose "
-            f"state layout it knows; optimizer._component_={component} is none of them. Set {KEY}=False, or "
+            f"state layout it knows; {component} is none of them. Set {KEY}=False, or "
             "use e.g. optimizer._component_=torch.optim.AdamW."
         )
 
@@ -122,35 +137,75 @@ class StochasticRounding:
     the recipe state: a resumed run draws the same bits the uninterrupted run would have drawn.
     """
 
-    def __init__(self, seed: int, device: torch.device) -> None:
+    def __init__(self, seed: int, device: torch.device, fused: Optional[bool] = None) -> None:
         self.device = torch.device(device)
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(int(seed) + _SEED_OFFSET)
+        # CUDA: one compiled kernel per slice (philox bits drawn inside it, see ``_fused_kernels``); the
+        # plain PyTorch path elsewhere. Under the memory estimator's fake tensors ``fused`` says which
+        # of the two the target device runs (the fused one allocates nothing but its result).
+        self.fused = self.device.type == "cuda" if fused is None else bool(fused)
+        self._seed = int(seed)
+        # one stream per optimizer-state key (``exp_avg``, ``exp_avg_sq``): the bits an element gets do
+        # not depend on how a parameter is sliced, as for the weights' own stream
+        self._state_generators: Dict[str, torch.Generator] = {}
 
-    def state_dict(self) -> Dict[str, torch.Tensor]:
-        return {"generator": self.generator.get_state()}
+    def _generator(self, stream: Optional[str]) -> torch.Generator:
+        if stream is None:
+            return self.generator
+        if stream not in self._state_generators:
+            generator = torch.Generator(device=self.device)
+            generator.manual_seed(self._seed + _SEED_OFFSET + 1 + zlib.crc32(stream.encode()))
+            self._state_generators[stream] = generator
+        return self._state_generators[stream]
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {
+            "generator": self.generator.get_state(),
+            "state_generators": {k: g.get_state() for k, g in self._state_generators.items()},
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.generator.set_state(state["generator"])
+        for key, value in (state.get("state_generators") or {}).items():
+            self._generator(key).set_state(value)
 
     @torch.no_grad()
-    def round_(self, dst: torch.Tensor, src: torch.Tensor, changes: Optional[WeightChangeTracker] = None) -> None:
+    def round_(
+        self,
+        dst: torch.Tensor,
+        src: torch.Tensor,
+        changes: Optional[WeightChangeTracker] = None,
+        stream: Optional[str] = None,
+    ) -> None:
         """Write fp32 ``src`` into bf16 ``dst``, each element rounded up or down to a bf16 neighbour with
         probability given by its distance: unbiased, ``E[dst] == src``. ``src`` is used as scratch.
+        ``stream``: the name of an optimizer-state key rounded with its own random stream (None: the
+        weights' stream).
 
         Adding 16 random bits below bf16's mantissa and truncating rounds away from zero with
         probability (the dropped bits) / 2^16: fp32 is sign and magnitude, so the integer view of the
         magnitude grows the same way for either sign, and a carry moves into the exponent as it should.
         """
+        counting = changes is not None and changes.armed
+        fusable = src.dtype == torch.float32 and dst.dtype == torch.bfloat16
+        if self.fused and fusable and src.is_contiguous() and dst.is_contiguous():
+            if _is_fake(src):
+                # what the kernel allocates (nothing but the count): the estimator counts the same
+                if counting:
+                    changes.add(torch.count_nonzero(src.to(dst.dtype) != dst), dst.numel())
+                dst.copy_(src)
+                return
+            if self._round_fused(dst.view(-1), src.view(-1), changes if counting else None, stream):
+                return
         bits = src.view(torch.int32)
         if bits.is_contiguous() and dst.is_contiguous():
             parts, olds = bits.view(-1).split(_CHUNK), dst.view(-1).split(_CHUNK)
         else:
             parts, olds = (bits,), (dst,)
-        counting = changes is not None and changes.armed
         for part, old in zip(parts, olds):
             noise = torch.randint(
-                0, 1 << 16, part.shape, dtype=torch.int32, device=part.device, generator=self.generator
+                0, 1 << 16, part.shape, dtype=torch.int32, device=part.device, generator=self._generator(stream)
             )
             part.add_(noise)  # finite values cannot overflow: the largest magnitude is 0x7F7FFFFF
             part.bitwise_and_(-65536)  # 0xFFFF0000: sign, exponent and bf16's 7 mantissa bits
@@ -159,26 +214,91 @@ class StochasticRounding:
                 changes.add(torch.count_nonzero(part.view(torch.float32) != old), part.numel())
         dst.copy_(src)  # exact: the dropped bits are zero
 
+    def _round_fused(
+        self, dst: torch.Tensor, src: torch.Tensor, changes: Optional[WeightChangeTracker], stream: Optional[str]
+    ) -> bool:
+        """``round_`` as one compiled kernel per call; False (nothing done) where it cannot compile."""
+        global _FUSED_BROKEN
+        if _FUSED_BROKEN is not None:
+            return False
+        try:
+            kernel = _fused_kernels()[changes is not None]
+            with self.as_default_generator(stream):
+                changed = kernel(src, dst)
+        except Exception as error:  # noqa: BLE001 - a compiler missing on this machine: fall back, say so once
+            _FUSED_BROKEN = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+            log.warning(
+                "%s: the fused (compiled) rounding kernel failed (%s); rounding with the plain PyTorch path, "
+                "which costs several extra passes over each parameter.",
+                KEY,
+                _FUSED_BROKEN,
+            )
+            return False
+        if changes is not None:
+            changes.add(changed, dst.numel())
+        return True
+
     @contextlib.contextmanager
-    def as_default_generator(self) -> Iterator[None]:
+    def as_default_generator(self, stream: Optional[str] = None) -> Iterator[None]:
         """Make the device's default generator draw this rounding stream (for optimizers that draw from it)."""
+        own = self._generator(stream)
         if self.device.type == "cuda":
             index = self.device.index if self.device.index is not None else torch.cuda.current_device()
             default = torch.cuda.default_generators[index]
         else:
             default = torch.default_generator
         saved = default.get_state()
-        default.set_state(self.generator.get_state())
+        default.set_state(own.get_state())
         try:
             yield
         finally:
-            self.generator.set_state(default.get_state())
+            own.set_state(default.get_state())
             default.set_state(saved)
 
     @staticmethod
     def optimizer_kwargs(component: str) -> Dict[str, Any]:
         """Constructor arguments that switch on an optimizer's own stochastic rounding (torchao's)."""
         return {"bf16_stochastic_round": True} if component.startswith("torchao.optim.") else {}
+
+
+# The fused rounding: the same arithmetic as ``StochasticRounding.round_``'s plain path (16 random
+# bits added below bf16's mantissa, then truncation), compiled into one kernel that reads the fp32
+# result once and writes the bf16 weight once. Its random bits are philox draws made inside the kernel
+# (Inductor's random lowering, seeded from the default generator, which ``as_default_generator`` points
+# at the run's own stream), so no noise tensor and no fp32 scratch exist and the stream is still
+# saved and restored with the generator. Compiled once per process, with dynamic sizes (one kernel for
+# every slice length). A different stream from the plain path's: unbiased either way (tests).
+_FUSED: Optional[tuple] = None
+_FUSED_BROKEN: Optional[str] = None
+
+
+def _sr_bits(src: torch.Tensor) -> torch.Tensor:
+    noise = torch.randint(0, 1 << 16, src.shape, dtype=torch.int32, device=src.device)
+    return ((src.view(torch.int32) + noise) & -65536).view(torch.float32).to(torch.bfloat16)
+
+
+def _sr_write(src: torch.Tensor, dst: torch.Tensor) -> None:
+    dst.copy_(_sr_bits(src))
+
+
+def _sr_write_count(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
+    new = _sr_bits(src)
+    changed = (new != dst).sum()
+    dst.copy_(new)
+    return changed
+
+
+def _fused_kernels() -> tuple:
+    global _FUSED
+    if _FUSED is None:
+        _FUSED = tuple(torch.compile(fn, dynamic=True, fullgraph=True) for fn in (_sr_write, _sr_write_count))
+    return _FUSED
+
+
+def _is_fake(t: torch.Tensor) -> bool:
+    from torch._subclasses.fake_tensor import is_fake
+
+    return is_fake(t)
 
 
 def build_stochastic_rounding(
@@ -216,10 +336,14 @@ def _param_shaped_low(value: Any, param: torch.Tensor, dtype: torch.dtype) -> bo
 
 
 @contextlib.contextmanager
-def _stepped_in_fp32(optimizer: Optimizer, param: torch.nn.Parameter) -> Iterator[torch.Tensor]:
+def _stepped_in_fp32(
+    optimizer: Optimizer, param: torch.nn.Parameter, rounding: StochasticRounding
+) -> Iterator[torch.Tensor]:
     """For one ``optimizer.step()``: ``param``, its gradient and its bf16 state as fp32 copies; yields
     the fp32 weight. Afterwards the parameter holds its bf16 storage again (the caller rounds into it),
-    and state tensors in the parameter's dtype are back in that dtype, rounded to nearest."""
+    and state tensors in the parameter's dtype are back in that dtype, rounded stochastically (each key
+    its own stream): rounded to nearest, Adam's ``exp_avg_sq`` with beta2 = 0.999 would never decay
+    (0.999 v rounds back to v in bf16)."""
     w16, low = param.data, param.dtype
     state = optimizer.state[param]
     fresh = len(state) == 0
@@ -240,13 +364,14 @@ def _stepped_in_fp32(optimizer: Optimizer, param: torch.nn.Parameter) -> Iterato
         param.grad = None
         param.data = w16
         for key, value in swapped.items():
-            value.copy_(state[key])
+            rounding.round_(value, state[key], stream=key)
             state[key] = value
         if fresh and _family(optimizer) == "torch":
             # torch.optim makes its state like the parameter (zeros_like): in bf16, as a bf16 run has it.
             for key, value in list(state.items()):
                 if _param_shaped_low(value, param, torch.float32):
-                    state[key] = value.to(low)
+                    state[key] = torch.empty_like(value, dtype=low)
+                    rounding.round_(state[key], value, stream=key)
 
 
 # torch.optim optimizers whose update of an element reads only that element (of the weight, the
@@ -265,8 +390,9 @@ def _step_in_fp32_slices(
     changes: Optional[WeightChangeTracker],
 ) -> None:
     """One ``optimizer.step()`` of ``param`` run slice by slice: each slice of the weight, gradient and
-    bf16 state becomes an fp32 stand-in parameter for the step; the weight slice is written back
-    stochastically rounded, the state slices rounded to nearest (a bf16 run's state dtype)."""
+    bf16 state becomes an fp32 stand-in parameter for the step; the weight slice and the bf16 state
+    slices are written back stochastically rounded (the state in a bf16 run's dtype, and still decaying:
+    see ``_stepped_in_fp32``)."""
     low, n = param.dtype, param.numel()
     group = next(g for g in optimizer.param_groups if any(q is param for q in g["params"]))
     index = next(i for i, q in enumerate(group["params"]) if q is param)
@@ -308,7 +434,11 @@ def _step_in_fp32_slices(
                     if key not in saved:  # the first step made it: as a bf16 run has it, like the parameter
                         dtype = low if value.is_floating_point() else value.dtype
                         saved[key] = torch.empty(param.shape, dtype=dtype, device=param.device)
-                    saved[key].view(-1)[start:end].copy_(value)
+                    target = saved[key].view(-1)[start:end]
+                    if target.dtype == low and value.dtype == torch.float32:
+                        rounding.round_(target, value.reshape(-1), stream=key)
+                    else:
+                        target.copy_(value)
                 elif end == n:
                     saved[key] = value
             del part, part_state
@@ -424,7 +554,7 @@ def step_parameter(
         return
     step = step_without_sync if in_backward and supports_step_without_sync(optimizer) else _own_step
     if sr and _family(optimizer) != "torchao":
-        with _stepped_in_fp32(optimizer, param) as w32:
+        with _stepped_in_fp32(optimizer, param, rounding) as w32:
             step(optimizer)
         rounding.round_(param.data, w32, changes)
         return  # the swap freed the gradient

@@ -9,6 +9,7 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 
 from torchtune import config
+from torchtune.config._types import checked_by, whole_number
 
 __all__ = ["build_lr_scheduler", "get_cosine_schedule_with_warmup"]
 
@@ -37,6 +38,14 @@ def build_lr_scheduler(
     return scheduler
 
 
+def _check_cosine_args(key: str, fields: Mapping[str, Any]) -> None:
+    whole_number(f"{key}.num_warmup_steps", fields.get("num_warmup_steps", 0), minimum=0)
+    cycles = fields.get("num_cycles")
+    if cycles is not None and cycles <= 0:
+        raise config.ConfigError(f"{key}.num_cycles must be a positive number (0.5 decays once), got {cycles!r}.")
+
+
+@checked_by(_check_cosine_args)
 def get_cosine_schedule_with_warmup(
     optimizer: Optimizer,
     num_warmup_steps: int,
@@ -44,7 +53,12 @@ def get_cosine_schedule_with_warmup(
     num_cycles: float = 0.5,
     last_epoch: int = -1,
 ) -> LambdaLR:
-    """Linear warm-up from 0 to the optimizer's LR, then a cosine decay to 0.
+    """Linear warm-up to the optimizer's LR, then a cosine decay to 0.
+
+    The warm-up's steps train at ``1/(W+1), 2/(W+1), ..., W/(W+1)`` of the LR (``W = num_warmup_steps``)
+    and step ``W`` at the full LR: it starts above zero, because a step at LR 0 costs a full step and
+    changes nothing (``weights_changed`` would read 0 at step 1). Transformers' and torchtune's schedule
+    of the same name start at 0; ours is theirs shifted by one step, on ``W+1`` steps of warm-up.
 
     Args:
         optimizer: the optimizer to schedule (with optimizer in backward, the
@@ -59,7 +73,7 @@ def get_cosine_schedule_with_warmup(
 
     def lr_lambda(step: int) -> float:
         if step < num_warmup_steps:
-            return step / max(1, num_warmup_steps)
+            return (step + 1) / (num_warmup_steps + 1)
         progress = (step - num_warmup_steps) / max(1, num_training_steps - num_warmup_steps)
         progress = min(progress, 1.0)
         return max(0.0, 0.5 * (1.0 + math.cos(math.pi * num_cycles * 2.0 * progress)))

@@ -8,7 +8,7 @@ from torchtune.utils._checkpointing._checkpoint_utils import (
     load_optimizer_state_dict,
 )
 from torchtune.utils._device import dtype_name, get_device, get_dtype, parse_device, set_default_dtype
-from torchtune.utils._seed import get_rng_state, set_rng_state, set_seed
+from torchtune.utils._seed import draw_seed, get_rng_state, set_rng_state, set_seed
 
 __all__ = [
     "FullModelHFCheckpointer",
@@ -25,4 +25,5 @@ __all__ = [
     "load_optimizer_state_dict",
     "set_rng_state",
     "set_seed",
+    "draw_seed",
 ]

@@ -8,10 +8,15 @@ from typing import Any, Dict, Optional
 import torch
 
 
+def draw_seed() -> int:
+    """A fresh seed from the operating system's entropy (not from the seeded generators)."""
+    return random.SystemRandom().randint(0, 2**31 - 1)
+
+
 def set_seed(seed: Optional[int] = None) -> int:
     """Seed python and torch (all devices); a ``None`` seed draws one and returns it."""
     if seed is None:
-        seed = random.SystemRandom().randint(0, 2**31 - 1)
+        seed = draw_seed()
     random.seed(seed)
     torch.manual_seed(seed)  # also seeds every CUDA device
     return seed

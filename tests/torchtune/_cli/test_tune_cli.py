@@ -184,28 +184,29 @@ def test_help(files, command):
     assert result.returncode == 0 and result.stdout.startswith("usage: tune")
 
 
+def ls_pairs(stdout: str) -> list:
+    """(recipe, config) of each row `tune ls` prints (a blank recipe cell continues the row above)."""
+    pairs, recipe = [], None
+    for line in stdout.splitlines()[1:]:
+        cells = line.split()
+        if len(cells) == 2:
+            recipe = cells[0]
+        pairs.append((recipe, cells[-1]))
+    return pairs
+
+
 def test_ls_lists_recipes_and_configs(files):
     result = tune("ls", cwd=files)
     assert result.returncode == 0
     lines = result.stdout.splitlines()
     assert lines[0].split() == ["RECIPE", "CONFIG"]
-    assert lines[1].split() == ["full_finetune_single_device", "llama2/7B_full_low_memory"]
-    assert lines[2].split() == ["llama2/7B_full"] and lines[3].split() == ["llama2/tiny_full"]
-    assert [line.split() for line in lines[4:7]] == [
-        ["llama3_2/1B_full_single_device"],
-        ["llama3_2/3B_full_single_device"],
-        ["llama3_1/8B_full_low_memory"],
-    ]
-    assert lines[7].split() == ["full_finetune_distributed", "llama2/tiny_full_distributed"]
-    assert [line.split() for line in lines[8:12]] == [
-        ["llama2/7B_full_distributed"],
-        ["llama2/13B_full_distributed"],
-        ["llama2/70B_full_distributed"],
-        ["llama3_1/8B_full_distributed"],
-    ]
-    assert lines[12].split() == ["generate", "generate"]
-    assert lines[13].split() == ["eleuther_eval", "llama2/7B_eval"]
-    assert [line.split() for line in lines[14:16]] == [["llama2/tiny_eval"], ["llama3_2/1B_eval"]]
+    assert lines[1].split() == ["full_finetune_single_device", "llama2/7B_full_low_memory"]  # the flagship first
+    pairs = ls_pairs(result.stdout)
+    assert pairs == [(r.name, c.name) for r in registry.get_all_recipes() for c in r.configs]
+    # every YAML file shipped under recipes/configs is a config `tune ls` names, and the other way round
+    configs_dir = registry.builtin_recipes_dir() / "configs"
+    on_disk = sorted(p.relative_to(configs_dir).with_suffix("").as_posix() for p in configs_dir.rglob("*.yaml"))
+    assert sorted(config for _, config in pairs) == on_disk
 
 
 def _a_builtin_config():
@@ -216,18 +217,20 @@ def test_cp_copies_a_config_and_respects_no_clobber(files):
     cfg = _a_builtin_config()
     if cfg is None:
         pytest.skip("no built-in config file is written yet")
+    recipe = registry.recipe_for_config(cfg.name)
+    copied = registry.recipe_header(recipe, cfg) + cfg.path.read_text()  # the copy names its recipe first
     result = tune("cp", cfg.name, "copy", cwd=files)
     assert result.returncode == 0, result.stderr
-    assert (files / "copy.yaml").read_text() == cfg.path.read_text()
+    assert (files / "copy.yaml").read_text() == copied
     (files / "sub").mkdir()
     assert tune("cp", cfg.name, "sub", cwd=files).returncode == 0
-    assert (files / "sub" / cfg.path.name).read_text() == cfg.path.read_text()
+    assert (files / "sub" / cfg.path.name).read_text() == copied
     (files / "copy.yaml").write_text("mine: 1\n")
     result = tune("cp", cfg.name, "copy.yaml", "--no-clobber", cwd=files)
     assert result.returncode == 0 and "Not overwriting" in result.stdout
     assert (files / "copy.yaml").read_text() == "mine: 1\n"
     assert tune("cp", cfg.name, "copy.yaml", cwd=files).returncode == 0
-    assert (files / "copy.yaml").read_text() == cfg.path.read_text()
+    assert (files / "copy.yaml").read_text() == copied
 
 
 def test_cp_bad_names(files):

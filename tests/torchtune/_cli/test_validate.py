@@ -186,3 +186,44 @@ def test_source_signature_is_confirmed_by_importing(tmp_path):
     (tmp_path / "c.yaml").write_text("thing:\n  _component_: tt_src_thing.Thing\n  a: 1\n  extr: 2\n")
     result = run_tune(["validate", "c.yaml"], cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)})
     assert result.returncode == 2 and "'extr' (did you mean 'extra'?)" in _flat(result.stderr)
+
+
+def test_copied_config_names_its_recipe(tmp_path):
+    """`tune cp` writes the recipe into the copy's first line: validate checks a typo without --recipe, and
+    `tune run` with another built-in recipe says which one the copy is for."""
+    assert run_tune(["cp", "llama2/tiny_full", str(tmp_path / "my.yaml")]).returncode == 0
+    copy = tmp_path / "my.yaml"
+    assert copy.read_text().startswith("# tune-recipe: full_finetune_single_device ")
+    assert registry.recipe_for_config(str(copy)).name == "full_finetune_single_device"
+    copy.write_text(copy.read_text().replace("batch_size:", "batch_sizee:"))
+    result = run_tune(["validate", str(copy)], cwd=tmp_path)
+    assert result.returncode == 2
+    assert "unknown key 'batch_sizee' (did you mean batch_size?)" in _flat(result.stderr)
+    result = run_tune(["run", "generate", "--config", str(copy)], cwd=tmp_path)
+    assert result.returncode == 2 and "was copied for the full_finetune_single_device recipe" in _flat(result.stderr)
+
+
+def test_validate_does_no_work_beyond_the_checks():
+    """`tune validate` on the tiny config imports nothing heavy beyond torch itself: no FSDP/DTensor or
+    distributed checkpointing (a second of CPU, for a single-device recipe), no lm-eval, datasets,
+    transformers, optimizer packages or compiler. Measured on work done (modules imported), not on time."""
+    heavy = [
+        "torch.distributed.fsdp",
+        "torch.distributed.tensor",
+        "torch.distributed.checkpoint",
+        "torch._dynamo",
+        "lm_eval",
+        "datasets",
+        "transformers",
+        "bitsandbytes",
+        "torchao",
+    ]
+    code = (
+        "import json, sys\n"
+        "from torchtune._cli.tune import main\n"
+        "rc = main(['validate', 'llama2/tiny_full'])\n"
+        f"print(json.dumps({{'rc': rc, 'imported': [m for m in {heavy!r} if m in sys.modules]}}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report == {"rc": 0, "imported": []}, report

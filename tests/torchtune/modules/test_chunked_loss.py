@@ -4,6 +4,7 @@ import pytest
 import torch
 from torch import nn
 
+from torchtune._errors import ConfigError
 from torchtune.modules import _chunked_loss
 from torchtune.modules._chunked_loss import chunk_count
 from torchtune.modules.loss import ChunkedCrossEntropyLoss, CrossEntropyLoss
@@ -67,9 +68,9 @@ def test_bf16_close_to_plain():
 
 
 def test_rejects_zero_chunks():
-    with pytest.raises(ValueError, match="num_output_chunks"):
+    with pytest.raises(ConfigError, match="loss.num_output_chunks"):
         ChunkedCrossEntropyLoss(0)
-    with pytest.raises(ValueError, match="min_chunk_rows"):
+    with pytest.raises(ConfigError, match="loss.min_chunk_rows"):
         ChunkedCrossEntropyLoss(8, min_chunk_rows=0)
 
 

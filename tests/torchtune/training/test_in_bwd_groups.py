@@ -194,3 +194,30 @@ def test_the_memory_estimate_counts_one_layers_gradients():
     assert per_param.breakdown["gradients"] < layer_grad_bytes // 2
     assert per_param.peak_bytes < per_layer.peak_bytes <= per_param.peak_bytes + layer_grad_bytes
     assert any("optimizer_in_bwd_group=layer" in note for note in per_layer.notes)
+
+
+def test_a_leftover_layer_step_is_rounded_and_counted_as_the_hooks_steps_are():
+    """bf16 weights: the step OptimInBackwardWrapper.step() takes after backward is stochastically rounded
+    (an SGD update of a fifth of a bf16 step moves weights; rounded to nearest it would move none) and
+    counted in weight_changes, as a step inside backward is."""
+    torch.manual_seed(0)
+    model = _TwoLayers().to(torch.bfloat16)
+    with torch.no_grad():
+        model.layers[1].weight.fill_(1.5)  # bf16 step 2^-7 here; the update is 0.2 of it
+    rounding = training.StochasticRounding(seed=0, device=torch.device("cpu"))
+    changes = training.WeightChangeTracker()
+    opt = training.build_optimizer(
+        OmegaConf.create({"_component_": "torch.optim.SGD", "lr": 0.2 * 2**-7}),
+        model,
+        optimizer_in_bwd=True,
+        in_bwd_group="layer",
+        rounding=rounding,
+        weight_changes=changes,
+    )
+    changes.arm(torch.device("cpu"))
+    model(torch.randn(2, 4, dtype=torch.bfloat16)).sum().backward()
+    model.layers[1].weight.grad = torch.ones_like(model.layers[1].weight)  # a known update of 0.2 ulp
+    training.step_optimizer(opt, model.parameters())
+    moved = (model.layers[1].weight != 1.5).float().mean().item()
+    assert 0 < moved < 0.6  # about a fifth of the 16 elements moved one bf16 step (to nearest: none)
+    assert changes.pop() > 0

@@ -1,5 +1,7 @@
 """Stochastic rounding of bf16 updates: unbiased, seeded, and the same for every optimizer family."""
 
+import contextlib
+
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -265,3 +267,103 @@ def test_bitsandbytes_steps_in_slices_with_the_same_result(monkeypatch, componen
     for key, value in whole_state.items():
         if torch.is_tensor(value):
             assert torch.equal(sliced_state[key], value) and sliced_state[key].dtype == value.dtype, key
+
+
+def test_fused_rounding_is_unbiased_resumes_exactly_and_counts():
+    """The fused path (CUDA's; compiled here by Inductor for the CPU): a million draws land on the two bf16
+    neighbours with the right odds, its stream is the saved generator's (a resume draws the same bits),
+    the global generator is untouched, and the count of changed weights is exact."""
+    import torchtune.training._stochastic_rounding as sr
+
+    ulp = 2.0**-7
+    fractions = torch.arange(8, dtype=torch.float32) / 8
+    src = (1.0 + fractions * ulp).repeat_interleave(125_000)  # 1,000,000 draws
+    rounding = StochasticRounding(seed=0, device=torch.device("cpu"), fused=True)
+    dst = torch.empty_like(src, dtype=torch.bfloat16)
+    global_before = torch.get_rng_state()
+    rounding.round_(dst, src.clone())
+    assert sr._FUSED_BROKEN is None, sr._FUSED_BROKEN  # the compiled kernel ran
+    assert torch.equal(torch.get_rng_state(), global_before)
+    assert set(dst.float().unique().tolist()) <= {1.0, 1.0 + ulp}
+    share_up = ((dst.float() - 1.0) / ulp).view(8, -1).mean(dim=1)
+    # binomial standard error at p = 1/2 over 125,000 draws: 0.0014; 4 of them
+    torch.testing.assert_close(share_up, fractions, atol=0.0057, rtol=0)
+    neg = torch.empty_like(dst)
+    rounding.round_(neg, -src.clone())
+    share_down = ((-neg.float() - 1.0) / ulp).view(8, -1).mean(dim=1)
+    torch.testing.assert_close(share_down, fractions, atol=0.0057, rtol=0)
+
+    saved = rounding.state_dict()
+    first, again = dst.clone(), dst.clone()
+    changes = WeightChangeTracker()
+    changes.arm(torch.device("cpu"))
+    rounding.round_(first, src.clone(), changes)
+    resumed = StochasticRounding(seed=0, device=torch.device("cpu"), fused=True)
+    resumed.load_state_dict(saved)
+    resumed.round_(again, src.clone())
+    assert torch.equal(first, again)  # the resumed stream draws the same bits
+    assert changes.pop() == (first != dst).sum().item() / dst.numel()
+
+
+@pytest.mark.parametrize("component", ["torch.optim.AdamW", "bitsandbytes.optim.PagedAdamW"])
+def test_rounding_allocates_no_fp32_copy_of_a_whole_parameter(monkeypatch, component):
+    """A rounded step of a large parameter makes fp32 copies (weight, gradient, moments, noise) of one
+    slice at a time: no 4-byte tensor larger than a slice is ever allocated."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    import torchtune.training._stochastic_rounding as sr
+
+    slice_ = 4096
+    monkeypatch.setattr(sr, "_SLICE", slice_)
+    sizes = []
+
+    class Allocations(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            inputs = {
+                a.untyped_storage().data_ptr()
+                for a in torch.utils._pytree.tree_leaves((args, kwargs))
+                if isinstance(a, torch.Tensor)
+            }
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                # a new 4-byte storage (not a view or an in-place result of an input)
+                if (
+                    isinstance(t, torch.Tensor)
+                    and t.element_size() == 4
+                    and t.untyped_storage().data_ptr() not in inputs
+                ):
+                    sizes.append(t.numel())
+            return out
+
+    param = torch.nn.Parameter((torch.rand(64, 1024) + 1).bfloat16())  # 16 slices
+    opt = _cls(component)([param], lr=1e-3)
+    rounding = StochasticRounding(seed=0, device=torch.device("cpu"))
+    for step in range(2):  # the first step makes the optimizer's state; the second is measured
+        param.grad = torch.randn(64, 1024).bfloat16()
+        with Allocations() if step == 1 else contextlib.nullcontext():
+            step_parameter(opt, param, rounding=rounding, in_backward=True)
+    assert sizes and max(sizes) <= slice_, max(sizes)
+    assert param.dtype == torch.bfloat16
+
+
+def test_adamw_on_bf16_weights_decays_exp_avg_sq_as_fp32_does():
+    """beta2 = 0.999: each step multiplies exp_avg_sq by 0.999, which bf16 rounds back to the old value
+    (half a bf16 step is 2^-9 = 0.2% of it). With the moments stochastically rounded they decay as an fp32
+    run's: after 1,000 steps (200 of large gradients, 800 of 100x smaller ones) the mean exp_avg_sq is within
+    2% of fp32's; rounded to nearest it is stuck more than 2x above it."""
+
+    def run(dtype, rounding):
+        torch.manual_seed(0)
+        param = torch.nn.Parameter((torch.rand(4096) + 1).to(dtype))
+        opt = torch.optim.AdamW([param], lr=1e-5, betas=(0.9, 0.999), weight_decay=0.0)
+        for i in range(1000):
+            scale = 1.0 if i < 200 else 0.01
+            param.grad = (scale * torch.randn(4096)).to(dtype)
+            step_parameter(opt, param, rounding=rounding)
+        return opt.state[param]["exp_avg_sq"].float().mean().item()
+
+    fp32 = run(torch.float32, None)
+    sr = run(torch.bfloat16, StochasticRounding(seed=0, device=torch.device("cpu")))
+    nearest = run(torch.bfloat16, None)
+    assert sr == pytest.approx(fp32, rel=0.02), (sr, fp32)
+    assert nearest > 2 * fp32, (nearest, fp32)

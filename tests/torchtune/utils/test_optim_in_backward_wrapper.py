@@ -101,7 +101,7 @@ def test_lr_scheduler_sets_lr_on_every_inner_optimizer():
     wrapper = _wrapper(model, lr=1.0)
     assert isinstance(wrapper, torch.optim.Optimizer)
     scheduler = get_cosine_schedule_with_warmup(wrapper, num_warmup_steps=2, num_training_steps=6)
-    expected = [0.0, 0.5, 1.0, 0.8535533905932737, 0.5, 0.14644660940672627, 0.0]
+    expected = [1 / 3, 2 / 3, 1.0, 0.8535533905932737, 0.5, 0.14644660940672627, 0.0]  # warm-up starts above 0
     seen = []
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # e.g. torch's "lr_scheduler.step() before optimizer.step()"
@@ -172,6 +172,6 @@ def test_lr_scheduler_still_applies_after_loading_state():
     wrapper.load_state_dict(_saved_and_loaded(saved.state_dict()))
     assert wrapper.param_groups is groups  # the same list, now holding the new dicts
     scheduler = get_cosine_schedule_with_warmup(wrapper, 4, 8)
-    for expected in (0.0, 0.25, 0.5):
+    for expected in (0.2, 0.4, 0.6):
         assert {o.param_groups[0]["lr"] for o in wrapper.optim_map.values()} == {expected}
         _advance(wrapper, scheduler)

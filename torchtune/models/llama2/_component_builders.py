@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Mapping, Optional
 
 from torch import nn
 
+from torchtune._errors import ConfigError
+from torchtune.config._types import checked_by, whole_number
 from torchtune.modules import (
     FeedForward,
     MultiHeadAttention,
@@ -23,6 +25,36 @@ def scale_hidden_dim_for_mlp(dim: int, multiple_of: int = 256) -> int:
     return multiple_of * ((hidden_dim + multiple_of - 1) // multiple_of)
 
 
+def check_llama_args(key: str, fields: Mapping[str, Any]) -> None:
+    """The value checks of the Llama builders' arguments, run by ``config.validate`` before anything is
+    built: sizes are whole numbers >= 1, the heads split the width evenly into even head sizes (RoPE
+    rotates pairs of features), and the key/value heads divide the query heads."""
+    for name in ("vocab_size", "num_layers", "num_heads", "num_kv_heads", "embed_dim", "max_seq_len"):
+        if name in fields:
+            whole_number(f"{key}.{name}", fields[name])
+    whole_number(f"{key}.intermediate_dim", fields.get("intermediate_dim"), allow_none=True)
+    heads, kv_heads, dim = fields.get("num_heads"), fields.get("num_kv_heads"), fields.get("embed_dim")
+    if heads and dim and (dim % heads or (dim // heads) % 2):
+        raise ConfigError(
+            f"{key}.embed_dim={dim} does not split into {key}.num_heads={heads} heads of an even size (each head "
+            f"gets embed_dim / num_heads features, rotated in pairs by RoPE). Set {key}.embed_dim to a multiple of "
+            f"2 x {key}.num_heads, or use the builder of the model whose weights you load."
+        )
+    if heads and kv_heads and heads % kv_heads:
+        raise ConfigError(
+            f"{key}.num_kv_heads={kv_heads} does not divide {key}.num_heads={heads}: each key/value head serves "
+            f"the same number of query heads. Set {key}.num_kv_heads to a divisor of {heads}."
+        )
+    for name in ("norm_eps", "rope_base", "scale_factor"):
+        value = fields.get(name)
+        if value is not None and value <= 0:
+            raise ConfigError(f"{key}.{name} must be a positive number, got {value!r}.")
+    dropout = fields.get("attn_dropout")
+    if dropout is not None and not 0 <= dropout < 1:
+        raise ConfigError(f"{key}.attn_dropout must be in [0, 1), got {dropout!r}. Set {key}.attn_dropout=0.0.")
+
+
+@checked_by(check_llama_args)
 def llama2(
     vocab_size: int,
     num_layers: int,
@@ -84,13 +116,28 @@ def llama_decoder(
     norm_eps: float,
     rope: nn.Module,
     tie_word_embeddings: bool,
+    head_dim: Optional[int] = None,
+    qkv_bias: bool = False,
+    output_bias: bool = False,
+    qk_norm: bool = False,
+    sliding_window: Optional[int] = None,
 ) -> TransformerDecoder:
-    """The Llama decoder every family builder shares: pre-norm layers of grouped-query attention and a
-    SwiGLU feed-forward, RMSNorm, no biases. Llama2 and Llama 3.x differ only in the ``rope`` module
-    given here, the sizes, and whether the output projection is tied to the embedding."""
-    if embed_dim % num_heads:
-        raise ValueError(f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})")
-    head_dim = embed_dim // num_heads
+    """The Llama-shaped decoder every family builder shares: pre-norm layers of grouped-query attention
+    and a SwiGLU feed-forward, RMSNorm. Llama2 and Llama 3.x differ only in the ``rope`` module given
+    here, the sizes, and whether the output projection is tied to the embedding. The other families
+    switch on what transformers' modelling files add to that shape:
+
+    - ``head_dim``: channels per head when it is not ``embed_dim // num_heads`` (Qwen3: 1024 wide, 16
+      heads of 128); default ``embed_dim // num_heads``.
+    - ``qkv_bias`` / ``output_bias``: biases on the q/k/v and the output projections (Qwen2.5: q/k/v;
+      Qwen3's ``attention_bias``: all four).
+    - ``qk_norm``: Qwen3's per-head RMSNorm of queries and keys before RoPE.
+    - ``sliding_window``: Mistral v0.1's attention window (see ``MultiHeadAttention``).
+    """
+    if head_dim is None:
+        if embed_dim % num_heads:
+            raise ValueError(f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})")
+        head_dim = embed_dim // num_heads
     layers = nn.ModuleList()
     for _ in range(num_layers):
         attn = MultiHeadAttention(
@@ -98,14 +145,17 @@ def llama_decoder(
             num_heads=num_heads,
             num_kv_heads=num_kv_heads,
             head_dim=head_dim,
-            q_proj=nn.Linear(embed_dim, num_heads * head_dim, bias=False),
-            k_proj=nn.Linear(embed_dim, num_kv_heads * head_dim, bias=False),
-            v_proj=nn.Linear(embed_dim, num_kv_heads * head_dim, bias=False),
-            output_proj=nn.Linear(num_heads * head_dim, embed_dim, bias=False),
+            q_proj=nn.Linear(embed_dim, num_heads * head_dim, bias=qkv_bias),
+            k_proj=nn.Linear(embed_dim, num_kv_heads * head_dim, bias=qkv_bias),
+            v_proj=nn.Linear(embed_dim, num_kv_heads * head_dim, bias=qkv_bias),
+            output_proj=nn.Linear(num_heads * head_dim, embed_dim, bias=output_bias),
             # One RoPE module shared by every layer: its cache is identical, so keep one copy.
             pos_embeddings=rope,
             max_seq_len=max_seq_len,
             attn_dropout=attn_dropout,
+            q_norm=RMSNorm(head_dim, eps=norm_eps) if qk_norm else None,
+            k_norm=RMSNorm(head_dim, eps=norm_eps) if qk_norm else None,
+            sliding_window=sliding_window,
         )
         mlp = FeedForward(
             w1=nn.Linear(embed_dim, intermediate_dim, bias=False),

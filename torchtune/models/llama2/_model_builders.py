@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from torchtune.config._types import checked_by
 from torchtune.models.llama2._component_builders import llama2
 from torchtune.modules import TransformerDecoder
+from torchtune.modules.tokenizers._checks import check_tokenizer_args
 
 
 def llama2_7b(**overrides: Any) -> TransformerDecoder:
@@ -90,6 +92,7 @@ def llama2_tiny(
     )
 
 
+@checked_by(check_tokenizer_args)
 def llama2_tokenizer(path: str, max_seq_len: Optional[int] = None):
     """Llama2's SentencePiece tokenizer from ``path`` (the ``tokenizer.model`` file).
 

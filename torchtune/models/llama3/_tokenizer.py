@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Any, List, Mapping, Optional, Sequence, Tuple, Union
 
 from torchtune._errors import TuneError
+from torchtune.config._types import checked_by
+from torchtune.modules.tokenizers._checks import check_tokenizer_args
 from torchtune.modules.tokenizers._format import (
     DESCRIPTIONS,
     HF_TOKENIZER_JSON,
@@ -201,6 +203,7 @@ class Llama3Tokenizer:
         return f"Llama3Tokenizer(path='{self.path}', vocab_size={self.vocab_size})"
 
 
+@checked_by(check_tokenizer_args)
 def llama3_tokenizer(path: str, max_seq_len: Optional[int] = None) -> Llama3Tokenizer:
     """Llama 3.x's tokenizer from ``path``: ``original/tokenizer.model`` or ``tokenizer.json``.
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Optional
 
-from torchtune.models.llama2._component_builders import llama_decoder, scale_hidden_dim_for_mlp
+from torchtune.config._types import checked_by
+from torchtune.models.llama2._component_builders import check_llama_args, llama_decoder, scale_hidden_dim_for_mlp
 from torchtune.modules import Llama3ScaledRoPE, TransformerDecoder
 
 
+@checked_by(check_llama_args)
 def llama3_1(
     vocab_size: int,
     num_layers: int,

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from typing import Optional
 
+from torchtune.config._types import checked_by
+from torchtune.models.llama2._component_builders import check_llama_args
 from torchtune.models.llama3_1._component_builders import llama3_1
 from torchtune.modules import TransformerDecoder
 
 
+@checked_by(check_llama_args)
 def llama3_2(
     vocab_size: int,
     num_layers: int,

@@ -47,12 +47,21 @@ class OptimInBackwardWrapper(Optimizer):
     Args:
         optim_map: the optimizer of every trainable parameter, keyed by the parameter's name in
             ``model.named_parameters()``; names stepped together share one optimizer object.
+        step_group: steps what backward left of a layer's optimizer, ``step_group(optimizer, params)``
+            (the parameters holding gradients), freeing their gradients; the hooks' own step, so a
+            leftover step is rounded (bf16 stochastic rounding) and counted as theirs are. Default:
+            ``optimizer.step()``, then the gradients set to None.
     """
 
-    def __init__(self, optim_map: Mapping[str, Optimizer]) -> None:
+    def __init__(
+        self,
+        optim_map: Mapping[str, Optimizer],
+        step_group: Optional[Callable[[Optimizer, List[torch.Tensor]], None]] = None,
+    ) -> None:
         if not optim_map:
             raise ValueError("OptimInBackwardWrapper needs at least one parameter's optimizer")
         self.optim_map: Dict[str, Optimizer] = dict(optim_map)
+        self._step_group = step_group
         # each inner optimizer once, with the names of its parameters in its own order
         self._members: Dict[int, Tuple[Optimizer, List[str]]] = {}
         for name, opt in self.optim_map.items():
@@ -78,7 +87,10 @@ class OptimInBackwardWrapper(Optimizer):
                 continue
             params = [p for group in opt.param_groups for p in group["params"]]
             if any(p.grad is not None for p in params):
-                opt.step()
+                if self._step_group is not None:
+                    self._step_group(opt, [p for p in params if p.grad is not None])
+                else:
+                    opt.step()
                 for p in params:
                     p.grad = None
         return None

@@ -61,6 +61,11 @@ class HFModelConfig:
             config = json.loads(path.read_text())
         except ValueError as exc:
             raise TuneError(f"{path} is not valid JSON ({exc}); use the config.json of the weights.") from exc
+        return cls.from_dict(config, path)
+
+    @classmethod
+    def from_dict(cls, config: Dict[str, Any], path: Path) -> "HFModelConfig":
+        """Parse a ``config.json`` already read from ``path``."""
         try:
             num_heads = int(config["num_attention_heads"])
             dim = int(config["hidden_size"])

@@ -159,7 +159,18 @@ def _previous_hint(folder: Path) -> str:
         )
     if previous is not None:
         return f"Fall back to the previous checkpoint {previous}: set checkpointer.checkpoint_dir={previous}."
-    return "Resume from an earlier checkpoint folder (set checkpointer.checkpoint_dir) or from the original weights."
+    if _CHECKPOINT_FOLDER.match(folder.name):
+        # a run's own step_N / epoch_N with nothing saved before it: the resume key is the one to change
+        return (
+            f"No earlier checkpoint of this run is in {folder.parent} to fall back to. Point "
+            f"checkpointer.recipe_checkpoint at the {RECIPE_STATE_NAME} of another intact step_N folder, or "
+            "start the run anew from the original weights (resume_from_checkpoint=False, "
+            "checkpointer.recipe_checkpoint=null)."
+        )
+    return (
+        "Load an intact copy of these weights (checkpointer.checkpoint_dir), or resume from an earlier "
+        f"checkpoint (checkpointer.recipe_checkpoint=.../step_N/{RECIPE_STATE_NAME})."
+    )
 
 
 # How a load checks the checksums of a checkpoint written by this library (sizes are always

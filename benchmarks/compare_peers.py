@@ -1,0 +1,370 @@
+"""Our recipe against the peers a user would pick instead, over one whole epoch, side by side in one run.
+
+    python3 -m venv /tmp/tt061 && /tmp/tt061/bin/pip install torch==2.13.0 torchtune==0.6.1 torchao==0.11.0
+    python3 -m venv /tmp/trlenv && /tmp/trlenv/bin/pip install torch==2.13.0 trl datasets sentencepiece protobuf
+    .venv/bin/python benchmarks/compare_peers.py --tt-python /tmp/tt061/bin/python --trl-python /tmp/trlenv/bin/python
+
+The figure is **trained (label) tokens per second over one whole epoch** of an Alpaca-like data set
+of ``--examples`` rows (prompts masked: only the answers carry labels), not a few steps: data order,
+packing, padding, the first step's warm-up (and compile) and every step of the epoch are in it. Each
+peer runs in its own process and virtual environment on the same random-weight Llama2 in Hugging Face
+format (``--size``), the same SentencePiece tokenizer and the same rows, with the same optimizer
+(fused AdamW, lr 2e-5, no weight decay, constant LR), batch size and sequence length, packing as each
+does it best:
+
+- ``ours``: ``full_finetune_single_device``, ``dataset.packed: True`` (best-fit packs), the
+  chunked loss over labelled positions only, optimizer in backward grouped by layer;
+- ``torchtune``: torchtune 0.6.1's ``full_finetune_single_device`` with ``dataset.packed: True``
+  (greedy packs), its chunked loss, optimizer in backward;
+- ``trl``: TRL's ``SFTTrainer`` (on transformers' ``Trainer``) with ``packing=True`` (best-fit
+  decreasing, padding-free batches) and its completion-only loss on prompt/completion rows rendered
+  with the same Alpaca template; a standard optimizer step (TRL has no optimizer in backward).
+
+``--compile`` turns on compile for ours and torchtune (TRL's ``torch_compile``): on a CPU it costs
+minutes of compiling per run, which the whole-epoch figure then includes.
+
+The epoch's time runs from its first forward to the end of its last optimizer step (ours and
+torchtune: the start of the epoch-end save, which TRL does not do); set-up (model load, data
+preparation, packing) is reported apart. Runs alternate between the peers, ``--repeats`` times, the
+starting peer rotating; the table shows medians over the repeats, wall time beside the process's CPU
+time. Padding: the share of positions in the trained batches that hold no real token.
+
+dtype ``auto`` is bf16 on CUDA or on a CPU with native bf16 matmuls (AVX512-BF16/AMX), else fp32: on
+an AVX2-only CPU a bf16 matmul runs ~70x slower than fp32, so a bf16 comparison there would measure the
+emulation, not the recipes. The dtype run is printed with the reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Dict, List
+
+_PROCESS_START = time.perf_counter()  # a worker's set-up is timed from here: the peer's imports included
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:
+    # appended, not prepended: torchtune 0.6.1's worker must import its own torchtune, not this repo's
+    sys.path.append(str(REPO_ROOT))
+
+from benchmarks import compare_torchtune as tt  # noqa: E402  (data, tokenizer and recipe configs)
+
+PEERS = ("ours", "torchtune", "trl")
+
+
+def resolve_dtype(dtype: str, device: str) -> tuple[str, str]:
+    """``(dtype, why)`` for ``--dtype``: ``auto`` picks bf16 where matmuls run natively in it."""
+    if dtype != "auto":
+        return dtype, "as asked (--dtype)"
+    if device.startswith("cuda"):
+        return "bf16", "auto: CUDA"
+    import torch
+
+    if torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return "bf16", "auto: this CPU multiplies bf16 natively"
+    return "fp32", "auto: this CPU has no native bf16 matmul (AVX2 only): bf16 would run emulated, ~70x slower"
+
+
+def prepare(work: Path, args: argparse.Namespace) -> Dict[str, Path]:
+    """Checkpoint (random weights), tokenizer and ``--examples`` Alpaca-like rows shared by every peer."""
+    from tests._helpers.tiny_run import make_hf_checkpoint
+
+    rows = tt.alpaca_like_rows(args.examples)
+    data = work / "data.json"
+    data.write_text(json.dumps(rows))
+    corpus = [tt.ALPACA_PROMPT] * 20 + [" ".join(r.values()) for r in rows[:400]]
+    tokenizer = tt.make_tokenizer(work / "tok", corpus, tt.SIZES[args.size]["vocab_size"])
+    ckpt = make_hf_checkpoint(work / "base", seed=0, **tt.SIZES[args.size])
+    return {"data": data, "tokenizer": tokenizer, "checkpoint": ckpt}
+
+
+def recipe_config(impl: str, assets: Dict[str, Path], out: Path, args: argparse.Namespace) -> Dict[str, Any]:
+    """Our or torchtune's config: compare_torchtune's best settings for Alpaca data, one whole epoch."""
+    ns = argparse.Namespace(**{**vars(args), "scenario": "alpaca", "steps": None})
+    cfg = tt.config(impl, assets, out, ns)  # constant LR for both (no lr_scheduler)
+    cfg["log_every_n_steps"] = 10  # as a user would; every step logged would time the logging
+    return cfg
+
+
+# --- workers (each runs in its peer's own venv) ------------------------------------------------------
+
+
+def _recipe_worker(impl: str, config_path: Path, result_path: Path) -> None:
+    from omegaconf import OmegaConf
+
+    started = _PROCESS_START
+    cfg = OmegaConf.load(config_path)
+    recipe = tt._load_recipe(impl, cfg)
+    model = recipe._model
+    loader = recipe._data.dataloader if impl == "ours" else recipe._dataloader
+    marks: List[tuple] = []
+    model.register_forward_pre_hook(lambda module, a: marks.append((time.perf_counter(), time.process_time())))
+    end: List[tuple] = []
+    save = recipe.save_checkpoint
+
+    def timed_save(*a: Any, **k: Any) -> Any:
+        if not end:
+            end.append((time.perf_counter(), time.process_time()))
+        return save(*a, **k)
+
+    recipe.save_checkpoint = timed_save
+    recipe.train()
+    recipe.cleanup()
+    loader.sampler.set_epoch(0)  # the epoch's batches again, in the run's order (seed, epoch)
+    batches = list(loader)[: len(marks)]
+    _write_result(result_path, started, marks, end[0], batches, shifted=True)
+
+
+def _trl_worker(config_path: Path, result_path: Path) -> None:
+    import torch
+    from datasets import Dataset
+    from transformers import LlamaForCausalLM, LlamaTokenizer, TrainerCallback
+    from trl import SFTConfig, SFTTrainer
+
+    started = _PROCESS_START
+    cfg = json.loads(config_path.read_text())
+    rows = json.loads(Path(cfg["data"]).read_text())
+    template = {
+        "with_input": (
+            "Below is an instruction that describes a task, paired with an input that provides further "
+            "context. Write a response that appropriately completes the request.\n\n"
+            "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
+        ),
+        "no_input": (
+            "Below is an instruction that describes a task. Write a response that appropriately completes "
+            "the request.\n\n### Instruction:\n{instruction}\n\n### Response:\n"
+        ),
+    }
+    data = Dataset.from_list(
+        [
+            {
+                "prompt": template["with_input" if r["input"] else "no_input"].format(**r),
+                "completion": r["output"],
+            }
+            for r in rows
+        ]
+    )
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[cfg["dtype"]]
+    tokenizer = LlamaTokenizer.from_pretrained(str(Path(cfg["tokenizer"]).parent))
+    tokenizer.pad_token = tokenizer.unk_token
+    model = LlamaForCausalLM.from_pretrained(cfg["checkpoint"], dtype=dtype, attn_implementation="sdpa")
+    marks: List[tuple] = []
+    steps_done: List[tuple] = []
+    batches: List[Dict[str, Any]] = []
+    model.register_forward_pre_hook(
+        lambda module, a, k: marks.append((time.perf_counter(), time.process_time())), with_kwargs=True
+    )
+
+    class StepEnd(TrainerCallback):
+        def on_step_end(self, *a: Any, **k: Any) -> None:
+            steps_done.append((time.perf_counter(), time.process_time()))
+
+    sft = SFTConfig(
+        output_dir=cfg["output_dir"],
+        per_device_train_batch_size=cfg["batch_size"],
+        num_train_epochs=1,
+        max_length=cfg["seq_len"],
+        packing=True,
+        completion_only_loss=True,
+        learning_rate=2e-5,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        optim="adamw_torch_fused",
+        logging_steps=10,
+        save_strategy="no",
+        report_to=[],
+        bf16=cfg["dtype"] == "bf16",
+        use_cpu=cfg["device"] == "cpu",
+        seed=0,
+        data_seed=0,
+        dataloader_num_workers=0,
+        torch_compile=cfg["compile"],
+        gradient_checkpointing=False,
+    )
+    trainer = SFTTrainer(model=model, args=sft, train_dataset=data, processing_class=tokenizer, callbacks=[StepEnd()])
+    collate = trainer.data_collator
+
+    def recording_collate(features: Any) -> Any:
+        batch = collate(features)
+        batches.append({k: batch[k].clone() for k in ("input_ids", "labels") if k in batch})
+        return batch
+
+    trainer.data_collator = recording_collate
+    trainer.train()
+    # The model shifts the labels inside its loss: the targets trained are labels[:, 1:] != -100.
+    trained = [int((b["labels"][:, 1:] != -100).sum()) for b in batches]
+    positions = [int(b["input_ids"].numel()) for b in batches]
+    _dump(result_path, started, marks, steps_done[-1], trained, positions, positions)
+
+
+def _write_result(path: Path, started: float, marks: List[tuple], end: tuple, batches: List[Any], shifted: bool):
+    trained = [int((b["labels"] != -100).sum()) for b in batches]  # our and torchtune's labels are shifted
+    positions = [int(b["tokens"].numel()) for b in batches]
+    real = [int((b["tokens"] != 0).sum()) for b in batches]  # both pad with id 0 (the Llama2 tokenizer's pad)
+    _dump(path, started, marks, end, trained, positions, real)
+
+
+def _dump(path: Path, started: float, marks, end, trained, positions, real) -> None:
+    path.write_text(
+        json.dumps(
+            {
+                "setup_s": marks[0][0] - started,
+                "epoch_wall_s": end[0] - marks[0][0],
+                "epoch_cpu_s": end[1] - marks[0][1],
+                "steps": len(trained),
+                "trained": trained,
+                "positions": positions,
+                "real": real,
+            }
+        )
+    )
+
+
+# --- orchestration ----------------------------------------------------------------------------------
+
+
+def summarize(runs: List[Dict[str, Any]]) -> Dict[str, float]:
+    """Medians over the repeats of one peer's whole-epoch figures."""
+    per = [
+        {
+            "tok_s": sum(r["trained"]) / r["epoch_wall_s"],
+            "tok_cpu_s": sum(r["trained"]) / r["epoch_cpu_s"],
+            "epoch_wall_s": r["epoch_wall_s"],
+            "epoch_cpu_s": r["epoch_cpu_s"],
+            "setup_s": r["setup_s"],
+            "steps": r["steps"],
+            "trained": sum(r["trained"]),
+            "padding": 1 - sum(r["real"]) / max(1, sum(r["positions"])),
+        }
+        for r in runs
+    ]
+    return {k: statistics.median(p[k] for p in per) for k in per[0]}
+
+
+def main(argv: List[str] | None = None) -> Dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--peers", default=",".join(PEERS), help="any of ours, torchtune, trl (comma-separated)")
+    parser.add_argument("--tt-python", default="/tmp/tt061/bin/python", help="python of the torchtune 0.6.1 venv")
+    parser.add_argument("--trl-python", default="/tmp/trlenv/bin/python", help="python of the TRL venv")
+    parser.add_argument("--size", default="168m", choices=sorted(tt.SIZES))
+    parser.add_argument("--examples", type=int, default=300)
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--seq-len", type=int, default=512)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16"])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--compile", action="store_true", help="compile for every peer (minutes per run on a CPU)")
+    parser.add_argument("--json", dest="json_out", type=Path)
+    parser.add_argument("--worker", choices=PEERS, help=argparse.SUPPRESS)
+    parser.add_argument("--config", help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker == "trl":
+        return _trl_worker(Path(args.config), Path(args.result))
+    if args.worker:
+        return _recipe_worker(args.worker, Path(args.config), Path(args.result))
+
+    import shutil
+
+    import yaml
+
+    args.dtype, why = resolve_dtype(args.dtype, args.device)
+    peers = [p.strip() for p in args.peers.split(",") if p.strip()]
+    unknown = sorted(set(peers) - set(PEERS))
+    if unknown:
+        raise SystemExit(f"--peers: unknown {unknown}; choose from {list(PEERS)}")
+    pythons = {"ours": sys.executable, "torchtune": args.tt_python, "trl": args.trl_python}
+    for peer in peers:
+        if not Path(pythons[peer]).exists():
+            raise SystemExit(f"{peer}: {pythons[peer]} does not exist; make its venv (see the module docstring)")
+    work = Path(tempfile.mkdtemp(prefix="compare_peers_"))
+    assets = prepare(work, args)
+    env = {
+        **os.environ,
+        "HF_DATASETS_OFFLINE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONUNBUFFERED": "1",
+        "TORCHINDUCTOR_CACHE_DIR": str(work / "inductor"),
+        "PYTHONPATH": str(REPO_ROOT),  # the workers import benchmarks.compare_torchtune (not our package)
+    }
+    runs: Dict[str, List[Dict[str, Any]]] = {p: [] for p in peers}
+    started = time.perf_counter()
+    for repeat in range(args.repeats):
+        shift = repeat % len(peers)
+        for index, peer in enumerate(peers[shift:] + peers[:shift]):
+            out = work / f"run{repeat}_{index}"
+            out.mkdir()
+            cfg_path, res_path = out / "config.yaml", out / "result.json"
+            if peer == "trl":
+                cfg = {
+                    "data": str(assets["data"]),
+                    "tokenizer": str(assets["tokenizer"]),
+                    "checkpoint": str(assets["checkpoint"]),
+                    "output_dir": str(out),
+                    "batch_size": args.batch_size,
+                    "seq_len": args.seq_len,
+                    "dtype": args.dtype,
+                    "device": args.device,
+                    "compile": args.compile,
+                }
+                cfg_path.write_text(json.dumps(cfg))
+            else:
+                cfg_path.write_text(yaml.safe_dump(recipe_config(peer, assets, out, args)))
+            print(f"repeat {repeat + 1}: {peer} ...", file=sys.stderr, flush=True)
+            worker_env = env if peer != "torchtune" else {k: v for k, v in env.items() if k != "PYTHONPATH"}
+            cmd = [pythons[peer], __file__, "--worker", peer, "--config", str(cfg_path), "--result", str(res_path)]
+            proc = subprocess.run(cmd, cwd=str(work), env=worker_env, capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise SystemExit(f"{peer} failed:\n{proc.stderr[-4000:]}")
+            res = json.loads(res_path.read_text())
+            runs[peer].append(res)
+            print(
+                f"  epoch {res['epoch_wall_s']:.1f}s wall, {res['epoch_cpu_s']:.1f}s CPU, {res['steps']} steps, "
+                f"{sum(res['trained'])} trained tokens",
+                file=sys.stderr,
+                flush=True,
+            )
+            for d in out.glob("epoch_*"):
+                shutil.rmtree(d, ignore_errors=True)
+            if args.json_out:
+                args.json_out.write_text(json.dumps({"args": vars(args) | {"json_out": None}, "runs": runs}))
+    shutil.rmtree(work, ignore_errors=True)
+    summaries = {p: summarize(runs[p]) for p in peers}
+    print(
+        f"\nOne epoch of {args.examples} Alpaca-like rows, Llama2 {tt.SIZES[args.size]}, {args.dtype} ({why}) on "
+        f"{args.device}, batch {args.batch_size} x {args.seq_len}, prompts masked, compile "
+        f"{'on' if args.compile else 'off'}; {args.repeats} interleaved run(s) per peer, "
+        f"{time.perf_counter() - started:.0f}s in all\n"
+    )
+    base = summaries.get("ours")
+    print(
+        "| peer | steps | trained tokens | padding | epoch wall (s) | epoch CPU (s) | trained tokens/s (wall) | "
+        "trained tokens/s (CPU) | ours vs peer (wall, CPU) | set-up (s) |\n|---|---|---|---|---|---|---|---|---|---|"
+    )
+    for peer, s in summaries.items():
+        ratio = (
+            ""
+            if base is None or peer == "ours"
+            else (f"{base['tok_s'] / s['tok_s']:.2f}x, {base['tok_cpu_s'] / s['tok_cpu_s']:.2f}x")
+        )
+        print(
+            f"| {peer} | {s['steps']:.0f} | {s['trained']:.0f} | {100 * s['padding']:.1f}% | {s['epoch_wall_s']:.1f} | "
+            f"{s['epoch_cpu_s']:.1f} | {s['tok_s']:.1f} | {s['tok_cpu_s']:.1f} | {ratio} | {s['setup_s']:.1f} |"
+        )
+    if args.json_out:
+        args.json_out.write_text(
+            json.dumps({"args": vars(args) | {"json_out": None}, "runs": runs, "summary": summaries})
+        )
+    return summaries
+
+
+if __name__ == "__main__":
+    main()
