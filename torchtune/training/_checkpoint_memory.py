@@ -47,7 +47,7 @@ from torchtune.training._memory_estimator import (
     estimate_recipe_memory,
     prepare_estimate,
 )
-from torchtune.utils._checkpointing._manifest import new_hash
+from torchtune.utils._checkpointing._manifest import RECIPE_STATE_NAME, new_hash
 
 __all__ = ["PhaseMemory", "RunMemoryEstimate", "estimate_checkpoint_phases", "estimate_run_memory"]
 
@@ -499,7 +499,7 @@ def estimate_checkpoint_phases(cfg: Any, dtype: torch.dtype) -> list[PhaseMemory
 
             # a new process resumes: nothing of the run above is alive any more
             cfg.resume_from_checkpoint = True
-            cfg.checkpointer.recipe_checkpoint = str(folder / "recipe_state.pt")
+            cfg.checkpointer.recipe_checkpoint = str(folder / RECIPE_STATE_NAME)
             counter.reset_window()
             start = counter.current
             checkpointer, model, optimizer = setup_run(cfg, device, dtype)
