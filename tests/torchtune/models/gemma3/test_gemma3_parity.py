@@ -154,3 +154,20 @@ def test_chunked_sliding_window_equals_the_plain_mask(softcap):
             grads.append(g)
         torch.testing.assert_close(outs[1], outs[0], atol=1e-6, rtol=1e-6)
         torch.testing.assert_close(grads[1], grads[0], atol=1e-5, rtol=1e-5)
+
+
+def test_kv_cache_decoding_equals_the_full_forward_past_the_window():
+    from torchtune.models.gemma3 import gemma3_tiny
+
+    torch.manual_seed(0)
+    model = gemma3_tiny(max_seq_len=64).eval()  # window 16: decoding runs well past it
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.normal_(0, 0.1 if name.endswith("scale") else 0.05)
+    tokens = torch.randint(0, 512, (1, 40))
+    with torch.no_grad():
+        full = model(tokens)
+        model.setup_caches(1, torch.float32)
+        steps = [model(tokens[:, :20], input_pos=torch.arange(20)[None])]
+        steps += [model(tokens[:, i : i + 1], input_pos=torch.tensor([[i]])) for i in range(20, 40)]
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-5)
