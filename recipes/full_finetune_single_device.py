@@ -233,7 +233,11 @@ class FullFinetuneRecipeSingleDevice:
             batch_size=self._settings.batch_size,
             every_n_steps=cfg.eval_every_n_steps,
         )
-        self._steps_per_epoch = self._count_steps_per_epoch()
+        self._steps_per_epoch = self._data.steps_per_epoch(
+            batch_size=self._settings.batch_size,
+            gradient_accumulation_steps=self._settings.gradient_accumulation_steps,
+            max_steps=self.max_steps_per_epoch,
+        )
         self._checkpointer = training.build_checkpointer(cfg.checkpointer, self._resume)
         # the model's shapes without its weights (meta device): checked against the checkpoint's config and
         # the tokenizer before any weight is read
@@ -289,19 +293,6 @@ class FullFinetuneRecipeSingleDevice:
             training.load_optimizer_state(optimizer, opt_state_dict)
         return optimizer
 
-    def _count_steps_per_epoch(self) -> int:
-        ga, batches = self._settings.gradient_accumulation_steps, len(self._data.dataloader)
-        steps = batches // ga
-        if self.max_steps_per_epoch is not None:
-            steps = min(steps, self.max_steps_per_epoch)
-        if steps < 1:
-            raise TuneError(
-                f"The dataset has {len(self._data.dataloader.dataset)} examples, fewer than one optimizer step needs "
-                f"(batch_size={self._settings.batch_size} x gradient_accumulation_steps={ga}). Lower batch_size or "
-                "use a larger dataset."
-            )
-        return steps
-
     # ------------------------------------------------------------------------------------------
     # training
     # ------------------------------------------------------------------------------------------
@@ -313,13 +304,7 @@ class FullFinetuneRecipeSingleDevice:
             for epoch in range(progress.epochs_run, self._settings.epochs):
                 start = progress.steps_run_in_epoch * ga * self._settings.batch_size
                 self._data.sampler.set_epoch(epoch, start_index=start)
-                pbar = tqdm(
-                    total=self._steps_per_epoch,
-                    initial=progress.steps_run_in_epoch,
-                    dynamic_ncols=True,
-                    file=sys.stderr,
-                    mininterval=0.5,
-                )
+                pbar = training.epoch_progress_bar(self._steps_per_epoch, progress.steps_run_in_epoch)
                 step_loss, step_label_tokens = torch.zeros((), device=self._device), 0
                 interval_tokens, interval_start = 0, time.perf_counter()
                 interval_positions = 0
@@ -502,16 +487,7 @@ class FullFinetuneRecipeSingleDevice:
             folder = self._last_checkpoint  # just written (epoch end or a step checkpoint): no second save
         else:
             folder = self.save_checkpoint(epoch=epoch, step_checkpoint=True)
-        recipe_ckpt = folder / training.RECIPE_STATE_NAME
-        if recipe_ckpt.exists():
-            print(
-                f"\nStopped by {self._stop.name} after step {self.global_step}; checkpoint saved to {folder}.\n"
-                f"Resume with:\n  {training.resume_command(RECIPE_NAME, recipe_ckpt)}",
-                file=sys.stderr,
-                flush=True,
-            )
-        else:
-            print(f"\nStopped by {self._stop.name}; training had finished. Final weights in {folder}.", file=sys.stderr)
+        training.report_stop(self._stop.name, self.global_step, folder, RECIPE_NAME)
         raise SystemExit(128 + int(self._stop.signum))
 
     def evaluate(self) -> Optional[Dict[str, Any]]:

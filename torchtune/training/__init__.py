@@ -29,12 +29,14 @@ from torchtune.training._activations import (
 )
 from torchtune.training._checks import RECIPE_VALUE_TYPES, check_optimizer_settings, check_value_types, positive_int
 from torchtune.training._data import TrainingData, build_dataloader, num_tokens, padding_id
+from torchtune.training._low_rank import check_low_rank_optimizer, is_low_rank
 from torchtune.training._metrics import (
     MetricLoggers,
     ProgressBarLogHandler,
     RunSummary,
     build_metric_logger,
     check_metric_logger,
+    epoch_progress_bar,
     metrics_path,
 )
 from torchtune.training._model import (
@@ -66,7 +68,7 @@ from torchtune.training._resume import (
     resolve_resume,
     resume_command,
 )
-from torchtune.training._run_control import CheckpointPolicy, NonFiniteLossGuard, StopSignals
+from torchtune.training._run_control import CheckpointPolicy, NonFiniteLossGuard, StopSignals, report_stop
 from torchtune.training._sampler import ResumableSampler
 from torchtune.training._step import (
     TrainStep,
@@ -129,6 +131,8 @@ __all__ = [
     "NonFiniteLossGuard",
     "OffloadActivations",
     "ProgressBarLogHandler",
+    "epoch_progress_bar",
+    "report_stop",
     "RECIPE_STATE_NAME",
     "RECIPE_VALUE_TYPES",
     "RankErrors",
@@ -160,6 +164,8 @@ __all__ = [
     "check_loaded_checksums",
     "check_metric_logger",
     "check_model_matches_checkpoint",
+    "check_low_rank_optimizer",
+    "is_low_rank",
     "check_optimizer_settings",
     "check_overwrite",
     "check_value_types",
