@@ -53,6 +53,7 @@ _RECIPES: list[Recipe] = [
         file_path="full_finetune_single_device.py",
         configs=[
             _config("llama2/7B_full_low_memory"),
+            _config("llama2/7B_full_16gb_apollo_mini"),
             _config("llama2/7B_full"),
             _config("llama2/tiny_full"),
             _config("llama3_2/1B_full_single_device"),

@@ -29,6 +29,7 @@ FAMILY_MODULES = (
     "torchtune.models.qwen2_5._hf",
     "torchtune.models.mistral._hf",
     "torchtune.models.phi4._hf",
+    "torchtune.models.gemma3._hf",
 )
 
 
@@ -93,6 +94,12 @@ class HFFamily:
         aliases: other spellings of ``model_type`` accepted in the YAML (torchtune's ``QWEN2_5``).
         config_json: ``ModelShape -> config.json`` of this family, for a folder made from a model alone
             (``tune estimate-memory`` simulates a save; a real save writes the input's config.json).
+        folder: for a family whose folders do not convert like the Llama-shaped ones (Gemma 3: other
+            weight names, post-norms, two config.json forms), a class built from ``(config, path)`` that
+            does it all: ``check_model(model)``, ``hf_name(key)`` (a stored name as saves write it),
+            ``to_tune(state_dict)``, ``hf_names(keys)``, ``hf_tensor(key, tensor)``, ``saved_config()``,
+            ``tied``, and the classmethod ``config_json(model)``. ``shape`` and ``config_json`` are then
+            not used by the checkpointer.
     """
 
     model_type: str
@@ -105,6 +112,7 @@ class HFFamily:
     matches: Optional[Callable[[Dict[str, Any]], bool]] = None
     aliases: Tuple[str, ...] = ()
     config_json: Optional[Callable[[ModelShape], Dict[str, Any]]] = None
+    folder: Optional[type] = None
 
 
 @lru_cache(maxsize=None)

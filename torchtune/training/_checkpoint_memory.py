@@ -47,7 +47,7 @@ from torchtune.training._memory_estimator import (
     estimate_recipe_memory,
     prepare_estimate,
 )
-from torchtune.utils._checkpointing._manifest import new_hash
+from torchtune.utils._checkpointing._manifest import RECIPE_STATE_NAME, new_hash
 
 __all__ = ["PhaseMemory", "RunMemoryEstimate", "estimate_checkpoint_phases", "estimate_run_memory"]
 
@@ -243,6 +243,8 @@ def _hf_config(model: nn.Module, model_type: str = "LLAMA2") -> dict[str, Any]:
     from torchtune.utils._checkpointing._hf_config import _model_rope
 
     family = families().get(canonical_model_type(model_type) or "")
+    if family is not None and family.folder is not None:
+        return family.folder.config_json(model)
     if family is not None and family.config_json is not None:
         return family.config_json(shape_of_model(model))
 
@@ -302,7 +304,13 @@ def _write_source_checkpoint(cfg: Any, folder: Path, files: _FakeFiles, dtype: t
     family = families().get(canonical_model_type(model_type) or "")
     fused = family is not None and family.fused_projections
     hf = {}
-    for hf_key, parts in tune_to_hf_plan(tune_sd, fused=fused).items():
+    if family is not None and family.folder is not None:
+        plan = {
+            hf_key: [key] for key, hf_key in family.folder(hf_config, folder / "config.json").hf_names(tune_sd).items()
+        }
+    else:
+        plan = tune_to_hf_plan(tune_sd, fused=fused)
+    for hf_key, parts in plan.items():
         first = tune_sd[parts[0]]  # a fused tensor stacks its parts' rows
         rows = sum(tune_sd[p].shape[0] for p in parts)
         hf[hf_key] = (
@@ -491,7 +499,7 @@ def estimate_checkpoint_phases(cfg: Any, dtype: torch.dtype) -> list[PhaseMemory
 
             # a new process resumes: nothing of the run above is alive any more
             cfg.resume_from_checkpoint = True
-            cfg.checkpointer.recipe_checkpoint = str(folder / "recipe_state.pt")
+            cfg.checkpointer.recipe_checkpoint = str(folder / RECIPE_STATE_NAME)
             counter.reset_window()
             start = counter.current
             checkpointer, model, optimizer = setup_run(cfg, device, dtype)

@@ -60,12 +60,19 @@ def build_model(
             layer.compile()
     log.info(
         "Model %s: %.1fM parameters, %s on %s",
-        getattr(cfg_model, "_component_", type(model).__name__),
+        getattr(cfg_model, config.COMPONENT_KEY, type(model).__name__),
         sum(p.numel() for p in model.parameters()) / 1e6,
         dtype,
         device,
     )
     return model
+
+
+def model_skeleton(cfg_model: Any, *, dtype: torch.dtype) -> nn.Module:
+    """The model of ``cfg_model`` on the meta device: its parameter names, shapes and config without any
+    memory, to check the checkpoint and tokenizer against before the weights are read."""
+    with set_default_dtype(dtype), torch.device("meta"):
+        return config.instantiate(cfg_model)
 
 
 def check_model_matches_checkpoint(model: Any, checkpointer: Any) -> None:
@@ -100,7 +107,7 @@ def check_tokenizer_fits_model(tokenizer: Any, model: nn.Module, cfg_tokenizer: 
         TuneError: naming the tokenizer file and both sizes.
     """
     vocab_size = model.tok_embeddings.num_embeddings
-    source = cfg_tokenizer.get("path", cfg_tokenizer.get("_component_"))
+    source = cfg_tokenizer.get("path", cfg_tokenizer.get(config.COMPONENT_KEY))
     if tokenizer.vocab_size > vocab_size:
         raise TuneError(
             f"The tokenizer ({source}) has {tokenizer.vocab_size} tokens but the model's embedding table has "

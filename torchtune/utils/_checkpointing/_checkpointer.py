@@ -44,9 +44,8 @@ from torchtune.utils._checkpointing._streaming_write import safetensors_order, s
 log = logging.getLogger("torchtune")
 
 # LLAMA3 is Llama 3 and 3.1 (one format); LLAMA3_2 the tied 3.2 text models. The Meta format has these;
-# Hugging Face folders every family registered in torchtune.models._hf_family, and GEMMA3, which converts
-# through torchtune.models.gemma3's Gemma3Folder.
-SUPPORTED_MODEL_TYPES = (*MODEL_TYPES, "GEMMA3")
+# Hugging Face folders every family registered in torchtune.models._hf_family.
+SUPPORTED_MODEL_TYPES = tuple(MODEL_TYPES)
 MODEL_KEY = "model"
 # Files of a HF model folder that are not weights but belong with them (written by _hf_side_files).
 HF_SIDE_FILES = (
@@ -158,7 +157,7 @@ class _FullModelCheckpointer:
             "checkpointer",
             {"model_type": model_type, "checkpoint_files": checkpoint_files, "verify_checksums": verify_checksums},
         )
-        self._model_type = canonical_model_type(model_type) or str(model_type).upper()
+        self._model_type = canonical_model_type(model_type)
         if output_dir is None:
             raise TuneError(
                 "checkpointer.output_dir is not set: set it to the folder where checkpoints should be written."
@@ -186,13 +185,12 @@ class _FullModelCheckpointer:
         """The checks of the arguments that need no file (``config.validate`` runs them before anything is
         built): a known ``model_type``, a way to verify checksums, at least one weight file."""
         model_type = fields.get("model_type", "LLAMA2")
-        if canonical_model_type(model_type) is None and str(model_type).upper() not in SUPPORTED_MODEL_TYPES:
+        if canonical_model_type(model_type) is None:
             alias = ""
             if str(model_type).upper() == "LLAMA3_1":
                 alias = " (Llama 3.1 is LLAMA3: Llama 3 and 3.1 share one format)"
             raise ConfigError(
-                f"{key}.model_type={model_type} is not supported{alias}; use one of {supported_model_types()}, "
-                "GEMMA3 (Gemma 3)."
+                f"{key}.model_type={model_type} is not supported{alias}; use one of {supported_model_types()}."
             )
         check_checksum_mode(fields.get("verify_checksums", "before_load"), key=f"{key}.verify_checksums")
         files = fields.get("checkpoint_files", ["?"])
@@ -325,26 +323,12 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
                 f"{config_path} does not exist; a Hugging Face checkpoint folder needs its "
                 f"config.json. Check checkpointer.checkpoint_dir."
             )
-        self._key_to_file: dict[str, str] = {}
         try:
             config = json.loads(config_path.read_text())
         except ValueError as exc:
             raise TuneError(f"{config_path} is not valid JSON ({exc}); use the config.json of the weights.") from exc
         if not isinstance(config, dict):
             raise TuneError(f"{config_path} is not a JSON object; use the config.json of the weights.")
-        from torchtune.models.gemma3._hf import Gemma3Folder, is_gemma3
-
-        self._gemma: Optional[Gemma3Folder] = None  # Gemma 3's own folder handling (text_config, norms)
-        if self._model_type == "GEMMA3":
-            self._gemma = Gemma3Folder(config, config_path)
-            self._tied = self._gemma.tied
-            return
-        if is_gemma3(config):
-            raise TuneError(
-                f"checkpointer.model_type={self._model_type} does not match {config_path}: it describes a Gemma 3 "
-                "model. Set checkpointer.model_type=GEMMA3 and model._component_ to a Gemma 3 builder (e.g. "
-                "torchtune.models.gemma3.gemma3_1b)."
-            )
         self._config_path = config_path
         self._family = detect_family(config, config_path)
         if self._family.model_type in MODEL_TYPES:
@@ -356,16 +340,21 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
         else:
             self._model_config = None
         check_yaml_model_type(self._model_type, self._family, config_path)
+        self._key_to_file: dict[str, str] = {}
+        # A family that converts its own way (Gemma 3) reads and checks config.json itself.
+        self._folder: Any = self._family.folder(config, config_path) if self._family.folder is not None else None
+        if self._folder is not None:
+            self._tied = self._folder.tied
+            return
         self._shape = self._family.shape(config, config_path)
         self._tied = self._shape.tie_word_embeddings
 
     def check_model(self, model: nn.Module) -> None:
         """Raise ``TuneError`` if ``model`` differs from ``config.json`` in a way the weight shapes cannot
         show or before any weight is read: sizes, heads, RoPE, norm epsilon, tying, biases, q/k norm,
-        sliding window (each named with its config.json key and both values). Works on a meta-device model.
-        Gemma 3: every size and setting, see ``torchtune.models.gemma3._hf.check_model``."""
-        if self._gemma is not None:
-            self._gemma.check_model(model)
+        sliding window (each named with its config.json key and both values). Works on a meta-device model."""
+        if self._folder is not None:
+            self._folder.check_model(model)
             return
         if self._model_config is not None:
             self._model_config.check_model(model)
@@ -379,10 +368,9 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
             path = self._checkpoint_dir / name
             shard = self._read(load_safetensors_weights if self._safetensors else load_torch_weights, path)
             for key, value in shard.items():
+                key = self._folder.hf_name(key) if self._folder is not None else key
                 merged[key] = value
-                self._key_to_file[self._gemma.hf_name(key) if self._gemma else key] = name
-        if self._gemma is not None:
-            merged = {self._gemma.hf_name(k): v for k, v in merged.items()}
+                self._key_to_file[key] = name
         if self._tied and "lm_head.weight" in merged:
             lm_head, embed = merged.pop("lm_head.weight"), merged.get("model.embed_tokens.weight")
             if embed is not None and not torch.equal(lm_head, embed):
@@ -392,8 +380,8 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
                     self._checkpoint_dir / "config.json",
                 )
             self._key_to_file.pop("lm_head.weight", None)
-        if self._gemma is not None:
-            return self._finish_load(self._gemma.to_tune(merged))
+        if self._folder is not None:
+            return self._finish_load(self._folder.to_tune(merged))
         try:
             model_sd = hf_to_tune(merged, self._shape, fused=self._family.fused_projections, family=self._family.name)
         except RuntimeError as exc:  # q/k un-permutation: the shapes in config.json do not fit the weights
@@ -415,20 +403,18 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
         for a permuted q/k weight) and no device memory. ``.bin`` shards go through ``torch.save``,
         which needs the whole shard at once: one shard on the host at a time.
         """
-        if self._gemma is not None:
-            gemma = self._gemma
-            plan = {hf_key: [key] for key, hf_key in gemma.hf_names(model_sd).items()}
+        if self._folder is not None:
+            plan = {hf_key: [key] for key, hf_key in self._folder.hf_names(model_sd).items()}
 
             def hf_tensor(hf_key: str, parts: dict[str, torch.Tensor]) -> torch.Tensor:
                 ((key, tensor),) = parts.items()
-                return gemma.hf_tensor(key, tensor)
+                return self._folder.hf_tensor(key, tensor)
 
         else:
             plan = tune_to_hf_plan(model_sd, fused=self._family.fused_projections, family=self._family.name)
-            shape = self._shape
 
             def hf_tensor(hf_key: str, parts: dict[str, torch.Tensor]) -> torch.Tensor:
-                return tune_to_hf_tensor(hf_key, parts, shape)
+                return tune_to_hf_tensor(hf_key, parts, self._shape)
 
         default_file = self._shard_names[-1]
         by_file: dict[str, dict[str, dict[str, torch.Tensor]]] = {name: {} for name in self._shard_names}
@@ -453,8 +439,8 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
             index = {"metadata": {"total_size": total_size}, "weight_map": dict(sorted(weight_map.items()))}
             (folder / index_name).write_text(json.dumps(index, indent=2) + "\n")
         written = next((t.dtype for t in model_sd.values() if t.is_floating_point()), None)
-        if self._gemma is not None:
-            config = self._gemma.saved_config()
+        if self._folder is not None:
+            config = self._folder.saved_config()
         else:
             config = json.loads((self._checkpoint_dir / "config.json").read_text())
         write_hf_side_files(self._checkpoint_dir, folder, config=config, dtype=written)
