@@ -124,7 +124,7 @@ def validate_config(cfg: DictConfig) -> None:
             f"fsdp_reshard_after_forward={reshard!r}: use True (free each layer's gathered weights after its forward: "
             "least memory) or False (keep them until backward: one all-gather less per layer)."
         )
-    component = str(cfg.optimizer.get("_component_", ""))
+    component = str(cfg.optimizer.get(config.COMPONENT_KEY, ""))
     if component.startswith("bitsandbytes."):
         raise ConfigError(
             f"optimizer._component_={component}: bitsandbytes optimizers cannot step FSDP2's sharded (DTensor) "
@@ -278,11 +278,12 @@ class FullFinetuneRecipeDistributed:
         # what the HF folders this run writes are made of. A resumed run takes its weights from the
         # sharded state instead.
         self._checkpointer = training.build_checkpointer(cfg.checkpointer, None)
+        # config.json vs the builder, on a meta-device model: before any weight is read.
+        training.check_model_matches_checkpoint(cfg.model, self._checkpointer)
         self._model = self._setup_model(cfg)
         self._activations = training.get_act_offloading_ctx_manager(self._model, cfg.enable_activation_offloading)
         if self._resume is not None:
             self._resume.check_model(self._model)
-        training.check_model_matches_checkpoint(self._model, self._checkpointer)
         self._tokenizer = config.instantiate(cfg.tokenizer)
         training.check_tokenizer_fits_model(self._tokenizer, self._model, cfg.tokenizer)
 

@@ -180,8 +180,8 @@ class FullFinetuneRecipeSingleDevice:
     # setup
     # ------------------------------------------------------------------------------------------
     def setup(self) -> None:
-        """Build everything, in order: resume plan, checkpointer, model, tokenizer, optimizer, loss,
-        data, LR schedule, metric logger."""
+        """Build everything, cheapest check first: resume plan, metric logger, tokenizer, data, checkpointer
+        and the model's shapes against it and the tokenizer; only then the weights, optimizer, loss, LR schedule."""
         cfg = self._cfg
         training.prepare_output_dir(cfg)  # another run's checkpoints there: stop (or overwrite=True), load nothing
         if self._eval_settings is not None:  # before training: a missing lm-eval or a typo in a task name
@@ -204,28 +204,9 @@ class FullFinetuneRecipeSingleDevice:
             log.info("The checkpoint was saved without bf16_stochastic_rounding: its rounding stream starts now.")
         self._metric_logger = training.build_metric_logger(cfg)  # metrics.jsonl + the loggers listed in the config
 
-        self._checkpointer = training.build_checkpointer(cfg.checkpointer, self._resume)
-        self._model = training.build_model(
-            cfg.model,
-            device=self._device,
-            dtype=self._dtype,
-            state_dict=self._checkpointer.load_checkpoint()["model"],
-            enable_activation_checkpointing=cfg.enable_activation_checkpointing,
-            compile_model=cfg.compile,
-        )
-        self._activations = training.get_act_offloading_ctx_manager(self._model, cfg.enable_activation_offloading)
-        if self._resume is not None:
-            self._resume.check_model(self._model)
-        training.check_model_matches_checkpoint(self._model, self._checkpointer)
+        # Cheapest first: a missing tokenizer file, a missing data column or a template that does not fit the
+        # rows fails here, in seconds, before minutes of reading weights.
         self._tokenizer = config.instantiate(cfg.tokenizer)
-        training.check_tokenizer_fits_model(self._tokenizer, self._model, cfg.tokenizer)
-
-        self._optimizer = self._setup_optimizer(
-            cfg.optimizer,
-            optimizer_in_bwd=self._settings.optimizer_in_bwd,
-            opt_state_dict=self._resume.optimizer_state if self._resume else None,
-        )
-        self._loss_fn = config.instantiate(cfg.loss)
         self._data = training.build_dataloader(
             cfg.dataset, self._tokenizer, batch_size=self._settings.batch_size, shuffle=cfg.shuffle, seed=self.seed
         )
@@ -240,6 +221,31 @@ class FullFinetuneRecipeSingleDevice:
             gradient_accumulation_steps=self._settings.gradient_accumulation_steps,
             max_steps=self.max_steps_per_epoch,
         )
+        self._checkpointer = training.build_checkpointer(cfg.checkpointer, self._resume)
+        # the model's shapes without its weights (meta device): checked against the checkpoint's config and
+        # the tokenizer before any weight is read
+        skeleton = training.model_skeleton(cfg.model, dtype=self._dtype)
+        training.check_model_matches_checkpoint(skeleton, self._checkpointer)
+        training.check_tokenizer_fits_model(self._tokenizer, skeleton, cfg.tokenizer)
+        del skeleton
+        self._model = training.build_model(
+            cfg.model,
+            device=self._device,
+            dtype=self._dtype,
+            state_dict=self._checkpointer.load_checkpoint()["model"],
+            enable_activation_checkpointing=cfg.enable_activation_checkpointing,
+            compile_model=cfg.compile,
+        )
+        self._activations = training.get_act_offloading_ctx_manager(self._model, cfg.enable_activation_offloading)
+        if self._resume is not None:
+            self._resume.check_model(self._model)
+
+        self._optimizer = self._setup_optimizer(
+            cfg.optimizer,
+            optimizer_in_bwd=self._settings.optimizer_in_bwd,
+            opt_state_dict=self._resume.optimizer_state if self._resume else None,
+        )
+        self._loss_fn = config.instantiate(cfg.loss)
         self._lr_scheduler = training.build_lr_scheduler(
             cfg.lr_scheduler,
             self._optimizer,

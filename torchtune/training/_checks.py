@@ -36,7 +36,7 @@ RECIPE_VALUE_TYPES = {
     "fsdp_reshard_after_forward": bool,
     "async_checkpoint": bool,
     "eval_every_n_steps": Optional[int],
-    "results_file": str,
+    "results_file": Optional[str],  # null: eval_results.json next to the checkpoint scored
     "prompt": Union[str, int, float],
     "instruction_template": Optional[str],
 }
@@ -104,6 +104,9 @@ def check_optimizer_settings(cfg: Any) -> None:
             )
         if isinstance(clip, bool) or not isinstance(clip, (int, float)) or clip <= 0:
             raise ConfigError(f"clip_grad_norm must be a positive number or null, got {clip!r}.")
+    from torchtune.training._low_rank import check_low_rank_optimizer
+
+    check_low_rank_optimizer(cfg)  # package, keys, target patterns and ranks, on a meta-device model
     node = cfg.optimizer if isinstance(cfg.optimizer, DictConfig) else {}
     lr = node.get("lr")
     if lr is not None and (isinstance(lr, bool) or not isinstance(lr, (int, float)) or lr < 0):

@@ -57,6 +57,8 @@ GB = 1e9
 CATEGORIES = ("weights", "gradients", "optimizer_state", "activations", "temporaries")
 # device memory, anonymous host RAM, CUDA managed memory (paged optimizers), file pages of mmap loads
 MEMORY_KINDS = ("device", "host", "managed", "mapped")
+# PCIe 4.0 x16 moves about 25 GB/s each way in practice (32 GB/s raw): the bandwidth paged state is costed at.
+PCIE_GB_PER_S = 25.0
 _ALIGN = 512  # the CUDA caching allocator rounds every block up to a multiple of 512 bytes
 
 
@@ -474,8 +476,140 @@ class LayoutOptimizer(torch.optim.Optimizer):
         if self.optimizer_component.startswith("bitsandbytes."):
             # the real class's loading (move_to_device=...), run on this object's state
             self.optimizer_cls.load_state_dict(self, state_dict, **kwargs)
+            return
+        # torch's loading casts every state tensor of a floating-point parameter to the parameter's dtype,
+        # also these byte buffers (uint8 -> bf16 doubles them); the real torchao state keeps its own layout
+        saved = state_dict["state"]
+        super().load_state_dict({**state_dict, "state": {}}, **kwargs)
+        ids = [pid for group in state_dict["param_groups"] for pid in group["params"]]
+        params = [p for group in self.param_groups for p in group["params"]]
+        for pid, param in zip(ids, params):
+            if pid in saved:
+                self.state[param] = {
+                    k: v.to(param.device) if isinstance(v, torch.Tensor) else v for k, v in saved[pid].items()
+                }
+
+
+def _state_bytes(value: Any, seen: set[int]) -> int:
+    """Bytes of the tensors in an optimizer state value: tensors, lists, dicts and the objects holding
+    tensors (a low-rank optimizer's projector), each storage once."""
+    if isinstance(value, torch.Tensor):
+        total = 0
+        for inner in _inner_tensors(value):
+            key = _storage_key(inner)
+            if key not in seen:
+                seen.add(key)
+                total += inner.untyped_storage().nbytes()
+        return total
+    if isinstance(value, (list, tuple)):
+        return sum(_state_bytes(v, seen) for v in value)
+    if isinstance(value, dict):
+        return sum(_state_bytes(v, seen) for v in value.values())
+    if hasattr(value, "__dict__") and not isinstance(value, type):
+        return sum(_state_bytes(v, seen) for v in vars(value).values())
+    return 0
+
+
+def _measured_low_rank_bytes(
+    optimizer_cls: type, kwargs: dict[str, Any], group: dict[str, Any], shape: tuple[int, int], dtype: torch.dtype
+) -> int:
+    torch.manual_seed(0)
+    param = nn.Parameter(torch.randn(shape, dtype=torch.float32).to(dtype))
+    optimizer = optimizer_cls([{"params": [param], **group}], **kwargs)
+    param.grad = torch.randn_like(param)
+    optimizer.step()
+    return _state_bytes(dict(optimizer.state[param]), set())
+
+
+def measure_low_rank_state(
+    optimizer_cls: type, kwargs: dict[str, Any], group: dict[str, Any], shape: tuple[int, ...], dtype: torch.dtype
+) -> int:
+    """Device bytes of a low-rank optimizer's state (moments, projector) for a matrix of ``shape``.
+
+    Measured by one real step of the real class on CPU. The state is of the form
+    a + b*m + c*n + d*m*n + e*m^2 + f*n^2 in the matrix's sides m x n (moments of rank x a side, the
+    projection, and the square SVD factor that GaLore's projection is a view of, kept alive by it), so
+    a large matrix is measured on six small ones of the same orientation (which side is longer decides
+    the projection) and the six terms solved for.
+    """
+    key = (
+        f"{optimizer_cls.__module__}.{optimizer_cls.__qualname__}",
+        tuple(sorted((k, str(v)) for k, v in {**kwargs, **group}.items())),
+        tuple(shape),
+        dtype,
+    )
+    if key in _LAYOUT_CACHE:
+        return _LAYOUT_CACHE[key][0]
+    with _disable_current_modes():  # real tensors, even when called under the fake mode
+        m, n = shape
+        if m * n <= _MEASURE_DIRECT_UP_TO:
+            result = _measured_low_rank_bytes(optimizer_cls, kwargs, group, (m, n), dtype)
         else:
-            super().load_state_dict(state_dict, **kwargs)
+            a = max(2 * int(group.get("rank", 1)), 8)
+            # every sample keeps the orientation: m >= n from (4a, a), m < n from (a, 4a)
+            base = (4 * a, a) if m >= n else (a, 4 * a)
+            steps = [(1, 1), (2, 1), (1, 2), (2, 2), (3, 1), (1, 3)]
+            if m < n:
+                steps = [(j, i) for i, j in steps]
+            samples = [(base[0] * i, base[1] * j) for i, j in steps]
+
+            def features(x: int, y: int) -> list[float]:
+                return [1.0, x, y, x * y, x * x, y * y]
+
+            lhs = torch.tensor([features(x, y) for x, y in samples], dtype=torch.float64)
+            rhs = torch.tensor(
+                [float(_measured_low_rank_bytes(optimizer_cls, kwargs, group, xy, dtype)) for xy in samples],
+                dtype=torch.float64,
+            )
+            coef = torch.linalg.solve(lhs, rhs)
+            result = max(0, round(float(torch.tensor(features(m, n), dtype=torch.float64) @ coef)))
+    _LAYOUT_CACHE[key] = (result, 0)
+    return result
+
+
+class LowRankLayoutOptimizer(torch.optim.Optimizer):
+    """Stands in for a low-rank optimizer (apollo_torch, galore_torch) under the fake mode, whose step has
+    data-dependent Python (APOLLO's norm-growth limiter, its seed draws) that fake tensors cannot run.
+
+    Per parameter it allocates the state bytes the real class ``optimizer_component`` creates for that
+    shape and param group (``measure_low_rank_state``). Its step holds two parameter-sized temporaries
+    in the gradient's dtype at once, as the real steps do (see ``step``), before the in-place update;
+    the low-rank temporaries (rank x a side) are left out.
+    """
+
+    def __init__(self, params: Any, optimizer_component: str, **kwargs: Any) -> None:
+        from torchtune.training._low_rank import LOW_RANK_OPTIMIZERS
+
+        self.optimizer_cls = _import(optimizer_component)
+        self.optimizer_component = optimizer_component
+        self.group_keys = LOW_RANK_OPTIMIZERS[optimizer_component][1]
+        self.real_kwargs = kwargs
+        super().__init__(params, {"lr": kwargs.get("lr", 1e-3)})
+
+    @torch.no_grad()
+    def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
+        for group in self.param_groups:
+            options = {k: group[k] for k in self.group_keys if k in group}
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    nbytes = measure_low_rank_state(
+                        self.optimizer_cls, self.real_kwargs, options, tuple(p.shape), p.dtype
+                    )
+                    state["step"] = 0
+                    state["device_state"] = torch.zeros(nbytes, dtype=torch.uint8, device=p.device)
+                state["step"] += 1
+                # two parameter-sized temporaries at once, as the real step has: APOLLO's rescaled gradient
+                # and its norm-limited copy (scaled_grad / limiter); GaLore's projected-back update and its
+                # scaled copy (full_rank_grad * scale)
+                update = p.grad * 1.0
+                limited = update / 1.0
+                del update
+                p.add_(limited, alpha=-group["lr"])
+                del limited
+        return None
 
 
 def layout_optimizer_config(component: str, kwargs: dict[str, Any]) -> Optional[dict[str, Any]]:
@@ -528,6 +662,17 @@ class MemoryEstimate:
             f"{'  optimizer state, paged/managed':<34}{self.paged_optimizer_bytes / GB:>9.2f} GB"
             "  (CUDA managed memory; needs that much host RAM when paged out)"
         )
+        if self.paged_optimizer_bytes:
+            # With paged state every step reads and writes all of it (optimizer in backward steps every
+            # parameter), and a 16 GB card cannot keep it resident next to the weights: it crosses PCIe
+            # both ways each step.
+            paged = self.paged_optimizer_bytes / GB
+            seconds = paged / PCIE_GB_PER_S
+            lines.append(
+                f"{'  paged per step (estimated)':<34}{paged:>9.2f} GB in + {paged:.2f} GB out; at "
+                f"{PCIE_GB_PER_S:g} GB/s each way (PCIe 4.0 x16) {seconds:.1f} s (directions overlapped) to "
+                f"{2 * seconds:.1f} s per step, when the card cannot keep the state resident"
+            )
         host_label = f"  {self.host_label} (host)"
         lines.append(f"{host_label:<34}{self.host_offload_peak_bytes / GB:>9.2f} GB  (pinned host memory)")
         lines.append(f"{'  host RAM needed for these':<34}{self.host_bytes_needed / GB:>9.2f} GB")
@@ -743,7 +888,21 @@ def prepare_estimate(cfg: Any) -> tuple[Any, torch.device, torch.dtype, list[str
     optimizer_node = OmegaConf.to_container(cfg.optimizer, resolve=True)
     component = optimizer_node.pop(COMPONENT_KEY)
     layout = layout_optimizer_config(component, optimizer_node)
-    if layout is not None:
+    if training.is_low_rank(cfg.optimizer):
+        from torchtune.training._low_rank import LAYOUT_COMPONENT
+
+        rest = dict(optimizer_node["rest"])
+        rest_component = rest.pop(COMPONENT_KEY)
+        rest_layout = layout_optimizer_config(rest_component, rest)
+        if rest_layout is not None:
+            _require(rest_component, "bitsandbytes" if rest_component.startswith("bitsandbytes.") else "torchao")
+            optimizer_node["rest"] = rest_layout
+        cfg.optimizer = {COMPONENT_KEY: LAYOUT_COMPONENT, "optimizer_component": component, **optimizer_node}
+        notes.append(
+            f"{component} state (low-rank moments and projector) measured per matrix from the real class on small "
+            f"CPU matrices and solved for each matrix's shape; optimizer.rest ({rest_component}) as its own class"
+        )
+    elif layout is not None:
         _require(component, "bitsandbytes" if component.startswith("bitsandbytes.") else "torchao")
         cfg.optimizer = layout
         notes.append(

@@ -13,16 +13,17 @@ when the layer's last gradient arrives, so at most one layer's gradients exist a
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 
 from torchtune import config
 from torchtune._errors import ConfigError, TuneError
 from torchtune.training._checks import IN_BWD_GROUPS
+from torchtune.training._low_rank import StepAfterBackward, build_low_rank_optimizers, is_low_rank
 from torchtune.training._stochastic_rounding import StochasticRounding, WeightChangeTracker, step_parameter
 from torchtune.utils._checkpointing._checkpoint_utils import (
     OptimInBackwardWrapper,
@@ -38,6 +39,14 @@ __all__ = [
     "register_optim_in_bwd_hooks",
     "step_optimizer",
 ]
+
+
+def is_dtensor(tensor: Any) -> bool:
+    """Whether ``tensor`` is a DTensor (sharded by FSDP2), without importing ``torch.distributed.tensor``:
+    that import takes a second of CPU, and no tensor can be a DTensor before something else imported it
+    (``tune validate`` and single-device runs never do)."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(tensor, module.DTensor)
 
 
 class GradNormTracker:
@@ -69,7 +78,7 @@ class GradNormTracker:
         """Add one gradient's norm (taken in fp32); of a sharded gradient, this rank's shard."""
         if self._norms is None:
             return
-        if isinstance(grad, DTensor):
+        if is_dtensor(grad):
             self._local.append(torch.linalg.vector_norm(grad.to_local(), dtype=torch.float32))
         else:
             self._norms.append(torch.linalg.vector_norm(grad, dtype=torch.float32))
@@ -200,7 +209,13 @@ def _step_and_free(
 
         return hook
 
+    del group  # read from the optimizer at each call: a list held here would tie the parameters to their own
+    # hooks, a cycle through autograd's C++ hook table that the garbage collector cannot see (the memory
+    # estimator's resume phase found the previous model's layers alive); clearing the optimizer's
+    # param_groups breaks it instead
+
     def group_hook(param: torch.Tensor) -> None:
+        group = [p for g in optimizer.param_groups for p in g["params"]]
         if grad_norm is not None:
             grad_norm.add(param.grad)
         # Stateless on purpose: the group is complete when every member holds a gradient (a member
@@ -236,9 +251,24 @@ def build_optimizer(
     grouping resumes with the other. The hooks add the changed weights to ``weight_changes`` when it
     is armed. ``rounding``: bf16 updates are rounded stochastically (pass it to ``step_optimizer`` too
     in standard mode); torchao optimizers are built with their own ``bf16_stochastic_round`` for it.
+
+    A low-rank optimizer (``apollo_torch``/``galore_torch``, see ``training._low_rank``) is built per
+    parameter in both modes, with ``optimizer.rest`` for the parameters outside
+    ``optimizer.target_modules``; standard mode returns a ``StepAfterBackward`` that steps them after
+    backward.
     """
     params = trainable_parameters(model)
-    extra = rounding.optimizer_kwargs(str(cfg_optimizer.get("_component_", ""))) if rounding is not None else {}
+    if is_low_rank(cfg_optimizer):
+        # one low-rank optimizer per group's target matrices, one of optimizer.rest per group's others
+        groups = in_bwd_groups(model, in_bwd_group) if optimizer_in_bwd else [[name] for name in params]
+        rest = str(cfg_optimizer.rest.get(config.COMPONENT_KEY, "")) if cfg_optimizer.get("rest") is not None else ""
+        rest_kwargs = rounding.optimizer_kwargs(rest) if rounding is not None else {}
+        optim_map = build_low_rank_optimizers(cfg_optimizer, model, groups, rest_kwargs=rest_kwargs)
+        if not optimizer_in_bwd:
+            return StepAfterBackward(optim_map)
+        register_optim_in_bwd_hooks(model, optim_map, grad_norm, rounding=rounding, weight_changes=weight_changes)
+        return OptimInBackwardWrapper(optim_map)
+    extra = rounding.optimizer_kwargs(str(cfg_optimizer.get(config.COMPONENT_KEY, ""))) if rounding is not None else {}
     if not optimizer_in_bwd:
         return config.instantiate(cfg_optimizer, list(params.values()), **extra)
     optim_map: Dict[str, Optimizer] = {}
@@ -307,7 +337,7 @@ def step_optimizer(
         torch._foreach_mul_([p.grad for p in with_grad], grad_scale)
     if with_grad and (clip_grad_norm is not None or (grad_norm is not None and grad_norm.armed)):
         norm = torch.nn.utils.get_total_norm([p.grad for p in with_grad])
-        if isinstance(norm, DTensor):
+        if is_dtensor(norm):
             # sharded gradients: the norm of each rank's shards is a partial result; full_tensor sums
             # the squares over the ranks, so every rank clips with the global norm
             norm = norm.full_tensor()
@@ -315,7 +345,12 @@ def step_optimizer(
             torch.nn.utils.clip_grads_with_norm_(with_grad, max_norm=clip_grad_norm, total_norm=norm)
         if grad_norm is not None:
             grad_norm.add_total(norm)
-    if with_grad and (rounding is not None or (weight_changes is not None and weight_changes.armed)):
+    if with_grad and isinstance(optimizer, StepAfterBackward):
+        # per-parameter optimizers (low-rank): each parameter stepped by its own, rounded if asked
+        for p in with_grad:
+            step_parameter(optimizer.optimizer_of(p), p, rounding=rounding, changes=weight_changes)
+        optimizer._opt_called = True  # type: ignore[attr-defined]
+    elif with_grad and (rounding is not None or (weight_changes is not None and weight_changes.armed)):
         step_each_parameter(optimizer, with_grad, rounding=rounding, changes=weight_changes)
     else:
         optimizer.step()

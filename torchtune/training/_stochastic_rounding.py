@@ -36,6 +36,7 @@ import torch
 from torch.optim import Optimizer
 
 from torchtune._errors import ConfigError
+from torchtune.config._instantiate import COMPONENT_KEY
 from torchtune.training._bnb_step import step_without_sync, supports_step_without_sync
 
 log = logging.getLogger("torchtune")
@@ -51,7 +52,9 @@ __all__ = [
 KEY = "bf16_stochastic_rounding"
 # The optimizer families whose state handling is known (see the module docstring); any other
 # optimizer may keep state in a layout the fp32 swap would get wrong, so it is refused.
-_SUPPORTED = ("torch.optim.", "bitsandbytes.optim.", "torchao.optim.")
+# apollo_torch/galore_torch: plain torch ops on the weight (their low-rank state is not parameter-shaped, so the
+# fp32 swap leaves it in the gradient's dtype, fp32 for a rounded step).
+_SUPPORTED = ("torch.optim.", "bitsandbytes.optim.", "torchao.optim.", "apollo_torch.", "galore_torch.")
 # The rounding noise is drawn in chunks, so its buffer (4 bytes an element) stays small next to a
 # large parameter; the chunk size is part of the random stream, so it never changes.
 _CHUNK = 1 << 22
@@ -70,7 +73,7 @@ def check_stochastic_rounding(cfg: Any) -> None:
     value = cfg[KEY]
     if not isinstance(value, bool):
         raise ConfigError(f"{KEY} must be True or False, got {value!r}.")
-    component = str(cfg.optimizer.get("_component_", ""))
+    component = str(cfg.optimizer.get(COMPONENT_KEY, ""))
     own = cfg.optimizer.get("bf16_stochastic_round")
     if own is not None and bool(own) != value:
         raise ConfigError(
@@ -79,10 +82,15 @@ def check_stochastic_rounding(cfg: Any) -> None:
         )
     if not value:
         return
-    if not component.startswith(_SUPPORTED):
+    rest = cfg.optimizer.get("rest")  # a low-rank optimizer's optimizer for the other parameters
+    if rest is not None and hasattr(rest, "get") and not str(rest.get("_component_", "")).startswith(_SUPPORTED):
+        component = f"optimizer.rest._component_={rest.get('_component_')}"
+    else:
+        component = f"optimizer._component_={component}"
+    if not component.split("=", 1)[1].startswith(_SUPPORTED):
         raise ConfigError(
             f"{KEY}=True supports the optimizers of torch.optim, bitsandbytes.optim and torchao.optim, whose "
-            f"state layout it knows; optimizer._component_={component} is none of them. Set {KEY}=False, or "
+            f"state layout it knows; {component} is none of them. Set {KEY}=False, or "
             "use e.g. optimizer._component_=torch.optim.AdamW."
         )
 

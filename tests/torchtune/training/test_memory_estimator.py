@@ -215,3 +215,47 @@ def test_counter_kinds_and_release():
         del paged
         assert counter.current_bytes("host_ram") == 1024
     del device, host, mapped
+
+
+@pytest.mark.parametrize("shape", [(600, 300), (300, 700)], ids=["tall", "wide"])
+def test_low_rank_state_solved_from_small_matrices_equals_a_real_step(shape):
+    """APOLLO's and GaLore's state (low-rank moments, projector) of a large matrix, solved from four small
+    ones, is what one real step of the class makes on that matrix."""
+    apollo = pytest.importorskip("apollo_torch")
+    galore = pytest.importorskip("galore_torch")
+    from torchtune.training._memory_estimator import _measured_low_rank_bytes, measure_low_rank_state
+
+    for cls, group in [
+        (
+            apollo.APOLLOAdamW,
+            {
+                "rank": 4,
+                "proj": "random",
+                "scale_type": "channel",
+                "scale": 1,
+                "update_proj_gap": 200,
+                "proj_type": "std",
+            },
+        ),
+        (galore.GaLoreAdamW, {"rank": 8, "update_proj_gap": 200, "scale": 0.25, "proj_type": "std"}),
+    ]:
+        kwargs = {"lr": 1e-3, **({"no_deprecation_warning": True} if cls is galore.GaLoreAdamW else {})}
+        solved = measure_low_rank_state(cls, kwargs, group, shape, torch.float32)
+        assert solved == _measured_low_rank_bytes(cls, kwargs, group, shape, torch.float32)
+        m, n = shape
+        if cls is apollo.APOLLOAdamW:
+            assert solved < 0.2 * m * n * 4  # far below one fp32 copy of the matrix: it is low-rank
+        else:  # GaLore's fp32 projection is a view of the square SVD factor, which it keeps alive
+            assert solved >= min(m, n) ** 2 * 4
+
+
+def test_paged_state_reports_bytes_and_pcie_seconds_per_step():
+    from torchtune.training._memory_estimator import PCIE_GB_PER_S, MemoryEstimate
+
+    est = MemoryEstimate(peak_bytes=1, breakdown={c: 0 for c in CATEGORIES}, paged_optimizer_bytes=int(53.91e9))
+    line = next(x for x in est.format().splitlines() if "paged per step" in x)
+    seconds = 53.91 / PCIE_GB_PER_S
+    assert "53.91 GB in + 53.91 GB out" in line and f"{seconds:.1f} s" in line and f"{2 * seconds:.1f} s" in line
+    assert "estimated" in line
+    plain = MemoryEstimate(peak_bytes=1, breakdown={c: 0 for c in CATEGORIES})
+    assert "paged per step" not in plain.format()  # nothing paged: nothing crosses PCIe

@@ -1,0 +1,169 @@
+"""Held-out loss after N training steps, per optimizer, on the same model, data and LR schedule.
+
+    .venv/bin/python benchmarks/bench_optimizers.py                        # the mini model (168M), 200 steps
+    .venv/bin/python benchmarks/bench_optimizers.py --steps 100 --layers 2 --dim 256   # what fits a slow CPU
+
+Every optimizer runs the recipe's real training step (``torchtune.training.TrainStep``, built from a
+config as ``benchmarks/bench_step.py`` builds it) with optimizer in backward, from identical random
+weights, on identical batches. The data is learnable without any download: token sequences drawn from a
+fixed random Markov chain over ``--active-vocab`` token ids (each id has ``--successors`` equally likely
+next ids, so the best possible loss is ln(successors)); the model keeps its full vocabulary (32000). The
+held-out loss is the mean cross-entropy of the trained model on batches the chain draws from another
+seed. The LR schedule is the recipes' cosine schedule with warm-up, the same for every optimizer.
+
+Reported per optimizer: held-out loss, its ratio to AdamW's, and the optimizer state bytes (every tensor
+in the per-parameter optimizers' state after the run, projectors included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any, Dict, List
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:  # run as a script from a checkout without installing
+    sys.path.insert(0, str(REPO_ROOT))
+
+import torch  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+
+from benchmarks.bench_step import DEFAULT_MODEL, bench_config, build_step  # noqa: E402
+from torchtune.training._memory_estimator import _state_bytes  # noqa: E402
+from torchtune.training.lr_schedulers import get_cosine_schedule_with_warmup  # noqa: E402
+
+_REST = {"_component_": "torch.optim.AdamW"}
+_APOLLO = {
+    "_component_": "apollo_torch.APOLLOAdamW",
+    "proj": "random",
+    "update_proj_gap": 200,
+    "proj_type": "std",
+    "rest": _REST,
+}
+# name -> optimizer node (lr and weight_decay are added); low-rank ranks relative to the model width
+OPTIMIZERS: Dict[str, Any] = {
+    "adamw": {"_component_": "torch.optim.AdamW"},
+    "bnb_adamw8bit": {"_component_": "bitsandbytes.optim.AdamW8bit"},
+    "apollo_mini": {**_APOLLO, "rank": 1, "scale_type": "tensor", "scale": 128},
+    "apollo": {**_APOLLO, "rank": "dim/4", "scale_type": "channel", "scale": 1},
+    "galore": {
+        "_component_": "galore_torch.GaLoreAdamW",
+        "rank": "dim/4",
+        "update_proj_gap": 200,
+        "scale": 0.25,
+        "proj_type": "std",
+        "rest": _REST,
+    },
+}
+
+
+def markov_batches(
+    n: int, batch_size: int, seq_len: int, active: int, successors: int, seed: int
+) -> List[Dict[str, torch.Tensor]]:
+    """``n`` batches of sequences from the benchmark's fixed Markov chain (its table is seeded apart from
+    ``seed``, which only chooses the sequences)."""
+    table = torch.randint(1, active, (active, successors), generator=torch.Generator().manual_seed(1234))
+    gen = torch.Generator().manual_seed(seed)
+    batches = []
+    for _ in range(n):
+        tokens = torch.empty(batch_size, seq_len, dtype=torch.long)
+        tokens[:, 0] = torch.randint(1, active, (batch_size,), generator=gen)
+        for t in range(1, seq_len):
+            pick = torch.randint(0, successors, (batch_size,), generator=gen)
+            tokens[:, t] = table[tokens[:, t - 1], pick]
+        batches.append({"tokens": tokens, "labels": tokens.clone()})
+    return batches
+
+
+def optimizer_node(name: str, dim: int, lr: float) -> Dict[str, Any]:
+    node = json.loads(json.dumps(OPTIMIZERS[name]))
+    if node.get("rank") == "dim/4":
+        node["rank"] = max(1, dim // 4)
+    node.update(lr=lr, weight_decay=0.0)
+    if "rest" in node:
+        node["rest"].update(lr=lr, weight_decay=0.0)
+    return node
+
+
+@torch.no_grad()
+def held_out_loss(step: Any, batches: List[Dict[str, torch.Tensor]]) -> float:
+    from torchtune.training import forward_loss
+
+    step.model.eval()
+    losses = [forward_loss(step.model, step.loss_fn, batch, device=step.device).item() for batch in batches]
+    step.model.train()
+    return sum(losses) / len(losses)
+
+
+def run_one(name: str, args: argparse.Namespace, train: List[Dict[str, torch.Tensor]], held: List[Any]) -> Dict:
+    model = {**DEFAULT_MODEL, "num_layers": args.layers, "embed_dim": args.dim, "max_seq_len": args.seq_len}
+    model["num_heads"] = model["num_kv_heads"] = max(1, args.dim // 64)
+    cfg = bench_config("adamw_bwd", model, args.dtype, args.device, lr=args.lr)
+    cfg.optimizer = OmegaConf.create(optimizer_node(name, args.dim, args.lr))
+    step = build_step(cfg, weights_seed=0)
+    schedule = get_cosine_schedule_with_warmup(
+        step.optimizer, num_warmup_steps=args.warmup, num_training_steps=args.steps
+    )
+    losses = []
+    for batch in train:
+        losses.append(step(batch).item())
+        schedule.step()
+    inner = getattr(step.optimizer, "optim_map", {"": step.optimizer})
+    state = sum(_state_bytes(dict(opt.state), set()) for opt in {id(o): o for o in inner.values()}.values())
+    params = sum(p.numel() for p in step.model.parameters())
+    return {
+        "held_out_loss": held_out_loss(step, held),
+        "last_train_loss": losses[-1],
+        "state_bytes": state,
+        "params": params,
+    }
+
+
+def main(argv: List[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--optimizers", default=",".join(OPTIMIZERS), help=f"comma-separated, of {list(OPTIMIZERS)}")
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--layers", type=int, default=DEFAULT_MODEL["num_layers"])
+    parser.add_argument("--dim", type=int, default=DEFAULT_MODEL["embed_dim"])
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--active-vocab", type=int, default=512)
+    parser.add_argument("--successors", type=int, default=4)
+    parser.add_argument("--held-out-batches", type=int, default=8)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
+    parser.add_argument("--json", default=None, help="also write the results here")
+    args = parser.parse_args(argv)
+    names = [n for n in args.optimizers.split(",") if n]
+    unknown = sorted(set(names) - set(OPTIMIZERS))
+    if unknown:
+        parser.error(f"unknown optimizers {unknown}; choose from {list(OPTIMIZERS)}")
+    train = markov_batches(args.steps, args.batch_size, args.seq_len, args.active_vocab, args.successors, seed=0)
+    held = markov_batches(args.held_out_batches, args.batch_size, args.seq_len, args.active_vocab, args.successors, 1)
+    results = {}
+    for name in names:
+        results[name] = run_one(name, args, train, held)
+        print(name, json.dumps(results[name]), flush=True)
+    base = results.get("adamw", {}).get("held_out_loss")
+    print(
+        f"\n{args.layers} layers x {args.dim} dim, vocab 32000 ({next(iter(results.values()))['params'] / 1e6:.0f}M "
+        f"parameters), {args.steps} steps of {args.batch_size} x {args.seq_len} tokens, lr {args.lr} cosine with "
+        f"{args.warmup} warm-up steps, {args.dtype}, optimizer in backward; best possible loss "
+        f"ln({args.successors}) = {math.log(args.successors):.3f}"
+    )
+    print(f"{'optimizer':<16}{'held-out loss':>15}{'vs AdamW':>10}{'state MB':>10}")
+    for name, r in results.items():
+        ratio = f"{r['held_out_loss'] / base:.3f}" if base else "-"
+        print(f"{name:<16}{r['held_out_loss']:>15.4f}{ratio:>10}{r['state_bytes'] / 1e6:>10.1f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
