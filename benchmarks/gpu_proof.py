@@ -80,7 +80,8 @@ PAGED, PAGED_8BIT = "bitsandbytes.optim.PagedAdamW", "bitsandbytes.optim.PagedAd
 # one small Llama2 for the GPU run and the CPU smoke run alike (the bounds below were set on it)
 LEARN_DIMS = dict(vocab_size=1024, num_layers=2, num_heads=4, num_kv_heads=4, embed_dim=128, max_seq_len=128)
 LEARN_LR = 5e-5  # most Adam updates (~lr) are below half a bf16 step of weights ~0.03: plain bf16 drops them
-# bf16 with stochastic rounding against fp32 after the learn phase's steps
+# bf16 with stochastic rounding against fp32 after the learn phase's steps. Measured on a CPU, 200 steps:
+# bf16 + rounding 0.996 and 0.7% of the drop; bf16 without rounding 0.12 and 87% (loss 7.08 -> 6.40 in fp32)
 LEARN_BOUNDS = {"signed_mean_update": (0.8, 1.25), "final_loss_gap_of_drop": 0.15}
 
 
@@ -404,6 +405,9 @@ def phase_pytest(settings: Settings, work: Path, budget: Budget, env: dict) -> l
         link = bin_dir / "python3"
         if not link.exists():
             link.symlink_to(python.resolve())
+            if sys.prefix != sys.base_prefix:  # a virtual environment: the link must find its packages too
+                shutil.copy(Path(sys.prefix) / "pyvenv.cfg", work / "pyvenv.cfg")
+                (work / "lib").symlink_to(Path(sys.prefix) / "lib")
         (bin_dir / "tune").write_text(f"#!{link}\nimport sys\nfrom torchtune._cli.tune import main\nsys.exit(main())\n")
         (bin_dir / "tune").chmod(0o755)
         python = link

@@ -71,14 +71,21 @@ BNB_KEEP = ("libbitsandbytes_cpu.so", "libbitsandbytes_cuda130.so")
 
 
 def tree_bytes(root: Path = REPO_ROOT) -> int:
-    """Bytes of what the device copies of the working tree: tracked files and untracked, not ignored ones."""
-    out = subprocess.run(
-        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        cwd=root,
-        capture_output=True,
-        check=True,
-    ).stdout
-    return sum((root / name).stat().st_size for name in out.decode().split("\0") if name and (root / name).is_file())
+    """Bytes of what the device copies of the working tree: tracked files and untracked, not ignored ones.
+    Without git (a copy of the tree, as on the device machine): every file but caches and carried folders."""
+    try:
+        out = subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=root,
+            capture_output=True,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        skip = {".git", ".venv", ".gpu_carry", "__pycache__", ".pytest_cache"}
+        files = (p for p in root.rglob("*") if not skip.intersection(p.relative_to(root).parts))
+        return sum(p.stat().st_size for p in files if p.is_file() and not p.is_symlink())
+    names = (name for name in out.decode().split("\0") if name)
+    return sum((root / name).stat().st_size for name in names if (root / name).is_file())
 
 
 def folder_bytes(folder: Path) -> int:

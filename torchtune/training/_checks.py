@@ -37,7 +37,7 @@ RECIPE_VALUE_TYPES = {
     "async_checkpoint": bool,
     "eval_every_n_steps": Optional[int],
     "results_file": Optional[str],  # null: eval_results.json next to the checkpoint scored
-    "prompt": Union[str, int, float],
+    "prompt": Optional[Union[str, int, float]],  # null: format_prompt says it is empty
     "instruction_template": Optional[str],
 }
 
