@@ -174,8 +174,9 @@ def _run(args: argparse.Namespace, work: Path) -> Dict[str, Any]:
             folder, ["model.safetensors"], output_dir=work / "out2", verify_checksums=args.verify_checksums
         )
         model.load_state_dict(loader.load_checkpoint()["model"])
-        jobs[:] = [loader.checksums, verify_checkpoint_files(folder, ["recipe_state.pt"], args.verify_checksums)]
-        state = load_recipe_state(folder / "recipe_state.pt")
+        state_files = [training.RECIPE_STATE_NAME]
+        jobs[:] = [loader.checksums, verify_checkpoint_files(folder, state_files, args.verify_checksums)]
+        state = load_recipe_state(folder / training.RECIPE_STATE_NAME)
         training.load_optimizer_state(optimizer, state["optimizer"])
 
     def load_plain() -> None:

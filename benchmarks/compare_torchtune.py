@@ -18,6 +18,16 @@ SentencePiece tokenizer and one Alpaca-format JSON file, each recipe running its
   ``compile: True`` and its chunked loss; ours with ``dataset.packed: True``, ``compile: True``, its
   chunked loss, ``optimizer_in_bwd_group: layer`` and the label-position selection (always on).
   ``--no-compile`` leaves compile off for both.
+- ``lowmem``: the ``7B_full_low_memory`` settings of both (bf16, ``--optimizer``, by default
+  bitsandbytes' PagedAdamW, in backward, activation checkpointing and offloading, chunked loss, no
+  compile; ours with bf16 stochastic rounding) on Alpaca-like data packed to ``--seq-len``: the
+  flagship comparison of ``benchmarks/gpu_proof.py`` (``--size 7b --checkpoint DIR`` on a GPU).
+
+``--checkpoint DIR`` uses an existing HF checkpoint of ``--size`` (``benchmarks/gpu_proof.py`` writes a
+7B one on the GPU) instead of writing one. ``--tt-pythonpath`` runs torchtune 0.6.1 with the same
+Python and that ``PYTHONPATH`` (unpacked wheels; this repository is left off it, since both are
+``torchtune``); ``--no-torchtune`` runs our variants only. ``--no-final-save`` makes both recipes'
+``save_checkpoint`` a no-op (the end-of-training save is not part of a step; 13.5 GB for 7B).
 
 ``--extra NAME:SPEC`` adds a variant of our recipe to the same interleaved runs, to measure what
 one of its features costs: SPEC is ``;``-separated config overrides, written and applied as ``tune
@@ -58,6 +68,8 @@ SIZES = {
     "168m": dict(vocab_size=32000, num_layers=8, num_heads=16, num_kv_heads=16, embed_dim=1024, max_seq_len=1024),
     # a small one for trying the script out
     "tiny": dict(vocab_size=2048, num_layers=2, num_heads=4, num_kv_heads=4, embed_dim=128, max_seq_len=1024),
+    # Llama2-7B (torchtune.models.llama2.llama2_7b); the GPU proof's checkpoint, given as --checkpoint
+    "7b": dict(vocab_size=32000, num_layers=32, num_heads=32, num_kv_heads=32, embed_dim=4096, max_seq_len=4096),
 }
 LOSSES = {  # each recipe's own plain and chunked cross-entropy
     "plain": {"ours": "torchtune.modules.loss.CrossEntropyLoss", "torchtune": "torch.nn.CrossEntropyLoss"},
@@ -147,19 +159,26 @@ def prepare(work: Path, args: argparse.Namespace) -> Dict[str, Path]:
     sys.path.insert(0, str(REPO_ROOT))
     from tests._helpers.tiny_run import make_hf_checkpoint
 
-    n = args.batch_size * (args.steps + 2) * (8 if args.scenario == "alpaca" else 1)
-    rows = alpaca_like_rows(n) if args.scenario == "alpaca" else identical_rows(n, args.seq_len)
+    if args.scenario == "lowmem":  # packed: ~100 tokens a row fill (steps + 2) batches of seq_len
+        n = max(64, args.batch_size * (args.steps + 2) * args.seq_len // 60)
+    else:
+        n = args.batch_size * (args.steps + 2) * (8 if args.scenario == "alpaca" else 1)
+    rows = identical_rows(n, args.seq_len) if args.scenario == "identical" else alpaca_like_rows(n)
     data = work / "data.json"
     data.write_text(json.dumps(rows))
     corpus = [ALPACA_PROMPT] * 20 + [" ".join(r.values()) for r in rows[:400]]
     tokenizer = make_tokenizer(work / "tok", corpus, SIZES[args.size]["vocab_size"])
-    ckpt = make_hf_checkpoint(work / "base", seed=0, **SIZES[args.size])
+    ckpt = Path(args.checkpoint) if args.checkpoint else make_hf_checkpoint(work / "base", seed=0, **SIZES[args.size])
     return {"data": data, "tokenizer": tokenizer, "checkpoint": ckpt}
 
 
 def config(impl: str, assets: Dict[str, Path], out: Path, args: argparse.Namespace) -> Dict[str, Any]:
-    best = args.scenario == "alpaca"
+    lowmem = args.scenario == "lowmem"
+    best = args.scenario in ("alpaca", "lowmem")
     loss = LOSSES["chunked" if best else "plain"][impl]
+    optimizer = {"_component_": "torch.optim.AdamW", "lr": 2e-5, "weight_decay": 0.0, "fused": True}
+    if lowmem:
+        optimizer = {"_component_": args.optimizer, "lr": 2e-5, "weight_decay": 0.0}
     common = {
         "output_dir": str(out),
         "seed": 0,
@@ -170,15 +189,16 @@ def config(impl: str, assets: Dict[str, Path], out: Path, args: argparse.Namespa
         "epochs": 1,
         "max_steps_per_epoch": args.steps,
         "gradient_accumulation_steps": 1,
-        "optimizer": {"_component_": "torch.optim.AdamW", "lr": 2e-5, "weight_decay": 0.0, "fused": True},
+        "optimizer": optimizer,
         "optimizer_in_bwd": True,
         "loss": {"_component_": loss},
         "clip_grad_norm": None,
-        "compile": best and args.compile,
+        "compile": args.scenario == "alpaca" and args.compile,
         "device": args.device,
         "dtype": args.dtype,
-        "enable_activation_checkpointing": False,
-        "enable_activation_offloading": False,
+        "enable_activation_checkpointing": lowmem,
+        # offloading moves activations from a GPU to the host; torchtune refuses it on a CPU
+        "enable_activation_offloading": lowmem and args.device.startswith("cuda"),
         "log_every_n_steps": 1,
         "log_peak_memory_stats": True,  # torchtune 0.6.1 turns it off on CPU itself
     }
@@ -193,7 +213,7 @@ def config(impl: str, assets: Dict[str, Path], out: Path, args: argparse.Namespa
         "_component_": "torchtune.datasets.alpaca_dataset",
         "source": "json",
         "data_files": str(assets["data"]),
-        "train_on_input": not best,
+        "train_on_input": args.scenario != "alpaca",
         "packed": best,
         "split": "train",
     }
@@ -202,7 +222,7 @@ def config(impl: str, assets: Dict[str, Path], out: Path, args: argparse.Namespa
             common["loss"]["num_output_chunks"] = 8
         return {
             **common,
-            "optimizer_in_bwd_group": "layer" if best else "param",
+            "optimizer_in_bwd_group": "layer" if args.scenario == "alpaca" else "param",
             "overwrite": False,  # each run has its own folder
             # Rounding is extra work torchtune does not do: on for our best settings only (a no-op in fp32).
             "bf16_stochastic_rounding": best,
@@ -234,41 +254,56 @@ def config(impl: str, assets: Dict[str, Path], out: Path, args: argparse.Namespa
     }
 
 
-def _load_recipe(impl: str, cfg: Any) -> Any:
+def _load_recipe(impl: str, cfg: Any, no_final_save: bool = False) -> Any:
     if impl == "ours":
         sys.path.insert(0, str(REPO_ROOT))
         from recipes.full_finetune_single_device import FullFinetuneRecipeSingleDevice
 
         recipe = FullFinetuneRecipeSingleDevice(cfg)
         recipe.setup()
+        if no_final_save:
+            recipe.save_checkpoint = lambda *args, **kwargs: None
         return recipe
     import importlib.util
     import sysconfig
 
     import torchtune
 
-    assert "site-packages" in torchtune.__file__, torchtune.__file__
-    # torchtune's recipes/__init__.py refuses imports; load the recipe file itself
-    path = Path(sysconfig.get_paths()["purelib"]) / "recipes" / "full_finetune_single_device.py"
+    home = Path(torchtune.__file__).resolve().parents[1]
+    assert home != REPO_ROOT, f"{torchtune.__file__} is this repository's, not torchtune 0.6.1"
+    # torchtune's recipes/__init__.py refuses imports; load the recipe file itself (beside the package
+    # in an unpacked wheel, else in site-packages)
+    path = home / "recipes" / "full_finetune_single_device.py"
+    if not path.exists():
+        path = Path(sysconfig.get_paths()["purelib"]) / "recipes" / "full_finetune_single_device.py"
     spec = importlib.util.spec_from_file_location("tt_full_finetune_single_device", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     recipe = module.FullFinetuneRecipeSingleDevice(cfg)
     recipe.setup(cfg)
+    if no_final_save:
+        recipe.save_checkpoint = lambda *args, **kwargs: None
     return recipe
 
 
-def worker(impl: str, config_path: Path, result_path: Path) -> None:
-    """Run one recipe's setup() + train(); write per-step wall/CPU times, trained and padded tokens."""
+def worker(impl: str, config_path: Path, result_path: Path, no_final_save: bool = False) -> None:
+    """Run one recipe's setup() + train(); write per-step wall/CPU times, trained and padded tokens, and
+    PyTorch's peak allocated/reserved device memory of the whole run (GB = 1e9 bytes) on a GPU."""
+    import torch
     from omegaconf import OmegaConf
 
     cfg = OmegaConf.load(config_path)
-    recipe = _load_recipe(impl, cfg)
+    recipe = _load_recipe(impl, cfg, no_final_save)
     model = recipe._model
     loader = recipe._data.dataloader if impl == "ours" else recipe._dataloader
     marks: List[tuple] = []
     model.register_forward_pre_hook(lambda module, args: marks.append((time.perf_counter(), time.process_time())))
     recipe.train()
+    peaks = {}
+    if torch.cuda.is_available() and str(cfg.device).startswith("cuda"):
+        torch.cuda.synchronize()
+        peaks = {"peak_allocated_gb": torch.cuda.max_memory_allocated() / 1e9}
+        peaks["peak_reserved_gb"] = torch.cuda.max_memory_reserved() / 1e9
     recipe.cleanup()
     loader.sampler.set_epoch(0)  # the same batches again, in the run's order (seed, epoch)
     batches = [b for b, _ in zip(loader, range(len(marks)))]
@@ -278,7 +313,7 @@ def worker(impl: str, config_path: Path, result_path: Path) -> None:
     wall = [b[0] - a[0] for a, b in zip(marks, marks[1:])]
     cpu = [b[1] - a[1] for a, b in zip(marks, marks[1:])]
     result_path.write_text(
-        json.dumps({"wall_s": wall, "cpu_s": cpu, "trained": trained, "positions": positions, "real": real})
+        json.dumps({"wall_s": wall, "cpu_s": cpu, "trained": trained, "positions": positions, "real": real, **peaks})
     )
 
 
@@ -329,13 +364,22 @@ def _summary(runs: List[Dict[str, Any]], skip: int) -> Dict[str, float]:
                 "padding": 1 - sum(r["real"][skip : skip + len(wall)]) / sum(positions),
             }
         )
-    return {k: statistics.median(p[k] for p in per_run) for k in per_run[0]} | {"runs": per_run}
+    peaks = {k: max(r[k] for r in runs) for k in ("peak_allocated_gb", "peak_reserved_gb") if k in runs[0]}
+    return {k: statistics.median(p[k] for p in per_run) for k in per_run[0]} | peaks | {"runs": per_run}
 
 
-def main() -> None:
+def main(argv: Any = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tt-python", default="/tmp/tt061/bin/python", help="python of the torchtune 0.6.1 venv")
-    parser.add_argument("--scenario", default="alpaca", choices=["alpaca", "identical"])
+    parser.add_argument("--tt-pythonpath", default=None, help="run torchtune with this Python and this PYTHONPATH")
+    parser.add_argument("--no-torchtune", dest="torchtune", action="store_false", help="our variants only")
+    parser.add_argument("--scenario", default="alpaca", choices=["alpaca", "identical", "lowmem"])
+    parser.add_argument("--checkpoint", default=None, help="an existing HF checkpoint of --size (else one is written)")
+    parser.add_argument("--optimizer", default="bitsandbytes.optim.PagedAdamW", help="the lowmem scenario's")
+    parser.add_argument("--no-final-save", action="store_true", help="skip both recipes' end-of-training save")
+    parser.add_argument(
+        "--keep-going", action="store_true", help="a failed variant other than ours is reported, not fatal"
+    )
     parser.add_argument("--size", default="168m", choices=sorted(SIZES))
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--skip", type=int, default=2, help="first steps left out (compile, warm-up)")
@@ -361,9 +405,9 @@ def main() -> None:
     parser.add_argument("--worker", choices=["ours", "torchtune"], help=argparse.SUPPRESS)
     parser.add_argument("--config", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.worker:
-        return worker(args.worker, Path(args.config), Path(args.result))
+        return worker(args.worker, Path(args.config), Path(args.result), args.no_final_save)
 
     import shutil
 
@@ -371,7 +415,7 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="compare_tt_"))
     assets = prepare(work, args)
-    pythons = {"ours": sys.executable, "torchtune": args.tt_python}
+    pythons = {"ours": sys.executable, "torchtune": sys.executable if args.tt_pythonpath else args.tt_python}
     env = {
         **os.environ,
         "HF_DATASETS_OFFLINE": "1",
@@ -380,20 +424,24 @@ def main() -> None:
         # one compile cache for every run: the first run of each recipe pays the cold compile
         "TORCHINDUCTOR_CACHE_DIR": str(work / "inductor"),
     }
-    variants = [
-        {"name": "ours", "impl": "ours", "overrides": [], "env": {}},
-        {"name": "torchtune", "impl": "torchtune", "overrides": [], "env": {}},
-    ] + [{**parse_extra(text), "impl": "ours"} for text in args.extra]
+    variants = [{"name": "ours", "impl": "ours", "overrides": [], "env": {}}]
+    if args.torchtune:
+        tt_env = {"PYTHONPATH": args.tt_pythonpath} if args.tt_pythonpath else {}
+        variants.append({"name": "torchtune", "impl": "torchtune", "overrides": [], "env": tt_env})
+    variants += [{**parse_extra(text), "impl": "ours"} for text in args.extra]
     names = [v["name"] for v in variants]
     if len(set(names)) != len(names):
         raise SystemExit(f"variant names must differ: {names}")
     runs: Dict[str, List[Dict[str, Any]]] = {name: [] for name in names}
     started = time.perf_counter()
+    failed: Dict[str, List[str]] = {}
     for repeat in range(args.repeats):
         # each variant takes each place in the order in turn, so machine drift hits them alike
         shift = repeat % len(variants)
         for index, variant in enumerate(variants[shift:] + variants[:shift]):
             name, impl = variant["name"], variant["impl"]
+            if name in failed:
+                continue
             out = work / f"run{repeat}_{index}"
             out.mkdir()
             cfg_path, res_path = out / "config.yaml", out / "result.json"
@@ -402,15 +450,20 @@ def main() -> None:
                 cfg = our_config(cfg, variant["overrides"])
             cfg_path.write_text(yaml.safe_dump(cfg))
             print(f"repeat {repeat + 1}: {name} ...", file=sys.stderr, flush=True)
+            command = [pythons[impl], __file__, "--worker", impl, "--config", str(cfg_path), "--result", str(res_path)]
             proc = subprocess.run(
-                [pythons[impl], __file__, "--worker", impl, "--config", str(cfg_path), "--result", str(res_path)],
+                command + (["--no-final-save"] if args.no_final_save else []),
                 cwd=str(work),
                 env={**env, **variant["env"]},
                 capture_output=True,
                 text=True,
             )
             if proc.returncode != 0:
-                raise SystemExit(f"{name} failed:\n{proc.stderr[-4000:]}")
+                if not args.keep_going or name == "ours":
+                    raise SystemExit(f"{name} failed:\n{proc.stderr[-4000:]}")
+                failed[name] = proc.stderr.strip().splitlines()[-3:]  # the others still run and compare
+                print(f"  {name} failed: {failed[name]}", file=sys.stderr, flush=True)
+                continue
             res = json.loads(res_path.read_text())
             if args.scenario == "identical":
                 assert all(p == args.batch_size * args.seq_len for p in res["positions"]), res["positions"]
@@ -426,8 +479,8 @@ def main() -> None:
                 flush=True,
             )
     shutil.rmtree(work, ignore_errors=True)
-    summaries = {name: _summary(runs[name], args.skip) for name in names}
-    ours, theirs = summaries["ours"], summaries["torchtune"]
+    summaries = {name: _summary(runs[name], args.skip) for name in names if runs[name]}
+    ours, theirs = summaries["ours"], summaries.get("torchtune")
     dims = SIZES[args.size]
     note = " (no compile)" if args.scenario == "alpaca" and not args.compile else ""
     print(
@@ -437,19 +490,23 @@ def main() -> None:
     )
     print(
         "| recipe | step wall (s) | step CPU (s) | trained tokens/step | padding | trained tokens/s (wall) | "
-        "trained tokens/s (CPU) | step CPU vs torchtune |\n|---|---|---|---|---|---|---|---|"
+        "trained tokens/s (CPU) | step CPU vs torchtune | peak allocated (GB) | peak reserved (GB) |\n"
+        "|---|---|---|---|---|---|---|---|---|---|"
     )
     for name, s in summaries.items():
         label = {"ours": "ours", "torchtune": "torchtune 0.6.1"}.get(name, f"ours, {name}")
+        versus = f"{s['cpu'] / theirs['cpu']:.3f}x" if theirs else "-"
+        peaks = " | ".join(f"{s[k]:.2f}" if k in s else "-" for k in ("peak_allocated_gb", "peak_reserved_gb"))
         print(
             f"| {label} | {s['wall']:.3f} | {s['cpu']:.3f} | {s['trained']:.0f} | {100 * s['padding']:.1f}% | "
-            f"{s['tok_s']:.1f} | {s['tok_cpu_s']:.1f} | {s['cpu'] / theirs['cpu']:.3f}x |"
+            f"{s['tok_s']:.1f} | {s['tok_cpu_s']:.1f} | {versus} | {peaks} |"
         )
-    print(
-        f"\nours / torchtune: tokens/s {ours['tok_s'] / theirs['tok_s']:.3f}x (wall), "
-        f"{ours['tok_cpu_s'] / theirs['tok_cpu_s']:.3f}x (CPU time); step time {ours['wall'] / theirs['wall']:.3f}x "
-        f"(wall), {ours['cpu'] / theirs['cpu']:.3f}x (CPU)"
-    )
+    if theirs:
+        print(
+            f"\nours / torchtune: tokens/s {ours['tok_s'] / theirs['tok_s']:.3f}x (wall), "
+            f"{ours['tok_cpu_s'] / theirs['tok_cpu_s']:.3f}x (CPU time); "
+            f"step time {ours['wall'] / theirs['wall']:.3f}x (wall), {ours['cpu'] / theirs['cpu']:.3f}x (CPU)"
+        )
     for name, s in summaries.items():
         per = s["runs"]
         print(
@@ -457,7 +514,9 @@ def main() -> None:
             + ", ".join(f"{p['tok_s']:.1f} tok/s ({p['wall']:.2f}s, {p['cpu']:.2f}s CPU)" for p in per)
         )
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps({"args": vars(args), "runs": runs}, indent=2))
+        Path(args.json_out).write_text(
+            json.dumps({"args": vars(args), "runs": runs, "summaries": summaries, "failed": failed}, indent=2)
+        )
 
 
 if __name__ == "__main__":

@@ -11,32 +11,37 @@ the GPU (nothing is downloaded):
    saved weights, ``load_optimizer_state``), after everything of the first run is freed;
 5. one more training step on the resumed run.
 
-The cap is real: ``--leave-gb N`` fills the card with a ballast allocation up to all but N GB
-(1 GB = 1e9 bytes), so the CUDA context, PyTorch's allocations and the managed memory of a paged
-optimizer all compete for those N GB, and the driver really pages managed memory out to host RAM.
+``--stage train`` runs phases 1-3 (``--no-save``: 1-2) and ``--stage resume`` phases 4-5 from the
+``--output-dir`` of a train stage, so that the resume is a new process, as a real resume is:
+bitsandbytes never frees a paged optimizer's buffers, so a resume in the same process still holds the
+first run's paged state (``benchmarks/gpu_proof.py`` runs the stages so).
+
+``--leave-gb N`` fills the card with a ballast allocation up to all but N GB (1 GB = 1e9 bytes), so the
+CUDA context and PyTorch's allocations compete for those N GB. It is refused with a paged optimizer:
+paged state is CUDA managed memory, and asking for more managed memory than the card has free can hang
+the GPU; with one, run uncapped and read PyTorch's peaks (the 16 GB claim is about those and the
+context). What paging costs on a real 16 GB card is not measured by this script.
 For each phase it prints PyTorch's peak allocated/reserved memory (without the ballast), the driver's
 peak of device memory in use (NVML, sampled in a thread by ``torchtune.training.memory.DeviceMemoryPeak``;
-without the ballast, with the CUDA context), the host's peak RSS (sampled the same way) and the
-estimate of ``tune estimate-memory`` for the phase; one JSON line per phase follows (``--json`` also
-writes them to a file).
+without the ballast, with the CUDA context and any managed memory resident on the card), the host's
+peak RSS and, apart, the peak of it that is memory-mapped files (checkpoint pages the kernel can drop;
+each sampled the same way, so the two peaks may fall at different moments) and the estimate of
+``tune estimate-memory`` for the phase; one JSON line per phase follows (``--json`` also writes them to
+a file).
 
-    python benchmarks/gpu_memory_check.py --leave-gb 16       # 7B, batch 2 x 2048, ~5 min on an H100/H200
+    python benchmarks/gpu_memory_check.py --optimizer bitsandbytes.optim.PagedAdamW8bit   # 7B, 2 x 2048
+    python benchmarks/gpu_memory_check.py --optimizer torch.optim.AdamW --model tiny --leave-gb 4
     python benchmarks/gpu_memory_check.py --model tiny --device cpu --steps 2 --seq-len 32   # CPU smoke test
 
 Disk: the step checkpoint of 7B with PagedAdamW is 13.5 GB of weights + 54 GB of optimizer state
 (``--optimizer bitsandbytes.optim.PagedAdamW8bit``: 13.7 GB of state); host RAM: the paged state plus a
 few GB. The script checks the free disk space of ``--output-dir`` first.
 
-Running it on a machine without network access: besides PyTorch (a CUDA build), the training layer
-needs omegaconf (with antlr4-python3-runtime and PyYAML), safetensors, tqdm and psutil, the shipped
-optimizer needs bitsandbytes, and NVML is read through nvidia-ml-py. Carry them as wheels made on a
-machine with network access (same Python version and platform as the GPU machine):
+Running it on a machine without network access: ``scripts/gpu_wheels.py`` unpacks what the GPU
+machine of ``../shared/GPU.md`` lacks (omegaconf, bitsandbytes trimmed to its CPU and CUDA 13
+libraries, datasets and its dependencies) into ``.gpu_carry/site``, for ``PYTHONPATH``:
 
-    pip download omegaconf antlr4-python3-runtime PyYAML safetensors tqdm psutil bitsandbytes nvidia-ml-py \\
-        -d wheels/ --only-binary=:all: --python-version 3.11 --platform manylinux2014_x86_64
-    # on the GPU machine, from the repository root (no install of the project itself needed):
-    pip install --no-index --find-links wheels/ omegaconf safetensors tqdm psutil bitsandbytes nvidia-ml-py
-    PYTHONPATH=. python benchmarks/gpu_memory_check.py --leave-gb 16
+    PYTHONPATH=$PWD:$PWD/.gpu_carry/site python3 benchmarks/gpu_memory_check.py --optimizer torch.optim.AdamW
 
 Without nvidia-ml-py the driver's figure comes from ``torch.cuda.mem_get_info`` (the same number, read
 differently).
@@ -89,7 +94,8 @@ class _Phase:
 
         self.name, self.device, self.ballast = name, device, ballast_bytes
         self.cuda = device.type == "cuda"
-        self._rss = memory.DeviceMemoryPeak(device, interval_s=0.01, read=_rss_bytes, source="host RSS (psutil)")
+        self._rss = memory.DeviceMemoryPeak(device, interval_s=0.01, read=_rss_bytes, source="host RSS")
+        self._mapped = memory.DeviceMemoryPeak(device, interval_s=0.01, read=_mapped_bytes, source="RssFile")
         self._driver = memory.DeviceMemoryPeak(device) if self.cuda else None
         self.result: dict[str, Any] = {"phase": name}
 
@@ -99,6 +105,7 @@ class _Phase:
             torch.cuda.reset_peak_memory_stats(self.device)
             self._driver.start()
         self._rss.start()
+        self._mapped.start()
         self._start = time.perf_counter()
         return self
 
@@ -107,7 +114,10 @@ class _Phase:
             torch.cuda.synchronize(self.device)
         self.result["seconds"] = time.perf_counter() - self._start
         self._rss.stop()
+        self._mapped.stop()
         self.result["host_peak_rss_gb"] = self._rss.peak_bytes / GB
+        # file pages (a memory-mapped checkpoint): counted in RSS, but the kernel drops them under pressure
+        self.result["host_peak_mapped_files_gb"] = self._mapped.peak_bytes / GB
         if self.cuda:
             self._driver.stop()
             stats = torch.cuda.memory_stats(self.device)
@@ -121,6 +131,33 @@ def _rss_bytes() -> int:
     import psutil
 
     return psutil.Process().memory_info().rss
+
+
+def _mapped_bytes() -> int:
+    """The file-backed part of the RSS (Linux ``RssFile``); 0 where /proc does not say."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("RssFile:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def is_paged_optimizer(component: str) -> bool:
+    """bitsandbytes' paged optimizers (``PagedAdamW``, ``PagedAdamW8bit``, ``PagedLion`` ...) by name."""
+    return component.rsplit(".", 1)[-1].startswith("Paged")
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    if args.leave_gb is not None and is_paged_optimizer(args.optimizer):
+        raise SystemExit(
+            f"--leave-gb {args.leave_gb:g} with --optimizer {args.optimizer} is refused: a paged optimizer's state is "
+            "CUDA managed memory, and asking for more managed memory than a ballast leaves free can hang the GPU; "
+            "run without --leave-gb (PyTorch's peaks are the figures to read) or with a non-paged optimizer."
+        )
+    if args.stage == "resume" and args.output_dir is None:
+        raise SystemExit("--stage resume reads the step checkpoint of a --stage train run: pass its --output-dir.")
 
 
 def _ballast(device: torch.device, leave_gb: Optional[float]) -> tuple[Optional[torch.Tensor], int]:
@@ -147,14 +184,19 @@ def _check_disk(output_dir: Path, need_bytes: int) -> None:
         )
 
 
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def run(args: argparse.Namespace) -> list[dict]:
-    """Run the check; returns one result dict per phase (also printed as JSON lines)."""
+    """Run the check (all phases, or one ``--stage``); returns one result dict per phase (also printed)."""
+    _check_args(args)
     from torchtune.training import memory
 
     if args.device.startswith("cuda"):
         memory.set_cuda_alloc_conf()  # before the first CUDA allocation, as the recipe does
-    from torchtune import config, training, utils
-    from torchtune.training import _checkpoint_memory as phases_code
+    from torchtune import utils
 
     device = utils.get_device(args.device)
     ballast, ballast_bytes = _ballast(device, args.leave_gb)
@@ -162,20 +204,28 @@ def run(args: argparse.Namespace) -> list[dict]:
     work.mkdir(parents=True, exist_ok=True)
     cfg = _load_recipe_config(args, work / "output")
     dtype = utils.get_dtype(cfg.dtype, device)
-    estimates = {}
-    if args.estimate:
+    estimates: dict[str, dict[str, float]] = {}
+    saved = work / "estimates.json"  # the train stage's, reused by the resume stage (same settings)
+    if args.estimate and args.stage == "resume" and saved.exists():
+        estimates = json.loads(saved.read_text())
+    elif args.estimate:
         from torchtune.training._checkpoint_memory import estimate_run_memory
 
         run_estimate = estimate_run_memory(cfg, seq_len=args.seq_len, batch_size=args.batch_size)
-        estimates = {p.name: p for p in run_estimate.phases}
-        # fail before minutes of training if the step checkpoint cannot be written (checked again, exactly, later)
-        breakdown = run_estimate.steps.breakdown
-        _check_disk(
-            work, breakdown["weights"] + breakdown["optimizer_state"] + run_estimate.steps.paged_optimizer_bytes
-        )
+        estimates = {
+            p.name: {"estimated_device_peak_gb": p.device_peak / GB, "estimated_host_ram_gb": p.host_ram_peak / GB}
+            for p in run_estimate.phases
+        }
+        saved.write_text(json.dumps(estimates))
+        if args.stage != "resume" and args.save:
+            # fail before minutes of training if the step checkpoint cannot be written (checked again, exactly, later)
+            breakdown = run_estimate.steps.breakdown
+            _check_disk(
+                work, breakdown["weights"] + breakdown["optimizer_state"] + run_estimate.steps.paged_optimizer_bytes
+            )
 
     results: list[dict] = []
-    generator = torch.Generator().manual_seed(0)
+    generator = torch.Generator().manual_seed(0 if args.stage != "resume" else 1)
 
     def batch(vocab: int, seq_len: int) -> dict[str, torch.Tensor]:
         shape = (args.batch_size, seq_len)
@@ -183,6 +233,49 @@ def run(args: argparse.Namespace) -> list[dict]:
             "tokens": torch.randint(0, vocab, shape, generator=generator),
             "labels": torch.randint(0, vocab, shape, generator=generator),
         }
+
+    if args.stage in ("all", "train"):
+        seq_len = _train(args, cfg, work, device, dtype, ballast_bytes, batch, results)
+    if args.stage in ("all", "resume"):
+        seq_len = _resume(args, cfg, work, device, dtype, ballast_bytes, batch, results)
+
+    common = {
+        "model": args.model,
+        "device": str(device),
+        "optimizer": args.optimizer,
+        "batch_size": args.batch_size,
+        "seq_len": seq_len,
+        "leave_gb": args.leave_gb,
+        "ballast_gb": ballast_bytes / GB,
+    }
+    for r in results:
+        estimate = estimates.get(r["phase"]) or estimates.get("training steps" if r["phase"] == "one more step" else "")
+        r.update(estimate or {})
+        r.update(common)
+    print(_table(results))
+    for r in results:
+        print(json.dumps(r), flush=True)
+    if args.json:
+        Path(args.json).write_text("".join(json.dumps(r) + "\n" for r in results))
+    del ballast
+    if args.output_dir is None:
+        shutil.rmtree(work, ignore_errors=True)
+    return results
+
+
+def _train(
+    args: argparse.Namespace,
+    cfg: Any,
+    work: Path,
+    device: torch.device,
+    dtype: torch.dtype,
+    ballast_bytes: int,
+    batch: Any,
+    results: list,
+) -> int:
+    """Set-up, training steps and (unless ``--no-save``) the step checkpoint save; returns the sequence length."""
+    from torchtune import training
+    from torchtune.training import _checkpoint_memory as phases_code
 
     with _Phase("set-up (load weights)", device, ballast_bytes) as phase:
         step = training.TrainStep.from_config(cfg, device=device, dtype=dtype)
@@ -197,17 +290,17 @@ def run(args: argparse.Namespace) -> list[dict]:
         losses, start = [], None
         for i in range(args.steps):
             if i == 1:  # the first step warms up kernels and allocates the optimizer state
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
+                _sync(device)
                 start = time.perf_counter()
             losses.append(step(data))  # kept on the device: no host sync inside the timed steps
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        _sync(device)
         if start is not None:
             tokens = args.batch_size * seq_len * (args.steps - 1)
             phase.result["tokens_per_second"] = tokens / (time.perf_counter() - start)
         phase.result["last_loss"] = float(losses[-1])
     results.append(phase.result)
+    if not args.save:
+        return seq_len
 
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     state_bytes = sum(
@@ -219,28 +312,52 @@ def run(args: argparse.Namespace) -> list[dict]:
     )
     source = work / "source"
     phases_code.write_hf_folder(model, source)  # config.json + an empty weights file: the checkpointer's input
-    cfg.checkpointer.checkpoint_dir = str(source)
-    cfg.checkpointer.checkpoint_files = ["model.safetensors"]
-    cfg.checkpointer.output_dir = str(work / "output")
+    _point_checkpointer_at(cfg, work)
     _check_disk(work, weights + state_bytes)
     checkpointer = training.build_checkpointer(cfg.checkpointer, None)
 
     with _Phase("step checkpoint save", device, ballast_bytes) as phase:
         phases_code.save_step_checkpoint(checkpointer, model, step.optimizer, cfg)
     results.append(phase.result)
-    folder = phases_code.latest_step_folder(work / "output")
 
     phases_code.release(step.optimizer)
     del step, model, checkpointer, data
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
+    return seq_len
 
+
+def _point_checkpointer_at(cfg: Any, work: Path) -> None:
+    cfg.checkpointer.checkpoint_dir = str(work / "source")
+    cfg.checkpointer.checkpoint_files = ["model.safetensors"]
+    cfg.checkpointer.output_dir = str(work / "output")
+
+
+def _resume(
+    args: argparse.Namespace,
+    cfg: Any,
+    work: Path,
+    device: torch.device,
+    dtype: torch.dtype,
+    ballast_bytes: int,
+    batch: Any,
+    results: list,
+) -> int:
+    """Resume load (as a new run does it) from the latest step checkpoint under ``work``, then one step."""
+    from torchtune import config, training
+    from torchtune.training import _checkpoint_memory as phases_code
+
+    _point_checkpointer_at(cfg, work)
+    folder = phases_code.latest_step_folder(work / "output")
     cfg.resume_from_checkpoint = True
-    cfg.checkpointer.recipe_checkpoint = str(folder / "recipe_state.pt")
+    cfg.checkpointer.recipe_checkpoint = str(folder / training.RECIPE_STATE_NAME)
     with _Phase("resume load", device, ballast_bytes) as phase:
         checkpointer, model, optimizer = phases_code.setup_run(cfg, device, dtype, simulated=False)
+        if args.stage == "resume":
+            phase.result["note"] = "in a new process"
     results.append(phase.result)
+    seq_len = min(args.seq_len, model.max_seq_len)
 
     resumed = training.TrainStep(
         model,
@@ -251,33 +368,9 @@ def run(args: argparse.Namespace) -> list[dict]:
         clip_grad_norm=cfg.clip_grad_norm,
     )
     with _Phase("one more step", device, ballast_bytes) as phase:
-        phase.result["last_loss"] = float(resumed(batch(vocab, seq_len)))
+        phase.result["last_loss"] = float(resumed(batch(model.tok_embeddings.num_embeddings, seq_len)))
     results.append(phase.result)
-
-    common = {
-        "model": args.model,
-        "device": str(device),
-        "optimizer": args.optimizer,
-        "batch_size": args.batch_size,
-        "seq_len": seq_len,
-        "leave_gb": args.leave_gb,
-        "ballast_gb": ballast_bytes / GB,
-    }
-    for r in results:
-        estimate = estimates.get(r["phase"]) or estimates.get("training steps" if r["phase"] == "one more step" else "")
-        if estimate is not None:
-            r["estimated_device_peak_gb"] = estimate.device_peak / GB
-            r["estimated_host_ram_gb"] = estimate.host_ram_peak / GB
-        r.update(common)
-    print(_table(results))
-    for r in results:
-        print(json.dumps(r), flush=True)
-    if args.json:
-        Path(args.json).write_text("".join(json.dumps(r) + "\n" for r in results))
-    del ballast
-    if args.output_dir is None:
-        shutil.rmtree(work, ignore_errors=True)
-    return results
+    return seq_len
 
 
 def _table(results: list[dict]) -> str:
@@ -288,6 +381,7 @@ def _table(results: list[dict]) -> str:
         ("driver_peak_in_use_gb", "driver (NVML)"),
         ("estimated_host_ram_gb", "est. host RAM"),
         ("host_peak_rss_gb", "host RSS"),
+        ("host_peak_mapped_files_gb", "of it mapped"),
     ]
     lines = ["Peak memory per phase (GB = 1e9 bytes; device figures without the ballast, driver's with the context):"]
     lines.append(f"  {'phase':<24}" + "".join(f"{label:>16}" for _, label in columns) + f"{'tokens/s':>12}")
@@ -311,9 +405,16 @@ def main(argv: Optional[list] = None) -> int:
         "--leave-gb",
         type=float,
         default=None,
-        help="fill the GPU with a ballast allocation up to all but this many GB (1e9), e.g. 16",
+        help="fill the GPU with a ballast allocation up to all but this many GB (1e9); refused with a paged optimizer",
     )
     parser.add_argument("--output-dir", default=None, help="where the step checkpoint goes (default: a temp dir)")
+    parser.add_argument(
+        "--stage",
+        choices=["all", "train", "resume"],
+        default="all",
+        help="train: set-up, steps, save; resume: resume load and one step from --output-dir (a new process)",
+    )
+    parser.add_argument("--no-save", dest="save", action="store_false", help="train stage without the step checkpoint")
     parser.add_argument("--no-estimate", dest="estimate", action="store_false", help="skip tune estimate-memory")
     parser.add_argument("--json", default=None, help="also write the JSON lines to this file")
     run(parser.parse_args(argv))

@@ -99,10 +99,10 @@ class EleutherEvalRecipe:
         self._tasks = evaluation.resolve_tasks(self._settings.tasks)
         checkpointer = config.instantiate(cfg.checkpointer)
         self._checkpoint_dir = Path(cfg.checkpointer.checkpoint_dir).expanduser()
+        training.check_model_matches_checkpoint(cfg.model, checkpointer)  # before any weight is read
         model = training.build_model(
             cfg.model, device=self._device, dtype=self._dtype, state_dict=checkpointer.load_checkpoint()["model"]
         )
-        training.check_model_matches_checkpoint(model, checkpointer)
         tokenizer = config.instantiate(cfg.tokenizer)
         training.check_tokenizer_fits_model(tokenizer, model, cfg.tokenizer)
         self._lm = evaluation.build_lm(model, tokenizer, self._settings)

@@ -131,7 +131,7 @@ def validate_config(cfg: DictConfig) -> None:
             f"fsdp_reshard_after_forward={reshard!r}: use True (free each layer's gathered weights after its forward: "
             "least memory) or False (keep them until backward: one all-gather less per layer)."
         )
-    component = str(cfg.optimizer.get("_component_", ""))
+    component = str(cfg.optimizer.get(config.COMPONENT_KEY, ""))
     if component.startswith("bitsandbytes."):
         raise ConfigError(
             f"optimizer._component_={component}: bitsandbytes optimizers cannot step FSDP2's sharded (DTensor) "
@@ -201,10 +201,19 @@ class FullFinetuneRecipeDistributed:
                 quiet=not self._is_rank_zero,
             )
         self._local_batch_size = batch_size // world
+        ga = training.positive_int(cfg, "gradient_accumulation_steps")
+        log.info(
+            "global batch %d = %d per rank x %d rank%s%s",
+            batch_size,
+            self._local_batch_size,
+            world,
+            "" if world == 1 else "s",
+            f"; x {ga} accumulation steps = {batch_size * ga} examples per optimizer step" if ga > 1 else "",
+        )
         self._settings = training.RunSettings(
             optimizer_in_bwd=bool(cfg.optimizer_in_bwd),
             batch_size=batch_size,
-            gradient_accumulation_steps=training.positive_int(cfg, "gradient_accumulation_steps"),
+            gradient_accumulation_steps=ga,
             seed=cfg.seed,
             max_steps_per_epoch=training.positive_int(cfg, "max_steps_per_epoch", allow_none=True),
             epochs=training.positive_int(cfg, "epochs"),
@@ -286,11 +295,12 @@ class FullFinetuneRecipeDistributed:
         # what the HF folders this run writes are made of. A resumed run takes its weights from the
         # sharded state instead.
         self._checkpointer = training.build_checkpointer(cfg.checkpointer, None)
+        # config.json vs the builder, on a meta-device model: before any weight is read.
+        training.check_model_matches_checkpoint(cfg.model, self._checkpointer)
         self._model = self._setup_model(cfg)
         self._activations = training.get_act_offloading_ctx_manager(self._model, cfg.enable_activation_offloading)
         if self._resume is not None:
             self._resume.check_model(self._model)
-        training.check_model_matches_checkpoint(self._model, self._checkpointer)
         self._tokenizer = config.instantiate(cfg.tokenizer)
         training.check_tokenizer_fits_model(self._tokenizer, self._model, cfg.tokenizer)
 
@@ -313,7 +323,11 @@ class FullFinetuneRecipeDistributed:
             batch_size=self._local_batch_size,
             every_n_steps=cfg.eval_every_n_steps,
         )
-        self._steps_per_epoch = self._count_steps_per_epoch()
+        self._steps_per_epoch = self._data.steps_per_epoch(
+            batch_size=self._settings.batch_size,
+            gradient_accumulation_steps=self._settings.gradient_accumulation_steps,
+            max_steps=self.max_steps_per_epoch,
+        )
 
     def _setup_model(self, cfg: DictConfig) -> torch.nn.Module:
         """Build on the meta device (no memory, no random init), checkpoint/compile the layers, shard,
@@ -368,24 +382,11 @@ class FullFinetuneRecipeDistributed:
             in_bwd_group=self._cfg.optimizer_in_bwd_group,
         )
 
-    def _count_steps_per_epoch(self) -> int:
-        ga, batches = self._settings.gradient_accumulation_steps, len(self._data.dataloader)
-        steps = batches // ga
-        if self.max_steps_per_epoch is not None:
-            steps = min(steps, self.max_steps_per_epoch)
-        if steps < 1:
-            raise TuneError(
-                f"The dataset has {len(self._data.dataloader.dataset)} examples, fewer than one optimizer step needs "
-                f"(batch_size={self._settings.batch_size} x gradient_accumulation_steps={ga}). Lower batch_size or "
-                "use a larger dataset."
-            )
-        return steps
-
     # ------------------------------------------------------------------------------------------
     # training
     # ------------------------------------------------------------------------------------------
     def _global_tokens(self, local: int) -> int:
-        """The labelled tokens of this micro-batch over all ranks (host-side, on the gloo group: no GPU sync)."""
+        """The labelled tokens of this step over all ranks (host-side, on the gloo group: no GPU sync)."""
         if self._dist.world_size == 1:
             return local
         count = torch.tensor([local], dtype=torch.int64)
@@ -400,49 +401,40 @@ class FullFinetuneRecipeDistributed:
             for epoch in range(progress.epochs_run, self._settings.epochs):
                 start = progress.steps_run_in_epoch * ga * self._settings.batch_size  # examples, all ranks
                 self._data.sampler.set_epoch(epoch, start_index=start)
-                pbar = tqdm(
-                    total=self._steps_per_epoch,
-                    initial=progress.steps_run_in_epoch,
-                    dynamic_ncols=True,
-                    file=sys.stderr,
-                    mininterval=0.5,
-                    disable=not self._is_rank_zero,
+                pbar = training.epoch_progress_bar(
+                    self._steps_per_epoch, progress.steps_run_in_epoch, self._is_rank_zero
                 )
-                step_loss, step_label_tokens = torch.zeros((), device=self._device), 0
+                step_loss = torch.zeros((), device=self._device)
                 interval_tokens, interval_start = 0, time.perf_counter()
-                for idx, batch in enumerate(self._data.dataloader):
+                for micro_batches in self._data.steps(ga):
                     if progress.steps_run_in_epoch >= self._steps_per_epoch:
                         break
-                    last_micro_batch = (idx + 1) % ga == 0
-                    will_log = last_micro_batch and (progress.global_step + 1) % self._log_every_n_steps == 0
+                    will_log = (progress.global_step + 1) % self._log_every_n_steps == 0
                     if will_log:
                         self._grad_norm.arm(self._device)  # the in-backward hooks add to it
                     lr = self._optimizer.param_groups[0]["lr"]  # the LR this step applies
-                    interval_tokens += self._data.num_tokens(batch)
-                    # The loss is this rank's mean over its label tokens. Weighted by those tokens and
-                    # divided by the label tokens of the whole step on all ranks (FSDP sums the
-                    # gradients), the ranks together compute one process's gradient of one batch of
-                    # every micro-batch. Without accumulation the division happens before backward
-                    # (in backward, the optimizers step inside it); with it, on the summed gradients.
-                    local_tokens = training.num_label_tokens(batch)
-                    step_label_tokens += local_tokens
-                    weight = local_tokens / max(self._global_tokens(local_tokens), 1) if ga == 1 else local_tokens
-                    loss = training.forward_backward(
-                        self._model,
-                        self._loss_fn,
-                        batch,
-                        device=self._device,
-                        activations_ctx=self._activations,
-                        loss_scale=float(weight),
-                    )
-                    step_loss += loss * weight
-                    if not last_micro_batch:
-                        continue
-                    grad_scale = None
-                    if ga > 1:
-                        grad_scale = 1.0 / max(self._global_tokens(step_label_tokens), 1)
-                        step_loss *= grad_scale
-                    step_label_tokens = 0
+                    # The label tokens of the whole step on all ranks, counted from the host batches
+                    # before the first forward: one host all-reduce per step, none per micro-batch.
+                    # Each micro-batch's mean loss weighted by its share of them, with FSDP summing
+                    # the gradients, makes the ranks compute one process's gradient of the global batch.
+                    label_tokens = [training.num_label_tokens(batch) for batch in micro_batches]
+                    step_label_tokens = max(self._global_tokens(sum(label_tokens)), 1)
+                    for i, batch in enumerate(micro_batches):
+                        interval_tokens += self._data.num_tokens(batch)
+                        if ga > 1:
+                            # Gradients accumulate unsharded until the last micro-batch, then FSDP2
+                            # reduce-scatters once per step (costs a full gradient per rank meanwhile).
+                            self._model.set_requires_gradient_sync(i == ga - 1)
+                        weight = label_tokens[i] / step_label_tokens
+                        loss = training.forward_backward(
+                            self._model,
+                            self._loss_fn,
+                            batch,
+                            device=self._device,
+                            activations_ctx=self._activations,
+                            loss_scale=weight,
+                        )
+                        step_loss += loss * weight
 
                     # Standard mode: clip (by the global norm) and step. In backward: already stepped.
                     training.step_optimizer(
@@ -450,7 +442,6 @@ class FullFinetuneRecipeDistributed:
                         self._model.parameters(),
                         clip_grad_norm=self._clip_grad_norm,
                         grad_norm=self._grad_norm,
-                        grad_scale=grad_scale,
                     )
                     if self._lr_scheduler is not None:
                         self._lr_scheduler.step()
@@ -614,17 +605,8 @@ class FullFinetuneRecipeDistributed:
         else:
             folder = self.save_checkpoint(epoch=epoch, step_checkpoint=True)
         self._checkpoint_writer.finish()  # the save must be complete before the resume command is printed
-        recipe_ckpt = folder / training.RECIPE_STATE_NAME
         if self._is_rank_zero:
-            if recipe_ckpt.exists():
-                print(
-                    f"\nStopped by {name} after step {self.global_step}; checkpoint saved to {folder}.\n"
-                    f"Resume with:\n  {training.resume_command(RECIPE_NAME, recipe_ckpt)}",
-                    file=sys.stderr,
-                    flush=True,
-                )
-            else:
-                print(f"\nStopped by {name}; training had finished. Final weights in {folder}.", file=sys.stderr)
+            training.report_stop(name, self.global_step, folder, RECIPE_NAME)
         raise SystemExit(128 + int(signum))
 
     def _log_memory(self, title: str) -> None:

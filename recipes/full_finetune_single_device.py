@@ -197,8 +197,8 @@ class FullFinetuneRecipeSingleDevice:
     # setup
     # ------------------------------------------------------------------------------------------
     def setup(self) -> None:
-        """Build everything, in order: resume plan, checkpointer, model, tokenizer, optimizer, loss,
-        data, LR schedule, metric logger."""
+        """Build everything, cheapest check first: resume plan, metric logger, tokenizer, data, checkpointer
+        and the model's shapes against it and the tokenizer; only then the weights, optimizer, loss, LR schedule."""
         cfg = self._cfg
         training.prepare_output_dir(cfg)  # another run's checkpoints there: stop (or overwrite=True), load nothing
         if self._eval_settings is not None:  # before training: a missing lm-eval or a typo in a task name
@@ -221,7 +221,30 @@ class FullFinetuneRecipeSingleDevice:
             log.info("The checkpoint was saved without bf16_stochastic_rounding: its rounding stream starts now.")
         self._metric_logger = training.build_metric_logger(cfg)  # metrics.jsonl + the loggers listed in the config
 
+        # Cheapest first: a missing tokenizer file, a missing data column or a template that does not fit the
+        # rows fails here, in seconds, before minutes of reading weights.
+        self._tokenizer = config.instantiate(cfg.tokenizer)
+        self._data = training.build_dataloader(
+            cfg.dataset, self._tokenizer, batch_size=self._settings.batch_size, shuffle=cfg.shuffle, seed=self.seed
+        )
+        self._validation = training.build_validation(
+            cfg.validation_dataset,
+            self._tokenizer,
+            batch_size=self._settings.batch_size,
+            every_n_steps=cfg.eval_every_n_steps,
+        )
+        self._steps_per_epoch = self._data.steps_per_epoch(
+            batch_size=self._settings.batch_size,
+            gradient_accumulation_steps=self._settings.gradient_accumulation_steps,
+            max_steps=self.max_steps_per_epoch,
+        )
         self._checkpointer = training.build_checkpointer(cfg.checkpointer, self._resume)
+        # the model's shapes without its weights (meta device): checked against the checkpoint's config and
+        # the tokenizer before any weight is read
+        skeleton = training.model_skeleton(cfg.model, dtype=self._dtype)
+        training.check_model_matches_checkpoint(skeleton, self._checkpointer)
+        training.check_tokenizer_fits_model(self._tokenizer, skeleton, cfg.tokenizer)
+        del skeleton
         self._model = training.build_model(
             cfg.model,
             device=self._device,
@@ -233,9 +256,6 @@ class FullFinetuneRecipeSingleDevice:
         self._activations = training.get_act_offloading_ctx_manager(self._model, cfg.enable_activation_offloading)
         if self._resume is not None:
             self._resume.check_model(self._model)
-        training.check_model_matches_checkpoint(self._model, self._checkpointer)
-        self._tokenizer = config.instantiate(cfg.tokenizer)
-        training.check_tokenizer_fits_model(self._tokenizer, self._model, cfg.tokenizer)
 
         self._optimizer = self._setup_optimizer(
             cfg.optimizer,
@@ -243,16 +263,6 @@ class FullFinetuneRecipeSingleDevice:
             opt_state_dict=self._resume.optimizer_state if self._resume else None,
         )
         self._loss_fn = config.instantiate(cfg.loss)
-        self._data = training.build_dataloader(
-            cfg.dataset, self._tokenizer, batch_size=self._settings.batch_size, shuffle=cfg.shuffle, seed=self.seed
-        )
-        self._validation = training.build_validation(
-            cfg.validation_dataset,
-            self._tokenizer,
-            batch_size=self._settings.batch_size,
-            every_n_steps=cfg.eval_every_n_steps,
-        )
-        self._steps_per_epoch = self._count_steps_per_epoch()
         self._lr_scheduler = training.build_lr_scheduler(
             cfg.lr_scheduler,
             self._optimizer,
@@ -283,19 +293,6 @@ class FullFinetuneRecipeSingleDevice:
             training.load_optimizer_state(optimizer, opt_state_dict)
         return optimizer
 
-    def _count_steps_per_epoch(self) -> int:
-        ga, batches = self._settings.gradient_accumulation_steps, len(self._data.dataloader)
-        steps = batches // ga
-        if self.max_steps_per_epoch is not None:
-            steps = min(steps, self.max_steps_per_epoch)
-        if steps < 1:
-            raise TuneError(
-                f"The dataset has {len(self._data.dataloader.dataset)} examples, fewer than one optimizer step needs "
-                f"(batch_size={self._settings.batch_size} x gradient_accumulation_steps={ga}). Lower batch_size or "
-                "use a larger dataset."
-            )
-        return steps
-
     # ------------------------------------------------------------------------------------------
     # training
     # ------------------------------------------------------------------------------------------
@@ -307,13 +304,7 @@ class FullFinetuneRecipeSingleDevice:
             for epoch in range(progress.epochs_run, self._settings.epochs):
                 start = progress.steps_run_in_epoch * ga * self._settings.batch_size
                 self._data.sampler.set_epoch(epoch, start_index=start)
-                pbar = tqdm(
-                    total=self._steps_per_epoch,
-                    initial=progress.steps_run_in_epoch,
-                    dynamic_ncols=True,
-                    file=sys.stderr,
-                    mininterval=0.5,
-                )
+                pbar = training.epoch_progress_bar(self._steps_per_epoch, progress.steps_run_in_epoch)
                 step_loss, step_label_tokens = torch.zeros((), device=self._device), 0
                 interval_tokens, interval_start = 0, time.perf_counter()
                 interval_positions = 0
@@ -496,16 +487,7 @@ class FullFinetuneRecipeSingleDevice:
             folder = self._last_checkpoint  # just written (epoch end or a step checkpoint): no second save
         else:
             folder = self.save_checkpoint(epoch=epoch, step_checkpoint=True)
-        recipe_ckpt = folder / training.RECIPE_STATE_NAME
-        if recipe_ckpt.exists():
-            print(
-                f"\nStopped by {self._stop.name} after step {self.global_step}; checkpoint saved to {folder}.\n"
-                f"Resume with:\n  {training.resume_command(RECIPE_NAME, recipe_ckpt)}",
-                file=sys.stderr,
-                flush=True,
-            )
-        else:
-            print(f"\nStopped by {self._stop.name}; training had finished. Final weights in {folder}.", file=sys.stderr)
+        training.report_stop(self._stop.name, self.global_step, folder, RECIPE_NAME)
         raise SystemExit(128 + int(self._stop.signum))
 
     def evaluate(self) -> Optional[Dict[str, Any]]:

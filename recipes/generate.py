@@ -105,6 +105,7 @@ class InferenceRecipe:
     def setup(self, cfg: DictConfig) -> None:
         """Build checkpointer, model (with the checkpoint's weights) and tokenizer."""
         checkpointer = config.instantiate(cfg.checkpointer)
+        training.check_model_matches_checkpoint(cfg.model, checkpointer)  # before any weight is read
         model = training.build_model(
             cfg.model, device=self._device, dtype=self._dtype, state_dict=checkpointer.load_checkpoint()["model"]
         )

@@ -159,7 +159,7 @@ def base_config(tmp_path: Path, ckpt: Path, tokenizer: Path, data: Path, vocab: 
         "compile": False,
         "device": "cpu",
         "dtype": "fp32",
-        "bf16_stochastic_rounding": True,  # as the shipped configs; no effect with fp32
+        "bf16_stochastic_rounding": True,  # as the bf16 configs; no effect with fp32
         "enable_activation_checkpointing": False,
         "enable_activation_offloading": False,
         "save_every_n_steps": None,

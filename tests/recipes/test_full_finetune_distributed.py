@@ -100,7 +100,9 @@ def test_standard_optimizer_with_accumulation_and_clipping_matches_one_process(c
     kv = dict(
         optimizer_in_bwd=False, gradient_accumulation_steps=2, clip_grad_norm=0.5, batch_size=2, save_every_n_steps=None
     )
-    _ok(_tune_dist(dist, tmp_path / "dist", *_overrides(**kv), "epochs=1"))
+    result = _tune_dist(dist, tmp_path / "dist", *_overrides(**kv), "epochs=1")
+    _ok(result)
+    assert "global batch 2 = 1 per rank x 2 ranks; x 2 accumulation steps = 4 examples" in result.stderr
     run_single_device(single, output_dir=str(tmp_path / "single"), epochs=1, **kv)
     from torchtune.utils.metric_logging import read_metrics
 

@@ -13,10 +13,6 @@ from tests._helpers.tiny_gemma3_run import make_tiny_gemma3_run
 from tests._helpers.tiny_run import read_losses, run_recipe, run_tune
 from torchtune.modules import TiedLinear
 
-# gemma3_tokenizer is torchtune.modules.tokenizers.HFModelTokenizer, which lands with the Qwen work
-if not hasattr(__import__("torchtune.modules.tokenizers", fromlist=["x"]), "HFModelTokenizer"):
-    pytest.skip("needs torchtune.modules.tokenizers.HFModelTokenizer", allow_module_level=True)
-
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):

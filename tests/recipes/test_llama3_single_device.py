@@ -79,20 +79,6 @@ def test_tune_command_gives_the_in_process_losses(tiny, tmp_path):
     assert read_losses(out) == read_losses(tmp_path / "inproc") and len(read_losses(out)) == 3
 
 
-def test_llama2_tokenizer_with_a_llama3_model_is_refused(tiny, tmp_path):
-    """A SentencePiece tokenizer of fewer tokens than the model's table: caught before training."""
-    from tests._helpers.tokenizer import make_spm_tokenizer
-
-    spm = make_spm_tokenizer(tmp_path / "spm")
-    with pytest.raises(TuneError, match="does not belong to this model"):
-        build_recipe(
-            tiny,
-            output_dir=str(tmp_path / "o"),
-            **{"tokenizer._component_": "torchtune.models.llama2.llama2_tokenizer", "tokenizer.path": str(spm)},
-        )
-    assert not (tmp_path / "o").exists() or not any((tmp_path / "o").glob("epoch_*"))
-
-
 def test_model_type_mismatch_is_refused_before_loading(tiny, tmp_path):
     with pytest.raises(TuneError, match="checkpointer.model_type=LLAMA3 does not match.*model_type=LLAMA3_2"):
         build_recipe(tiny, output_dir=str(tmp_path / "o"), **{"checkpointer.model_type": "LLAMA3"})

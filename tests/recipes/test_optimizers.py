@@ -43,7 +43,7 @@ def test_two_in_backward_steps_change_the_weights(tiny, tmp_path, component):
 
 @pytest.mark.parametrize("component", ["bitsandbytes.optim.PagedAdamW8bit", "torchao.optim.AdamW8bit"])
 def test_low_bit_state_survives_a_resume(tiny, tmp_path, monkeypatch, component):
-    # 4 steps of batch 2, warm-up of 1: step 1 at LR 0, steps 2-4 at full LR. Resuming after step 2, a
+    # 4 steps of batch 2, warm-up of 1: step 1 at half the LR, steps 2-4 at full LR. Resuming after step 2, a
     # step that moved the weights with a state built over two steps, the last two steps (and so their
     # losses and the final weights) depend on the restored 8-bit state.
     run = {"optimizer._component_": component, "batch_size": 2, "lr_scheduler.num_warmup_steps": 1}

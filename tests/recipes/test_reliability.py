@@ -464,17 +464,17 @@ def test_sigterm_mid_backward_finishes_the_step_then_stops(
 # ---------------------------------------------------------------------------------------------------
 def test_nan_loss_stops_naming_the_step_and_keeps_last_good_checkpoint(tiny, tmp_path, capsys):
     out = tmp_path / "out"
-    # An absurd learning rate: the weights blow up and the loss of step 4 is NaN (steps 1-3 finite;
-    # step 1 runs at lr 0 in the warm-up).
+    # An absurd learning rate: the weights blow up and the loss of step 3 is NaN (steps 1-2 finite;
+    # the loss of a step is that of the weights before its update).
     rc = _main(tiny, f"output_dir={out}", "optimizer.lr=1e30", "save_every_n_steps=1", "epochs=1")
     assert rc == 1
     err = _flat(capsys.readouterr().err)
     assert "Traceback" not in err
-    assert "The loss became NaN or infinite at step 4 (epoch 0)" in err
-    assert f"The last good checkpoint is {out / 'step_3'}" in err
-    assert sorted(p.name for p in out.iterdir() if p.name != "logs") == ["step_1", "step_2", "step_3"]
-    assert [r["step"] for r in read_metrics(out / "logs" / "metrics.jsonl")] == [1, 2, 3]
-    verify_manifest(out / "step_3")
+    assert "The loss became NaN or infinite at step 3 (epoch 0)" in err, err[-2000:]
+    assert f"The last good checkpoint is {out / 'step_2'}" in err
+    assert sorted(p.name for p in out.iterdir() if p.name != "logs") == ["step_1", "step_2"]
+    assert [r["step"] for r in read_metrics(out / "logs" / "metrics.jsonl")] == [1, 2]
+    verify_manifest(out / "step_2")
 
 
 # ---------------------------------------------------------------------------------------------------

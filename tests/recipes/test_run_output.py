@@ -180,3 +180,10 @@ def registry_asset(name: str) -> Path:
     from torchtune._assets import asset_path
 
     return Path(asset_path(name))
+
+
+def test_shipped_config_run_as_shipped_says_no_warning(run):
+    """Noise from our own config (bf16_stochastic_rounding with fp32 weights) teaches users to skip warnings."""
+    _, result, _ = run
+    noisy = [line for line in result.stderr.splitlines() if "warn" in line.lower() or "has no effect" in line]
+    assert not noisy, noisy

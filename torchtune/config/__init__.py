@@ -7,13 +7,14 @@ objects from its ``_component_`` nodes.
 """
 
 from torchtune._errors import ConfigError
-from torchtune.config._instantiate import import_component, instantiate
+from torchtune.config._instantiate import COMPONENT_KEY, import_component, instantiate
 from torchtune.config._load import load_config, resolve_config_path
 from torchtune.config._overrides import apply_overrides
 from torchtune.config._parse import parse
 from torchtune.config._validate import check_recipe_keys, validate
 
 __all__ = [
+    "COMPONENT_KEY",
     "ConfigError",
     "apply_overrides",
     "check_recipe_keys",

@@ -1,4 +1,7 @@
-"""Multi-head attention with grouped-query heads, rotary embeddings and PyTorch's fused SDPA."""
+"""Multi-head attention with grouped-query heads, rotary embeddings and PyTorch's fused SDPA, and the
+variants other families need: q/k norms (Qwen3, Gemma 3), q/k/v biases (Qwen2.5, in the projections
+given), a logit scale and soft cap (Gemma 3) and a sliding attention window (Mistral v0.1, Gemma 3's
+local layers)."""
 
 from __future__ import annotations
 
@@ -28,8 +31,8 @@ class MultiHeadAttention(nn.Module):
         pos_embeddings: rotary embeddings applied to q and k (may be shared between layers).
         max_seq_len: longest sequence; size of the KV cache.
         attn_dropout: dropout on attention weights, training only.
-        q_norm, k_norm: norms over ``head_dim`` applied to each query / key head before RoPE (Gemma 3's
-            per-head RMSNorm); ``None`` for none.
+        q_norm, k_norm: norms over ``head_dim`` applied to each query / key head before RoPE (Qwen3's
+            and Gemma 3's per-head RMSNorm); ``None`` for none.
         scale: multiplies the attention logits; default ``head_dim ** -0.5`` (Gemma 3:
             ``query_pre_attn_scalar ** -0.5``).
         softcap: soft cap of the attention logits (``softcap * tanh(logits / softcap)``), or ``None``.

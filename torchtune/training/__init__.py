@@ -18,6 +18,9 @@ The memory estimator (``tune estimate-memory``) and the benchmarks build their s
 functions, so what they measure is what a recipe runs.
 """
 
+import importlib
+from typing import Any
+
 from torchtune.training import memory
 from torchtune.training._activations import (
     OffloadActivations,
@@ -26,30 +29,6 @@ from torchtune.training._activations import (
 )
 from torchtune.training._checks import RECIPE_VALUE_TYPES, check_optimizer_settings, check_value_types, positive_int
 from torchtune.training._data import TrainingData, build_dataloader, num_tokens, padding_id
-from torchtune.training._distributed import (
-    DistributedInfo,
-    RankErrors,
-    agree_on_seed,
-    any_rank,
-    backend_for_device,
-    check_same_config,
-    destroy_distributed,
-    gather_full_state_dict,
-    get_world_size_and_rank,
-    init_distributed,
-    is_rank_zero,
-    launched_by_torchrun,
-    load_full_state_dict,
-    raise_if_any_rank_failed,
-    shard_model,
-)
-from torchtune.training._distributed_checkpoint import (
-    SHARDED_STATE_DIR,
-    SHARDED_STATE_MARKER,
-    ShardedCheckpointWriter,
-    load_sharded_checkpoint,
-    save_sharded_checkpoint,
-)
 from torchtune.training._low_rank import check_low_rank_optimizer, is_low_rank
 from torchtune.training._metrics import (
     MetricLoggers,
@@ -57,6 +36,7 @@ from torchtune.training._metrics import (
     RunSummary,
     build_metric_logger,
     check_metric_logger,
+    epoch_progress_bar,
     metrics_path,
 )
 from torchtune.training._model import (
@@ -64,6 +44,7 @@ from torchtune.training._model import (
     check_model_matches_checkpoint,
     check_tokenizer_fits_model,
     model_fingerprint,
+    model_skeleton,
 )
 from torchtune.training._optimizer import (
     GradNormTracker,
@@ -87,7 +68,7 @@ from torchtune.training._resume import (
     resolve_resume,
     resume_command,
 )
-from torchtune.training._run_control import CheckpointPolicy, NonFiniteLossGuard, StopSignals
+from torchtune.training._run_control import CheckpointPolicy, NonFiniteLossGuard, StopSignals, report_stop
 from torchtune.training._sampler import ResumableSampler
 from torchtune.training._step import (
     TrainStep,
@@ -107,6 +88,41 @@ from torchtune.training._stochastic_rounding import (
 from torchtune.training._validation import Validation, build_validation, check_validation_settings
 from torchtune.training.lr_schedulers import build_lr_scheduler
 
+# The distributed pieces import FSDP, DTensor and distributed checkpointing (about a second of CPU before any
+# work): they are loaded on first use, so `tune validate` and single-device runs never pay for them.
+_LAZY = {
+    "DistributedInfo": "torchtune.training._distributed",
+    "RankErrors": "torchtune.training._distributed",
+    "agree_on_seed": "torchtune.training._distributed",
+    "any_rank": "torchtune.training._distributed",
+    "backend_for_device": "torchtune.training._distributed",
+    "check_same_config": "torchtune.training._distributed",
+    "destroy_distributed": "torchtune.training._distributed",
+    "gather_full_state_dict": "torchtune.training._distributed",
+    "get_world_size_and_rank": "torchtune.training._distributed",
+    "init_distributed": "torchtune.training._distributed",
+    "is_rank_zero": "torchtune.training._distributed",
+    "launched_by_torchrun": "torchtune.training._distributed",
+    "load_full_state_dict": "torchtune.training._distributed",
+    "raise_if_any_rank_failed": "torchtune.training._distributed",
+    "shard_model": "torchtune.training._distributed",
+    "SHARDED_STATE_DIR": "torchtune.training._distributed_checkpoint",
+    "SHARDED_STATE_MARKER": "torchtune.training._distributed_checkpoint",
+    "ShardedCheckpointWriter": "torchtune.training._distributed_checkpoint",
+    "load_sharded_checkpoint": "torchtune.training._distributed_checkpoint",
+    "save_sharded_checkpoint": "torchtune.training._distributed_checkpoint",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'torchtune.training' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
 __all__ = [
     "CheckpointPolicy",
     "DistributedInfo",
@@ -115,6 +131,8 @@ __all__ = [
     "NonFiniteLossGuard",
     "OffloadActivations",
     "ProgressBarLogHandler",
+    "epoch_progress_bar",
+    "report_stop",
     "RECIPE_STATE_NAME",
     "RECIPE_VALUE_TYPES",
     "RankErrors",
@@ -173,6 +191,7 @@ __all__ = [
     "memory",
     "metrics_path",
     "model_fingerprint",
+    "model_skeleton",
     "num_label_tokens",
     "num_tokens",
     "padding_id",

@@ -47,7 +47,7 @@ from torchtune.training._memory_estimator import (
     estimate_recipe_memory,
     prepare_estimate,
 )
-from torchtune.utils._checkpointing._manifest import new_hash
+from torchtune.utils._checkpointing._manifest import RECIPE_STATE_NAME, new_hash
 
 __all__ = ["PhaseMemory", "RunMemoryEstimate", "estimate_checkpoint_phases", "estimate_run_memory"]
 
@@ -238,8 +238,15 @@ def _bound(method: Any) -> Any:
 # --- a checkpoint folder that looks like the config's weights -----------------------------------------
 
 
-def _hf_config(model: nn.Module) -> dict[str, Any]:
+def _hf_config(model: nn.Module, model_type: str = "LLAMA2") -> dict[str, Any]:
+    from torchtune.models._hf_family import canonical_model_type, families, shape_of_model
     from torchtune.utils._checkpointing._hf_config import _model_rope
+
+    family = families().get(canonical_model_type(model_type) or "")
+    if family is not None and family.folder is not None:
+        return family.folder.config_json(model)
+    if family is not None and family.config_json is not None:
+        return family.config_json(shape_of_model(model))
 
     attn = model.layers[0].attn
     rope = _model_rope(attn.pos_embeddings)
@@ -274,7 +281,8 @@ def _write_source_checkpoint(cfg: Any, folder: Path, files: _FakeFiles, dtype: t
     """config.json and placeholder weight files named as ``cfg.checkpointer`` names them, filled in order
     to equal sizes (as Hugging Face shards a model)."""
     from torchtune import config as tt_config
-    from torchtune.models.llama2._convert_weights import tune_to_hf_names
+    from torchtune.models._hf_convert import tune_to_hf_plan
+    from torchtune.models._hf_family import canonical_model_type, families
     from torchtune.utils import set_default_dtype
 
     if not str(cfg.checkpointer._component_).endswith("FullModelHFCheckpointer"):
@@ -288,11 +296,26 @@ def _write_source_checkpoint(cfg: Any, folder: Path, files: _FakeFiles, dtype: t
         )
     with torch.device("meta"), set_default_dtype(dtype):
         model = tt_config.instantiate(cfg.model)
-    hf_config = _hf_config(model)
+    model_type = str(cfg.checkpointer.get("model_type", "LLAMA2"))
+    hf_config = _hf_config(model, model_type)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(hf_config, indent=2))
     tune_sd = model.state_dict()
-    hf = {hf_key: tune_sd[key] for key, hf_key in tune_to_hf_names(tune_sd).items()}  # same shapes
+    family = families().get(canonical_model_type(model_type) or "")
+    fused = family is not None and family.fused_projections
+    hf = {}
+    if family is not None and family.folder is not None:
+        plan = {
+            hf_key: [key] for key, hf_key in family.folder(hf_config, folder / "config.json").hf_names(tune_sd).items()
+        }
+    else:
+        plan = tune_to_hf_plan(tune_sd, fused=fused)
+    for hf_key, parts in plan.items():
+        first = tune_sd[parts[0]]  # a fused tensor stacks its parts' rows
+        rows = sum(tune_sd[p].shape[0] for p in parts)
+        hf[hf_key] = (
+            first if len(parts) == 1 else torch.empty((rows, *first.shape[1:]), dtype=first.dtype, device="meta")
+        )
     names = list(cfg.checkpointer.checkpoint_files)
     if len(names) == 1 and str(names[0]).endswith(".index.json"):
         names = ["model.safetensors"]
@@ -476,7 +499,7 @@ def estimate_checkpoint_phases(cfg: Any, dtype: torch.dtype) -> list[PhaseMemory
 
             # a new process resumes: nothing of the run above is alive any more
             cfg.resume_from_checkpoint = True
-            cfg.checkpointer.recipe_checkpoint = str(folder / "recipe_state.pt")
+            cfg.checkpointer.recipe_checkpoint = str(folder / RECIPE_STATE_NAME)
             counter.reset_window()
             start = counter.current
             checkpointer, model, optimizer = setup_run(cfg, device, dtype)

@@ -29,8 +29,8 @@ RECIPE_VALUE_TYPES = {
     "fsdp_reshard_after_forward": bool,
     "async_checkpoint": bool,
     "eval_every_n_steps": Optional[int],
-    "results_file": str,
-    "prompt": Union[str, int, float],
+    "results_file": Optional[str],  # null: eval_results.json next to the checkpoint scored
+    "prompt": Optional[Union[str, int, float]],  # null: format_prompt says it is empty
     "instruction_template": Optional[str],
 }
 

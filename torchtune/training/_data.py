@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
-from typing import Any, Dict
+from typing import Any, Dict, Iterator, List, Optional
 
 import torch
 from torch.utils.data import DataLoader
@@ -42,6 +43,33 @@ class TrainingData:
     def num_tokens(self, batch: Dict[str, torch.Tensor]) -> int:
         """Non-padding tokens of a batch (see :func:`num_tokens`)."""
         return num_tokens(batch, self.pad_id)
+
+    def steps_per_epoch(self, *, batch_size: int, gradient_accumulation_steps: int, max_steps: Optional[int]) -> int:
+        """Optimizer steps in one epoch: whole groups of ``gradient_accumulation_steps`` batches, at most
+        ``max_steps`` (``max_steps_per_epoch``). ``batch_size`` (the global one) only words the error.
+
+        Raises:
+            TuneError: the data holds less than one step.
+        """
+        ga = gradient_accumulation_steps
+        steps = len(self.dataloader) // ga
+        if max_steps is not None:
+            steps = min(steps, max_steps)
+        if steps < 1:
+            raise TuneError(
+                f"The dataset has {len(self.dataloader.dataset)} examples, fewer than one optimizer step needs "
+                f"(batch_size={batch_size} x gradient_accumulation_steps={ga}). Lower batch_size or use a larger "
+                "dataset."
+            )
+        return steps
+
+    def steps(self, gradient_accumulation_steps: int) -> Iterator[List[Dict[str, torch.Tensor]]]:
+        """The host batches of each optimizer step, ``gradient_accumulation_steps`` micro-batches at a
+        time (an incomplete last group is left out), so a step's label tokens can be counted before its
+        first forward."""
+        batches = iter(self.dataloader)
+        while len(micro := list(itertools.islice(batches, gradient_accumulation_steps))) == gradient_accumulation_steps:
+            yield micro
 
 
 def num_tokens(batch: Dict[str, torch.Tensor], pad_id: int) -> int:

@@ -25,6 +25,7 @@ from torchtune.training import memory
 from torchtune.utils.metric_logging import DiskLogger, StdoutLogger
 
 __all__ = [
+    "epoch_progress_bar",
     "MetricLoggers",
     "ProgressBarLogHandler",
     "RunSummary",
@@ -144,6 +145,14 @@ class ProgressBarLogHandler(logging.StreamHandler):
             self.flush()
         except Exception:
             self.handleError(record)
+
+
+def epoch_progress_bar(total: int, initial: int, enabled: bool = True) -> Any:
+    """The progress bar of one epoch of ``total`` steps, ``initial`` of them done (a resumed epoch), on
+    stderr; ``enabled=False`` (ranks other than 0) draws nothing."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, dynamic_ncols=True, file=sys.stderr, mininterval=0.5, disable=not enabled)
 
 
 def _number(value: Any) -> Optional[float]:

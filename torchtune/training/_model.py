@@ -60,7 +60,7 @@ def build_model(
             layer.compile()
     log.info(
         "Model %s: %.1fM parameters, %s on %s",
-        getattr(cfg_model, "_component_", type(model).__name__),
+        getattr(cfg_model, config.COMPONENT_KEY, type(model).__name__),
         sum(p.numel() for p in model.parameters()) / 1e6,
         dtype,
         device,
@@ -68,41 +68,60 @@ def build_model(
     return model
 
 
-def check_model_matches_checkpoint(model: nn.Module, checkpointer: Any) -> None:
-    """Heads and RoPE in the checkpoint's config (config.json) vs the model.
+def model_skeleton(cfg_model: Any, *, dtype: torch.dtype) -> nn.Module:
+    """The model of ``cfg_model`` on the meta device: its parameter names, shapes and config without any
+    memory, to check the checkpoint and tokenizer against before the weights are read."""
+    with set_default_dtype(dtype), torch.device("meta"):
+        return config.instantiate(cfg_model)
+
+
+def check_model_matches_checkpoint(model: Any, checkpointer: Any) -> None:
+    """The checkpoint's config (config.json) vs the model: sizes, heads, RoPE, tying, biases, q/k norm,
+    sliding window.
 
     A mismatch (same hidden size, other split into heads; other RoPE scaling) converts q/k weights
     wrongly, or turns positions differently, without any shape error, so it is caught here.
+    ``model`` may be the model's config node (``cfg.model``): it is then built on the meta device
+    (no memory, no initialisation), so the check runs before any weight is read.
     Checkpointers that know no such config (Meta format) have no ``check_model``.
 
     Raises:
         TuneError: naming both values and the key to change.
     """
     check_model = getattr(checkpointer, "check_model", None)
-    if check_model is not None:
-        check_model(model)
+    if check_model is None:
+        return
+    if not isinstance(model, nn.Module):
+        with torch.device("meta"):
+            model = config.instantiate(model)
+    check_model(model)
 
 
 def check_tokenizer_fits_model(tokenizer: Any, model: nn.Module, cfg_tokenizer: Any) -> None:
-    """The tokenizer must belong to the model: no ids past the embedding table, and no table much larger
-    than the tokenizer (that is another model's tokenizer, whose ids mean other tokens).
+    """The tokenizer's ids must fit the embedding table: an id past the table would crash training.
 
-    An embedding table may be padded up to a multiple of 256 rows; Llama 2's 32000-token tokenizer
-    against Llama 3's 128256-row table is refused.
+    A table larger than the tokenizer is normal (Qwen2.5 and Qwen3 have 151,936 rows for about 151,665
+    tokens; many models reserve rows) and gets one informational line.
 
     Raises:
         TuneError: naming the tokenizer file and both sizes.
     """
     vocab_size = model.tok_embeddings.num_embeddings
-    padded = -(-tokenizer.vocab_size // 256) * 256
-    if not tokenizer.vocab_size <= vocab_size <= padded:
-        source = cfg_tokenizer.get("path", cfg_tokenizer.get("_component_"))
+    source = cfg_tokenizer.get("path", cfg_tokenizer.get(config.COMPONENT_KEY))
+    if tokenizer.vocab_size > vocab_size:
         raise TuneError(
-            f"The tokenizer ({source}) has {tokenizer.vocab_size} tokens but the model's vocabulary has "
-            f"{vocab_size}: the tokenizer does not belong to this model (token ids past the embedding table would "
-            "crash training; a much larger table means the ids mean other tokens). Use the tokenizer that belongs "
-            "to the checkpoint (tokenizer.path and tokenizer._component_), or a model builder whose vocab_size "
-            "matches."
+            f"The tokenizer ({source}) has {tokenizer.vocab_size} tokens but the model's embedding table has "
+            f"{vocab_size} rows: token ids past the table would crash training, so the tokenizer does not belong "
+            "to this model. Use the tokenizer that belongs to the checkpoint (tokenizer.path and "
+            "tokenizer._component_), or a model builder whose vocab_size is at least the tokenizer's."
+        )
+    if vocab_size > tokenizer.vocab_size:
+        log.info(
+            "The model's embedding table has %d rows for the tokenizer's %d tokens (%s); the extra rows are never "
+            "looked up, as in the published checkpoint.",
+            vocab_size,
+            tokenizer.vocab_size,
+            source,
         )
 
 

@@ -13,11 +13,11 @@ when the layer's last gradient arrives, so at most one layer's gradients exist a
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 
 from torchtune import config
@@ -39,6 +39,14 @@ __all__ = [
     "register_optim_in_bwd_hooks",
     "step_optimizer",
 ]
+
+
+def is_dtensor(tensor: Any) -> bool:
+    """Whether ``tensor`` is a DTensor (sharded by FSDP2), without importing ``torch.distributed.tensor``:
+    that import takes a second of CPU, and no tensor can be a DTensor before something else imported it
+    (``tune validate`` and single-device runs never do)."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(tensor, module.DTensor)
 
 
 class GradNormTracker:
@@ -70,7 +78,7 @@ class GradNormTracker:
         """Add one gradient's norm (taken in fp32); of a sharded gradient, this rank's shard."""
         if self._norms is None:
             return
-        if isinstance(grad, DTensor):
+        if is_dtensor(grad):
             self._local.append(torch.linalg.vector_norm(grad.to_local(), dtype=torch.float32))
         else:
             self._norms.append(torch.linalg.vector_norm(grad, dtype=torch.float32))
@@ -253,14 +261,14 @@ def build_optimizer(
     if is_low_rank(cfg_optimizer):
         # one low-rank optimizer per group's target matrices, one of optimizer.rest per group's others
         groups = in_bwd_groups(model, in_bwd_group) if optimizer_in_bwd else [[name] for name in params]
-        rest = str(cfg_optimizer.rest.get("_component_", "")) if cfg_optimizer.get("rest") is not None else ""
+        rest = str(cfg_optimizer.rest.get(config.COMPONENT_KEY, "")) if cfg_optimizer.get("rest") is not None else ""
         rest_kwargs = rounding.optimizer_kwargs(rest) if rounding is not None else {}
         optim_map = build_low_rank_optimizers(cfg_optimizer, model, groups, rest_kwargs=rest_kwargs)
         if not optimizer_in_bwd:
             return StepAfterBackward(optim_map)
         register_optim_in_bwd_hooks(model, optim_map, grad_norm, rounding=rounding, weight_changes=weight_changes)
         return OptimInBackwardWrapper(optim_map)
-    extra = rounding.optimizer_kwargs(str(cfg_optimizer.get("_component_", ""))) if rounding is not None else {}
+    extra = rounding.optimizer_kwargs(str(cfg_optimizer.get(config.COMPONENT_KEY, ""))) if rounding is not None else {}
     if not optimizer_in_bwd:
         return config.instantiate(cfg_optimizer, list(params.values()), **extra)
     optim_map: Dict[str, Optimizer] = {}
@@ -329,7 +337,7 @@ def step_optimizer(
         torch._foreach_mul_([p.grad for p in with_grad], grad_scale)
     if with_grad and (clip_grad_norm is not None or (grad_norm is not None and grad_norm.armed)):
         norm = torch.nn.utils.get_total_norm([p.grad for p in with_grad])
-        if isinstance(norm, DTensor):
+        if is_dtensor(norm):
             # sharded gradients: the norm of each rank's shards is a partial result; full_tensor sums
             # the squares over the ranks, so every rank clips with the global norm
             norm = norm.full_tensor()

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence
 
+import torch
 from torch import nn
 from torch.optim import Optimizer
 
@@ -279,6 +280,20 @@ def _check_settings(state: Dict[str, Any], settings: RunSettings) -> None:
         )
 
 
+def sync_paged_optimizer_state(optimizer: Any) -> None:
+    """Wait for the device before a paged optimizer's state is read from the host.
+
+    bitsandbytes' paged state is CUDA managed memory that its kernels update asynchronously; a host
+    read (``state_dict`` then the checkpointer's copy) must not start before the last step's kernels
+    finish. An explicit sync says so here, instead of relying on some unrelated ``.item()`` having
+    synced before the save. Costs nothing measurable at a save; a no-op for other optimizers.
+    """
+    members = getattr(optimizer, "optim_map", None)
+    optimizers = members.values() if isinstance(members, dict) else [optimizer]
+    if any(getattr(opt, "is_paged", False) for opt in optimizers) and torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def build_checkpointer(cfg_checkpointer: Any, resume: Optional[ResumePlan]) -> Any:
     """The checkpointer of ``cfg_checkpointer``; a resumed run reads its weights from the resumed folder."""
     if resume is None:
@@ -305,6 +320,8 @@ def recipe_state(
     ``optimizer_state`` replaces ``optimizer.state_dict()`` where the state is saved elsewhere (the
     distributed recipe writes it sharded with torch.distributed.checkpoint and records where).
     """
+    if optimizer_state is None:
+        sync_paged_optimizer_state(optimizer)
     return {
         "recipe_state_version": RECIPE_STATE_VERSION,
         "optimizer": optimizer.state_dict() if optimizer_state is None else optimizer_state,

@@ -12,7 +12,7 @@ import torch
 
 from torchtune._errors import TuneError
 
-__all__ = ["CheckpointPolicy", "NonFiniteLossGuard", "StopSignals"]
+__all__ = ["CheckpointPolicy", "NonFiniteLossGuard", "StopSignals", "report_stop"]
 
 
 class CheckpointPolicy:
@@ -119,3 +119,20 @@ class NonFiniteLossGuard:
                 "(lr_scheduler.num_warmup_steps), use dtype=bf16 rather than a lower precision, and check the "
                 "dataset for empty or broken examples."
             )
+
+
+def report_stop(signal_name: str, global_step: int, folder: Path, recipe_name: str) -> None:
+    """Print, on stderr, where a run stopped by ``signal_name`` left its checkpoint and how to resume it
+    (or, when training had finished, where the final weights are)."""
+    from torchtune.training._resume import resume_command
+    from torchtune.utils._checkpointing._manifest import RECIPE_STATE_NAME
+
+    recipe_ckpt = Path(folder) / RECIPE_STATE_NAME
+    if recipe_ckpt.exists():
+        message = (
+            f"\nStopped by {signal_name} after step {global_step}; checkpoint saved to {folder}.\n"
+            f"Resume with:\n  {resume_command(recipe_name, recipe_ckpt)}"
+        )
+    else:
+        message = f"\nStopped by {signal_name}; training had finished. Final weights in {folder}."
+    print(message, file=sys.stderr, flush=True)

@@ -85,9 +85,11 @@ def forward_backward(
     """Forward, loss and ``backward()`` of one (micro-)batch; returns the detached, unscaled loss.
 
     The loss is :func:`forward_loss` (``select_label_positions`` as there). ``loss_scale`` multiplies
-    the loss before ``backward()`` (``1 / gradient_accumulation_steps``). With optimizer in backward
-    the parameters are updated inside ``backward()``. ``activations_ctx`` (activation offloading)
-    wraps forward and backward. Nothing here reads a value back to the host.
+    the loss before ``backward()``: the recipes pass the micro-batch's label-token count when
+    accumulating (``step_optimizer``'s ``grad_scale`` then divides by the step's total: the token mean
+    of the step). With optimizer in backward the parameters are updated inside ``backward()``.
+    ``activations_ctx`` (activation offloading) wraps forward and backward. Nothing here reads a value
+    back to the host.
     """
     with activations_ctx if activations_ctx is not None else contextlib.nullcontext():
         loss = forward_loss(model, loss_fn, batch, device=device, select_label_positions=select_label_positions)

@@ -36,6 +36,7 @@ import torch
 from torch.optim import Optimizer
 
 from torchtune._errors import ConfigError
+from torchtune.config._instantiate import COMPONENT_KEY
 from torchtune.training._bnb_step import step_without_sync, supports_step_without_sync
 
 log = logging.getLogger("torchtune")
@@ -72,7 +73,7 @@ def check_stochastic_rounding(cfg: Any) -> None:
     value = cfg[KEY]
     if not isinstance(value, bool):
         raise ConfigError(f"{KEY} must be True or False, got {value!r}.")
-    component = str(cfg.optimizer.get("_component_", ""))
+    component = str(cfg.optimizer.get(COMPONENT_KEY, ""))
     own = cfg.optimizer.get("bf16_stochastic_round")
     if own is not None and bool(own) != value:
         raise ConfigError(

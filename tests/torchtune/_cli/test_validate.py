@@ -201,3 +201,29 @@ def test_copied_config_names_its_recipe(tmp_path):
     assert "unknown key 'batch_sizee' (did you mean batch_size?)" in _flat(result.stderr)
     result = run_tune(["run", "generate", "--config", str(copy)], cwd=tmp_path)
     assert result.returncode == 2 and "was copied for the full_finetune_single_device recipe" in _flat(result.stderr)
+
+
+def test_validate_does_no_work_beyond_the_checks():
+    """`tune validate` on the tiny config imports nothing heavy beyond torch itself: no FSDP/DTensor or
+    distributed checkpointing (a second of CPU, for a single-device recipe), no lm-eval, datasets,
+    transformers, optimizer packages or compiler. Measured on work done (modules imported), not on time."""
+    heavy = [
+        "torch.distributed.fsdp",
+        "torch.distributed.tensor",
+        "torch.distributed.checkpoint",
+        "torch._dynamo",
+        "lm_eval",
+        "datasets",
+        "transformers",
+        "bitsandbytes",
+        "torchao",
+    ]
+    code = (
+        "import json, sys\n"
+        "from torchtune._cli.tune import main\n"
+        "rc = main(['validate', 'llama2/tiny_full'])\n"
+        f"print(json.dumps({{'rc': rc, 'imported': [m for m in {heavy!r} if m in sys.modules]}}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report == {"rc": 0, "imported": []}, report

@@ -140,3 +140,29 @@ def test_settings_that_can_change_are_warned_about(saved, caplog):
     assert "seed=8 differs from the checkpoint's seed=7" in text
     assert "epochs=3 differs" in text and "max_steps_per_epoch=2 differs" in text
     assert plan.seed == 7 and plan.max_steps_per_epoch is None  # the checkpoint's, so the data order continues
+
+
+def test_paged_optimizer_state_is_synced_before_it_is_saved(monkeypatch):
+    """bitsandbytes' paged state is CUDA managed memory updated by asynchronous kernels: recipe_state waits
+    for the device before reading it (and not for other optimizers). The CUDA calls are recorded here: a
+    CPU machine has no device to wait for; tests/gpu runs the real save."""
+    bnb = pytest.importorskip("bitsandbytes")
+    from torchtune.utils import OptimInBackwardWrapper
+
+    synced = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: synced.append(a))
+    weight = torch.nn.Parameter(torch.zeros(4))
+    common = dict(
+        lr_scheduler=None,
+        progress=training.TrainingProgress(epochs_run=0, global_step=1, steps_run_in_epoch=1),
+        settings=SETTINGS,
+        seed=7,
+        max_steps_per_epoch=None,
+        model=torch.nn.Linear(1, 1),
+    )
+    training.recipe_state(optimizer=torch.optim.AdamW([weight]), **common)
+    assert synced == []
+    paged = OptimInBackwardWrapper({"w": bnb.optim.PagedAdamW8bit([weight])})
+    training.recipe_state(optimizer=paged, **common)
+    assert len(synced) == 1

@@ -320,7 +320,74 @@ class Gemma3Folder:
 
         return tune_to_hf_tensor(key, tensor, **self._shape)
 
+    @classmethod
+    def config_json(cls, model: nn.Module) -> Dict[str, Any]:
+        """The ``config.json`` of a ``Gemma3ForCausalLM`` folder for ``model`` (``tune estimate-memory``
+        simulates saves from a model alone)."""
+        args = model_args(model)
+        config = {
+            "architectures": ["Gemma3ForCausalLM"],
+            "model_type": "gemma3_text",
+            "vocab_size": args["vocab_size"],
+            "hidden_size": args["embed_dim"],
+            "intermediate_size": args["intermediate_dim"],
+            "num_hidden_layers": args["num_layers"],
+            "num_attention_heads": args["num_heads"],
+            "num_key_value_heads": args["num_kv_heads"],
+            "head_dim": args["head_dim"],
+            "query_pre_attn_scalar": args["query_pre_attn_scalar"],
+            "layer_types": args["layer_types"],
+            "sliding_window": args["sliding_window_size"] or _DEFAULTS["sliding_window"],
+            "rope_theta": args["rope_base"] or _DEFAULTS["rope_theta"],
+            "rope_local_base_freq": args["local_rope_base"] or _DEFAULTS["rope_local_base_freq"],
+            "max_position_embeddings": model.max_seq_len,
+            "rms_norm_eps": args["norm_eps"],
+            "tie_word_embeddings": args["tie_word_embeddings"],
+        }
+        if args["rope_scale_factor"] not in (None, 1.0):
+            config["rope_scaling"] = {"rope_type": "linear", "factor": args["rope_scale_factor"]}
+        return config
+
     def saved_config(self) -> Dict[str, Any]:
         """``config.json`` of the saved folder: the text model as ``Gemma3ForCausalLM`` (the vision tower
         of a multimodal folder is not trained or saved)."""
         return causal_lm_config(self.config, self.path)
+
+
+def _shape(config: Dict[str, Any], path: Path):
+    """The registration's :class:`~torchtune.models._hf_family.ModelShape` (for messages and tools that
+    read one); the checkpointer checks a Gemma 3 model with :func:`check_model`, which covers more."""
+    from torchtune.models._hf_family import ModelShape
+
+    args = builder_args(config, path)
+    return ModelShape(
+        vocab_size=args["vocab_size"],
+        num_layers=args["num_layers"],
+        num_heads=args["num_heads"],
+        num_kv_heads=args["num_kv_heads"],
+        embed_dim=args["embed_dim"],
+        head_dim=args["head_dim"],
+        intermediate_dim=args["intermediate_dim"],
+        norm_eps=args["norm_eps"],
+        rope_base=args["rope_base"],
+        tie_word_embeddings=args["tie_word_embeddings"],
+        qk_norm=True,
+        sliding_window=args["sliding_window_size"],
+    )
+
+
+def _family():
+    from torchtune.models._hf_family import HFFamily
+
+    return HFFamily(
+        model_type="GEMMA3",
+        name="Gemma 3",
+        hf_model_types=HF_MODEL_TYPES,
+        architectures=ARCHITECTURES,
+        builder="torchtune.models.gemma3.gemma3_1b",
+        shape=_shape,
+        folder=Gemma3Folder,
+    )
+
+
+FAMILY = _family()

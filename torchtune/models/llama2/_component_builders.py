@@ -116,13 +116,28 @@ def llama_decoder(
     norm_eps: float,
     rope: nn.Module,
     tie_word_embeddings: bool,
+    head_dim: Optional[int] = None,
+    qkv_bias: bool = False,
+    output_bias: bool = False,
+    qk_norm: bool = False,
+    sliding_window: Optional[int] = None,
 ) -> TransformerDecoder:
-    """The Llama decoder every family builder shares: pre-norm layers of grouped-query attention and a
-    SwiGLU feed-forward, RMSNorm, no biases. Llama2 and Llama 3.x differ only in the ``rope`` module
-    given here, the sizes, and whether the output projection is tied to the embedding."""
-    if embed_dim % num_heads:
-        raise ValueError(f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})")
-    head_dim = embed_dim // num_heads
+    """The Llama-shaped decoder every family builder shares: pre-norm layers of grouped-query attention
+    and a SwiGLU feed-forward, RMSNorm. Llama2 and Llama 3.x differ only in the ``rope`` module given
+    here, the sizes, and whether the output projection is tied to the embedding. The other families
+    switch on what transformers' modelling files add to that shape:
+
+    - ``head_dim``: channels per head when it is not ``embed_dim // num_heads`` (Qwen3: 1024 wide, 16
+      heads of 128); default ``embed_dim // num_heads``.
+    - ``qkv_bias`` / ``output_bias``: biases on the q/k/v and the output projections (Qwen2.5: q/k/v;
+      Qwen3's ``attention_bias``: all four).
+    - ``qk_norm``: Qwen3's per-head RMSNorm of queries and keys before RoPE.
+    - ``sliding_window``: Mistral v0.1's attention window (see ``MultiHeadAttention``).
+    """
+    if head_dim is None:
+        if embed_dim % num_heads:
+            raise ValueError(f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})")
+        head_dim = embed_dim // num_heads
     layers = nn.ModuleList()
     for _ in range(num_layers):
         attn = MultiHeadAttention(
@@ -130,14 +145,17 @@ def llama_decoder(
             num_heads=num_heads,
             num_kv_heads=num_kv_heads,
             head_dim=head_dim,
-            q_proj=nn.Linear(embed_dim, num_heads * head_dim, bias=False),
-            k_proj=nn.Linear(embed_dim, num_kv_heads * head_dim, bias=False),
-            v_proj=nn.Linear(embed_dim, num_kv_heads * head_dim, bias=False),
-            output_proj=nn.Linear(num_heads * head_dim, embed_dim, bias=False),
+            q_proj=nn.Linear(embed_dim, num_heads * head_dim, bias=qkv_bias),
+            k_proj=nn.Linear(embed_dim, num_kv_heads * head_dim, bias=qkv_bias),
+            v_proj=nn.Linear(embed_dim, num_kv_heads * head_dim, bias=qkv_bias),
+            output_proj=nn.Linear(num_heads * head_dim, embed_dim, bias=output_bias),
             # One RoPE module shared by every layer: its cache is identical, so keep one copy.
             pos_embeddings=rope,
             max_seq_len=max_seq_len,
             attn_dropout=attn_dropout,
+            q_norm=RMSNorm(head_dim, eps=norm_eps) if qk_norm else None,
+            k_norm=RMSNorm(head_dim, eps=norm_eps) if qk_norm else None,
+            sliding_window=sliding_window,
         )
         mlp = FeedForward(
             w1=nn.Linear(embed_dim, intermediate_dim, bias=False),

@@ -20,13 +20,15 @@ from torch import nn
 
 from torchtune._assets import missing_path_hint
 from torchtune._errors import ConfigError, TuneError
-from torchtune.models.llama2._convert_weights import (
-    hf_to_tune,
-    meta_to_tune,
-    tune_to_hf_names,
-    tune_to_hf_tensor,
-    tune_to_meta,
+from torchtune.models._hf_convert import hf_to_tune, tune_to_hf_plan, tune_to_hf_tensor
+from torchtune.models._hf_family import (
+    canonical_model_type,
+    check_shape,
+    check_yaml_model_type,
+    detect_family,
+    supported_model_types,
 )
+from torchtune.models.llama2._convert_weights import meta_to_tune, tune_to_meta
 from torchtune.utils._checkpointing._atomic import write_folder_atomically
 from torchtune.utils._checkpointing._hf_config import MODEL_TYPES, HFModelConfig
 from torchtune.utils._checkpointing._hf_side_files import write_hf_side_files
@@ -41,9 +43,9 @@ from torchtune.utils._checkpointing._streaming_write import safetensors_order, s
 
 log = logging.getLogger("torchtune")
 
-# LLAMA3 is Llama 3 and 3.1 (one format); LLAMA3_2 the tied 3.2 text models. All convert alike.
-# GEMMA3 (Hugging Face folders only) converts through torchtune.models.gemma3's Gemma3Folder.
-SUPPORTED_MODEL_TYPES = (*MODEL_TYPES, "GEMMA3")
+# LLAMA3 is Llama 3 and 3.1 (one format); LLAMA3_2 the tied 3.2 text models. The Meta format has these;
+# Hugging Face folders every family registered in torchtune.models._hf_family.
+SUPPORTED_MODEL_TYPES = tuple(MODEL_TYPES)
 MODEL_KEY = "model"
 # Files of a HF model folder that are not weights but belong with them (written by _hf_side_files).
 HF_SIDE_FILES = (
@@ -53,6 +55,9 @@ HF_SIDE_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
     "special_tokens_map.json",
+    "chat_template.jinja",
+    "vocab.json",
+    "merges.txt",
 )
 META_SIDE_FILES = ("params.json", "tokenizer.model")
 
@@ -65,6 +70,13 @@ def _write_safetensors_file(path: Path, specs: list, tensors: Iterator[torch.Ten
 def _save_torch_file(obj: Any, path: Path) -> str:
     """Write one ``torch.save`` file; returns its checksum (a seam the tests use to simulate a full disk)."""
     return save_torch(obj, path).digest
+
+
+def _hf_spec(parts: dict[str, torch.Tensor]) -> tuple[torch.dtype, torch.Size]:
+    """Dtype and shape of the HF tensor stacked from ``parts`` (rows of each, in order)."""
+    first = next(iter(parts.values()))
+    rows = sum(t.shape[0] for t in parts.values())
+    return first.dtype, torch.Size((rows, *first.shape[1:])) if len(parts) > 1 else first.shape
 
 
 def _shorten(items: list[str], limit: int = 20) -> str:
@@ -145,7 +157,7 @@ class _FullModelCheckpointer:
             "checkpointer",
             {"model_type": model_type, "checkpoint_files": checkpoint_files, "verify_checksums": verify_checksums},
         )
-        self._model_type = str(model_type).upper()
+        self._model_type = canonical_model_type(model_type)
         if output_dir is None:
             raise TuneError(
                 "checkpointer.output_dir is not set: set it to the folder where checkpoints should be written."
@@ -173,12 +185,12 @@ class _FullModelCheckpointer:
         """The checks of the arguments that need no file (``config.validate`` runs them before anything is
         built): a known ``model_type``, a way to verify checksums, at least one weight file."""
         model_type = fields.get("model_type", "LLAMA2")
-        if str(model_type).upper() not in SUPPORTED_MODEL_TYPES:
+        if canonical_model_type(model_type) is None:
             alias = ""
             if str(model_type).upper() == "LLAMA3_1":
                 alias = " (Llama 3.1 is LLAMA3: Llama 3 and 3.1 share one format)"
             raise ConfigError(
-                f"{key}.model_type={model_type} is not supported{alias}; use one of {', '.join(SUPPORTED_MODEL_TYPES)}."
+                f"{key}.model_type={model_type} is not supported{alias}; use one of {supported_model_types()}."
             )
         check_checksum_mode(fields.get("verify_checksums", "before_load"), key=f"{key}.verify_checksums")
         files = fields.get("checkpoint_files", ["?"])
@@ -311,41 +323,42 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
                 f"{config_path} does not exist; a Hugging Face checkpoint folder needs its "
                 f"config.json. Check checkpointer.checkpoint_dir."
             )
+        try:
+            config = json.loads(config_path.read_text())
+        except ValueError as exc:
+            raise TuneError(f"{config_path} is not valid JSON ({exc}); use the config.json of the weights.") from exc
+        if not isinstance(config, dict):
+            raise TuneError(f"{config_path} is not a JSON object; use the config.json of the weights.")
+        self._config_path = config_path
+        self._family = detect_family(config, config_path)
+        if self._family.model_type in MODEL_TYPES:
+            # Llama 2 / 3 / 3.2 share model_type "llama": HFModelConfig tells them apart by RoPE and tying
+            # (its message names the RoPE settings), and checks the RoPE scaling of the model.
+            self._model_config: Optional[HFModelConfig] = HFModelConfig.from_dict(config, config_path)
+            if self._model_type in MODEL_TYPES:
+                self._model_config.check_model_type(self._model_type)
+        else:
+            self._model_config = None
+        check_yaml_model_type(self._model_type, self._family, config_path)
         self._key_to_file: dict[str, str] = {}
-        self._family: Any = None  # the family's folder handling where it is not Llama's
-        if self._model_type == "GEMMA3":
-            from torchtune.models.gemma3._hf import Gemma3Folder
-
-            try:
-                config = json.loads(config_path.read_text())
-            except ValueError as exc:
-                raise TuneError(
-                    f"{config_path} is not valid JSON ({exc}); use the config.json of the weights."
-                ) from exc
-            self._family = Gemma3Folder(config, config_path)
-            self._tied = self._family.tied
+        # A family that converts its own way (Gemma 3) reads and checks config.json itself.
+        self._folder: Any = self._family.folder(config, config_path) if self._family.folder is not None else None
+        if self._folder is not None:
+            self._tied = self._folder.tied
             return
-        self._model_config = HFModelConfig.from_file(config_path)
-        if self._model_config.is_gemma3:
-            raise TuneError(
-                f"checkpointer.model_type={self._model_type} does not match {config_path}: it describes a Gemma 3 "
-                "model. Set checkpointer.model_type=GEMMA3 and model._component_ to a Gemma 3 builder (e.g. "
-                "torchtune.models.gemma3.gemma3_1b)."
-            )
-        self._model_config.check_model_type(self._model_type)
-        self._num_heads = self._model_config.num_heads
-        self._dim = self._model_config.dim
-        self._num_kv_heads = self._model_config.num_kv_heads
-        self._head_dim = self._model_config.head_dim
-        self._tied = self._model_config.tied
+        self._shape = self._family.shape(config, config_path)
+        self._tied = self._shape.tie_word_embeddings
 
     def check_model(self, model: nn.Module) -> None:
-        """Raise ``TuneError`` if ``model``'s heads or RoPE differ from ``config.json`` (see ``HFModelConfig``;
-        Gemma 3: every size and setting, see ``torchtune.models.gemma3._hf.check_model``)."""
-        if self._family is not None:
-            self._family.check_model(model)
+        """Raise ``TuneError`` if ``model`` differs from ``config.json`` in a way the weight shapes cannot
+        show or before any weight is read: sizes, heads, RoPE, norm epsilon, tying, biases, q/k norm,
+        sliding window (each named with its config.json key and both values). Works on a meta-device model."""
+        if self._folder is not None:
+            self._folder.check_model(model)
             return
-        self._model_config.check_model(model)
+        if self._model_config is not None:
+            self._model_config.check_model(model)
+        check_shape(self._shape, model, self._config_path, self._family)
 
     def load_checkpoint(self) -> dict[str, Any]:
         """Read the weights (memory-mapped) and return ``{"model": state_dict in torchtune names, ...recipe state}``."""
@@ -355,10 +368,9 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
             path = self._checkpoint_dir / name
             shard = self._read(load_safetensors_weights if self._safetensors else load_torch_weights, path)
             for key, value in shard.items():
+                key = self._folder.hf_name(key) if self._folder is not None else key
                 merged[key] = value
-                self._key_to_file[self._family.hf_name(key) if self._family else key] = name
-        if self._family is not None:
-            merged = {self._family.hf_name(k): v for k, v in merged.items()}
+                self._key_to_file[key] = name
         if self._tied and "lm_head.weight" in merged:
             lm_head, embed = merged.pop("lm_head.weight"), merged.get("model.embed_tokens.weight")
             if embed is not None and not torch.equal(lm_head, embed):
@@ -368,22 +380,18 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
                     self._checkpoint_dir / "config.json",
                 )
             self._key_to_file.pop("lm_head.weight", None)
-        if self._family is not None:
-            return self._finish_load(self._family.to_tune(merged))
+        if self._folder is not None:
+            return self._finish_load(self._folder.to_tune(merged))
         try:
-            model_sd = hf_to_tune(
-                merged,
-                num_heads=self._num_heads,
-                num_kv_heads=self._num_kv_heads,
-                dim=self._dim,
-                head_dim=self._head_dim,
-            )
+            model_sd = hf_to_tune(merged, self._shape, fused=self._family.fused_projections, family=self._family.name)
         except RuntimeError as exc:  # q/k un-permutation: the shapes in config.json do not fit the weights
+            shape = self._shape
             raise TuneError(
                 f"The weights in {self._checkpoint_dir} ({_shorten(self._shard_names)}) do not have the shapes "
-                f"that {self._checkpoint_dir / 'config.json'} describes (hidden_size={self._dim}, "
-                f"num_attention_heads={self._num_heads}, num_key_value_heads={self._num_kv_heads}): {exc}. "
-                "Use the config.json that came with these weights, or check checkpointer.checkpoint_files."
+                f"that {self._checkpoint_dir / 'config.json'} describes (hidden_size={shape.embed_dim}, "
+                f"num_attention_heads={shape.num_heads}, num_key_value_heads={shape.num_kv_heads}, "
+                f"head_dim={shape.head_dim}): {exc}. Use the config.json that came with these weights, or "
+                "check checkpointer.checkpoint_files."
             ) from exc
         return self._finish_load(model_sd)
 
@@ -395,34 +403,33 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
         for a permuted q/k weight) and no device memory. ``.bin`` shards go through ``torch.save``,
         which needs the whole shard at once: one shard on the host at a time.
         """
-        if self._family is not None:
-            names = self._family.hf_names(model_sd)
-            by_hf_key = {hf_key: key for key, hf_key in names.items()}
+        if self._folder is not None:
+            plan = {hf_key: [key] for key, hf_key in self._folder.hf_names(model_sd).items()}
 
-            def hf_tensor(hf_key: str, tensor: torch.Tensor) -> torch.Tensor:
-                return self._family.hf_tensor(by_hf_key[hf_key], tensor)
+            def hf_tensor(hf_key: str, parts: dict[str, torch.Tensor]) -> torch.Tensor:
+                ((key, tensor),) = parts.items()
+                return self._folder.hf_tensor(key, tensor)
 
         else:
-            names = tune_to_hf_names(model_sd)
-            shape_args = {"num_heads": self._num_heads, "num_kv_heads": self._num_kv_heads, "head_dim": self._head_dim}
+            plan = tune_to_hf_plan(model_sd, fused=self._family.fused_projections, family=self._family.name)
 
-            def hf_tensor(hf_key: str, tensor: torch.Tensor) -> torch.Tensor:
-                return tune_to_hf_tensor(hf_key, tensor, **shape_args)
+            def hf_tensor(hf_key: str, parts: dict[str, torch.Tensor]) -> torch.Tensor:
+                return tune_to_hf_tensor(hf_key, parts, self._shape)
 
         default_file = self._shard_names[-1]
-        by_file: dict[str, dict[str, torch.Tensor]] = {name: {} for name in self._shard_names}
-        for key, hf_key in names.items():
-            by_file[self._key_to_file.get(hf_key, default_file)][hf_key] = model_sd[key]
+        by_file: dict[str, dict[str, dict[str, torch.Tensor]]] = {name: {} for name in self._shard_names}
+        for hf_key, parts in plan.items():
+            by_file[self._key_to_file.get(hf_key, default_file)][hf_key] = {k: model_sd[k] for k in parts}
         weight_map = {hf_key: name for name, tensors in by_file.items() for hf_key in tensors}
         total_size = sum(t.numel() * t.element_size() for t in model_sd.values())
         hashed: dict[str, str] = {}
         for name, source in by_file.items():
             if self._safetensors:
-                specs = safetensors_order((k, t.dtype, t.shape) for k, t in source.items())
+                specs = safetensors_order((k, *_hf_spec(p)) for k, p in source.items())
                 converted = (hf_tensor(k, source[k]) for k, _, _ in specs)
                 hashed[name] = _write_safetensors_file(folder / name, specs, converted)
             else:
-                shard = {k: hf_tensor(k, t).contiguous() for k, t in source.items()}
+                shard = {k: hf_tensor(k, p).contiguous() for k, p in source.items()}
                 hashed[name] = _save_torch_file(shard, folder / name)
                 del shard
         if self._index_name or len(self._shard_names) > 1:
@@ -432,8 +439,8 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
             index = {"metadata": {"total_size": total_size}, "weight_map": dict(sorted(weight_map.items()))}
             (folder / index_name).write_text(json.dumps(index, indent=2) + "\n")
         written = next((t.dtype for t in model_sd.values() if t.is_floating_point()), None)
-        if self._family is not None:
-            config = self._family.saved_config()
+        if self._folder is not None:
+            config = self._folder.saved_config()
         else:
             config = json.loads((self._checkpoint_dir / "config.json").read_text())
         write_hf_side_files(self._checkpoint_dir, folder, config=config, dtype=written)
@@ -468,9 +475,10 @@ class FullModelMetaCheckpointer(_FullModelCheckpointer):
         verify_checksums: str = "before_load",
     ) -> None:
         super().__init__(checkpoint_dir, checkpoint_files, model_type, output_dir, recipe_checkpoint, verify_checksums)
-        if self._model_type == "GEMMA3":
+        if self._model_type not in MODEL_TYPES:
             raise TuneError(
-                "checkpointer.model_type=GEMMA3: Gemma 3 is read from its Hugging Face folder only; set "
+                f"checkpointer.model_type={model_type}: Meta's consolidated.00.pth format holds Llama 2 and "
+                "Llama 3 / 3.1 only. Read this model from its Hugging Face folder: set "
                 "checkpointer._component_=torchtune.utils.FullModelHFCheckpointer."
             )
         if self._model_type == "LLAMA3_2":

@@ -53,7 +53,6 @@ class HFModelConfig:
     head_dim: int
     tied: bool
     rope: RopeSettings
-    is_gemma3: bool = False
 
     @classmethod
     def from_file(cls, path: Path) -> "HFModelConfig":
@@ -62,9 +61,11 @@ class HFModelConfig:
             config = json.loads(path.read_text())
         except ValueError as exc:
             raise TuneError(f"{path} is not valid JSON ({exc}); use the config.json of the weights.") from exc
-        if config.get("model_type") in ("gemma3", "gemma3_text"):
-            # read by torchtune.models.gemma3 (its rope and text_config differ); here only to say so
-            return cls(path, 0, 0, 0, 0, True, RopeSettings(0.0), is_gemma3=True)
+        return cls.from_dict(config, path)
+
+    @classmethod
+    def from_dict(cls, config: Dict[str, Any], path: Path) -> "HFModelConfig":
+        """Parse a ``config.json`` already read from ``path``."""
         try:
             num_heads = int(config["num_attention_heads"])
             dim = int(config["hidden_size"])

@@ -3,9 +3,11 @@ and loads on its own with ``AutoModelForCausalLM`` / ``AutoTokenizer`` / ``Gener
 
 * ``config.json``: the input's, with ``torch_dtype`` (or ``dtype``, the newer name, where the input
   uses it) set to the dtype of the tensors written -- a bf16 finetune of a float16 download says bfloat16.
-* tokenizer files: copied from the input folder; when the input has a SentencePiece ``tokenizer.model``
-  but no ``tokenizer_config.json`` / ``special_tokens_map.json`` (the demo bundle, a converted Meta
-  download), they are written from it: BOS added, EOS not, as the recipes encode a prompt.
+* tokenizer files: copied from the input folder (``tokenizer.json``, the chat template, Llama 3's
+  ``original/tokenizer.model`` and the other side files transformers and our tokenizers read); when
+  the input has a SentencePiece ``tokenizer.model`` but no ``tokenizer_config.json`` /
+  ``special_tokens_map.json`` (the demo bundle, a converted Meta download), they are written from it:
+  BOS added, EOS not, as the recipes encode a prompt.
 * ``generation_config.json``: copied, or written with the tokenizer's (else config.json's) BOS/EOS ids.
 """
 
@@ -23,8 +25,22 @@ GENERATION_CONFIG = "generation_config.json"
 TOKENIZER_MODEL = "tokenizer.model"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 SPECIAL_TOKENS_MAP = "special_tokens_map.json"
-# Copied as they are when the input folder has them.
-COPIED = (TOKENIZER_MODEL, "tokenizer.json", TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP, GENERATION_CONFIG)
+CHAT_TEMPLATE = "chat_template.jinja"
+# Copied as they are when the input folder has them: what AutoTokenizer reads (the chat template is its own
+# file since transformers 4.50), and Llama 3's tiktoken file, which our llama3_tokenizer reads.
+COPIED = (
+    TOKENIZER_MODEL,
+    "tokenizer.json",
+    TOKENIZER_CONFIG,
+    SPECIAL_TOKENS_MAP,
+    GENERATION_CONFIG,
+    CHAT_TEMPLATE,
+    "chat_template.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "original/tokenizer.model",
+)
 
 DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
@@ -96,13 +112,16 @@ def write_hf_side_files(
     _write_json(folder / CONFIG, model_config(config, dtype))
     for name in COPIED:
         if (source_dir / name).is_file():
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(source_dir / name, folder / name)
     tokens = _sentencepiece_tokens(folder / TOKENIZER_MODEL) if (folder / TOKENIZER_MODEL).is_file() else None
     if tokens is not None:
         if not (folder / TOKENIZER_CONFIG).is_file():
             _write_json(folder / TOKENIZER_CONFIG, tokenizer_config(tokens, config.get("max_position_embeddings")))
         if not (folder / SPECIAL_TOKENS_MAP).is_file():
-            _write_json(folder / SPECIAL_TOKENS_MAP, {k: tokens[k][0] for k in ("bos", "eos", "unk") if tokens[k][0]})
+            # transformers' keys: bos_token, eos_token, unk_token
+            special = {f"{k}_token": tokens[k][0] for k in ("bos", "eos", "unk") if tokens[k][0]}
+            _write_json(folder / SPECIAL_TOKENS_MAP, special)
     if not (folder / GENERATION_CONFIG).is_file():
         bos = tokens["bos"][1] if tokens else config.get("bos_token_id")
         eos = tokens["eos"][1] if tokens else config.get("eos_token_id")

@@ -1,0 +1,75 @@
+"""The shipped Qwen3 / Qwen2.5 / Mistral / Phi-4 configs: model, tokenizer and checkpointer belong to one
+family (its registration), the header's download command fills checkpoint_dir, and the header states what
+`tune estimate-memory` prints."""
+
+import re
+import subprocess
+
+import pytest
+from omegaconf import OmegaConf
+
+from tests._helpers.tiny_run import REPO_ROOT, TUNE
+from torchtune import _recipe_registry as registry
+from torchtune.models._hf_family import canonical_model_type, families
+
+SIZED = [
+    "qwen3/0.6B_full_single_device",
+    "qwen3/1.7B_full_single_device",
+    "qwen3/4B_full_single_device",
+    "qwen2_5/0.5B_full_single_device",
+    "qwen2_5/1.5B_full_single_device",
+    "qwen2_5/3B_full_single_device",
+]
+TINY = ["qwen3/tiny_full", "qwen2_5/tiny_full", "mistral/tiny_full", "phi4/tiny_full"]
+# The estimate runs take 10-20 s each on a quiet machine: two configs, one per optimizer kind.
+ESTIMATED = ["qwen3/0.6B_full_single_device", "qwen3/4B_full_single_device"]
+_STATED = re.compile(r"batch \d+: ([\d.]+) GB at 512 tokens")
+
+
+@pytest.mark.parametrize("name", SIZED + TINY)
+def test_model_tokenizer_and_checkpointer_belong_together(name):
+    text = registry.get_config(name).path.read_text()
+    cfg = OmegaConf.load(registry.get_config(name).path)
+    family = name.split("/")[0]
+    assert cfg.model._component_.startswith(f"torchtune.models.{family}.")
+    assert cfg.tokenizer._component_ == f"torchtune.models.{family}.{family}_tokenizer"
+    assert cfg.tokenizer.path == f"{cfg.checkpointer.checkpoint_dir}/tokenizer.json"
+    registered = families()[canonical_model_type(cfg.checkpointer.model_type)]
+    assert registered.builder.startswith(f"torchtune.models.{family}.")
+    if name in SIZED:
+        assert f"--output-dir {cfg.checkpointer.checkpoint_dir}\n" in text
+        assert _STATED.search(text.replace("\n#", "")), f"{name}: no estimate in the header"
+
+
+def test_tune_ls_lists_them():
+    out = subprocess.run([TUNE, "ls"], capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    for name in SIZED + TINY:
+        assert name in out.stdout
+
+
+@pytest.fixture(scope="module")
+def estimates():
+    procs = {
+        name: subprocess.Popen(
+            [TUNE, "estimate-memory", "--config", name, "--seq-len", "512", "--steps-only"],
+            cwd=REPO_ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name in ESTIMATED
+    }
+    out = {}
+    for name, proc in procs.items():
+        stdout, stderr = proc.communicate(timeout=900)
+        assert proc.returncode == 0, stderr
+        out[name] = float(re.search(r"total \(device peak\)\s+([\d.]+) GB", stdout).group(1))
+    return out
+
+
+@pytest.mark.parametrize("name", ESTIMATED)
+def test_header_states_the_estimate(name, estimates):
+    header = registry.get_config(name).path.read_text()
+    stated = float(_STATED.search(header.replace("\n#", "")).group(1))
+    assert stated == pytest.approx(estimates[name], abs=0.011), f"{name}: header says {stated} GB"

@@ -1,0 +1,165 @@
+"""Every Llama-shaped family against transformers on random tiny configs with its shape features on: the
+folder transformers writes loads into our model with the same logits (fp32, 1e-5), and the folder our
+checkpointer saves loads back into transformers with the same logits."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from torchtune._errors import TuneError
+from torchtune.utils import FullModelHFCheckpointer
+
+transformers = pytest.importorskip("transformers")
+
+BASE = dict(
+    vocab_size=96,
+    hidden_size=64,
+    intermediate_size=80,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+    rms_norm_eps=1e-6,
+    rope_theta=1000.0,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=None,
+)
+SEQ = 24
+
+# (model_type, HF config class, our component builder, config.json values, builder-only arguments)
+CASES = {
+    # head_dim 32 with 4 heads of a 64-wide model: independent of hidden_size / heads, as Qwen3 has it.
+    "qwen3_tied": ("QWEN3", "Qwen3Config", "torchtune.models.qwen3.qwen3", dict(head_dim=32, tie_word_embeddings=True)),
+    "qwen3_untied_bias": (
+        "QWEN3",
+        "Qwen3Config",
+        "torchtune.models.qwen3.qwen3",
+        dict(head_dim=16, tie_word_embeddings=False, attention_bias=True),
+    ),
+    "qwen2_5_tied": ("QWEN2", "Qwen2Config", "torchtune.models.qwen2_5.qwen2_5", dict(tie_word_embeddings=True)),
+    "qwen2_5_untied": ("QWEN2", "Qwen2Config", "torchtune.models.qwen2_5.qwen2_5", dict(tie_word_embeddings=False)),
+    # v0.1: a window shorter than the sequence; v0.3: none, and a head_dim of its own (as Mistral Nemo).
+    "mistral_window": (
+        "MISTRAL",
+        "MistralConfig",
+        "torchtune.models.mistral.mistral",
+        dict(sliding_window=7, tie_word_embeddings=False),
+    ),
+    "mistral_v0_3": (
+        "MISTRAL",
+        "MistralConfig",
+        "torchtune.models.mistral.mistral",
+        dict(sliding_window=None, head_dim=24, tie_word_embeddings=False),
+    ),
+    "phi4": ("PHI4", "Phi3Config", "torchtune.models.phi4.phi4", dict(sliding_window=None, tie_word_embeddings=False)),
+    "phi4_window": ("PHI4", "Phi3Config", "torchtune.models.phi4.phi4", dict(sliding_window=9)),
+}
+
+
+def _builder_args(config: dict) -> dict:
+    args = dict(
+        vocab_size=config["vocab_size"],
+        num_layers=config["num_hidden_layers"],
+        num_heads=config["num_attention_heads"],
+        num_kv_heads=config["num_key_value_heads"],
+        embed_dim=config["hidden_size"],
+        intermediate_dim=config["intermediate_size"],
+        max_seq_len=config["max_position_embeddings"],
+        norm_eps=config["rms_norm_eps"],
+        rope_base=config["rope_theta"],
+        tie_word_embeddings=config.get("tie_word_embeddings", False),
+    )
+    if config.get("head_dim"):
+        args["head_dim"] = config["head_dim"]
+    if config.get("attention_bias"):
+        args["attention_bias"] = True
+    if config.get("sliding_window"):
+        args["sliding_window"] = config["sliding_window"]
+    return args
+
+
+def make_hf_folder(folder: Path, config_class: str, extra: dict, seed: int = 0):
+    """A transformers model with random weights (biases and norms too) saved as a HF folder."""
+    config = getattr(transformers, config_class)(**{**BASE, **extra})
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").float().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():  # every weight random, so a mixed-up norm or bias cannot hide
+            p.copy_(torch.randn_like(p) * 0.2 + (1.0 if "norm" in name else 0.0))
+    model.save_pretrained(folder, safe_serialization=True)
+    return model
+
+
+def _logits_hf(model, tokens):
+    with torch.no_grad():
+        return model(tokens).logits.float()
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_logits_match_transformers_both_ways(tmp_path, case):
+    from torchtune.config._instantiate import import_component
+
+    model_type, config_class, builder, extra = CASES[case]
+    hf_model = make_hf_folder(tmp_path / "hf", config_class, extra)
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    tokens = torch.randint(0, BASE["vocab_size"], (2, SEQ), generator=torch.Generator().manual_seed(1))
+
+    checkpointer = FullModelHFCheckpointer(
+        tmp_path / "hf", ["model.safetensors"], model_type=model_type, output_dir=tmp_path / "out"
+    )
+    builder_fn = import_component(builder)
+    model = builder_fn(**_builder_args({**BASE, **extra, "tie_word_embeddings": config["tie_word_embeddings"]}))
+    checkpointer.check_model(model)  # config.json and builder agree
+    model.load_state_dict(checkpointer.load_checkpoint()["model"])
+    model.eval()
+    with torch.no_grad():
+        ours = model(tokens)
+    expected = _logits_hf(hf_model, tokens)
+    torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-5)
+
+    saved = checkpointer.save_checkpoint({"model": model.state_dict()}, epoch=0)
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(saved, attn_implementation="sdpa").float().eval()
+    assert type(reloaded).__name__ == config["architectures"][0]
+    torch.testing.assert_close(_logits_hf(reloaded, tokens), expected, atol=1e-5, rtol=1e-5)
+    # Same tensors and names as transformers wrote, so the folder is theirs.
+    from safetensors.torch import load_file
+
+    theirs, mine = load_file(tmp_path / "hf" / "model.safetensors"), load_file(saved / "model.safetensors")
+    assert sorted(theirs) == sorted(mine)
+    assert all(torch.equal(theirs[k], mine[k]) for k in theirs)
+
+
+def test_sliding_window_changes_logits_past_the_window(tmp_path):
+    """The window is really applied: the same weights with full attention give other logits once the
+    sequence is longer than the window, and the same ones within it."""
+    from torchtune.models.mistral import mistral
+
+    args = _builder_args({**BASE})
+    torch.manual_seed(0)
+    windowed = mistral(**args, sliding_window=7).eval()
+    full = mistral(**args).eval()
+    full.load_state_dict(windowed.state_dict())
+    tokens = torch.randint(0, BASE["vocab_size"], (1, SEQ))
+    with torch.no_grad():
+        a, b = windowed(tokens), full(tokens)
+    torch.testing.assert_close(a[:, :7], b[:, :7])
+    assert not torch.allclose(a[:, 7:], b[:, 7:])
+
+
+def test_builder_that_does_not_fit_config_is_named_before_loading(tmp_path):
+    from torchtune.models.qwen3 import qwen3
+
+    make_hf_folder(tmp_path / "hf", "Qwen3Config", dict(head_dim=32, tie_word_embeddings=True))
+    checkpointer = FullModelHFCheckpointer(
+        tmp_path / "hf", ["model.safetensors"], model_type="QWEN3", output_dir=tmp_path / "out"
+    )
+    args = _builder_args({**BASE, "head_dim": 16, "tie_word_embeddings": True})
+    with torch.device("meta"):
+        model = qwen3(**args)
+    with pytest.raises(TuneError, match=r"head_dim: config.json 32, model 16 \(builder argument head_dim\)"):
+        checkpointer.check_model(model)

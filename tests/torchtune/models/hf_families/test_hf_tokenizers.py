@@ -1,0 +1,95 @@
+"""Each family's tokenizer against transformers' ``AutoTokenizer`` on the same tiny folder: ids of mixed
+text with special tokens, and chat formatting equal to ``apply_chat_template`` with labels only on what
+the assistant writes."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests._helpers.hf_tokenizers import FAMILIES, make_hf_tokenizer_folder
+from torchtune._errors import TuneError
+from torchtune.modules.tokenizers import HFModelTokenizer
+
+transformers = pytest.importorskip("transformers")
+
+TEXTS = [
+    "Hello world! The sky is blue.",
+    "  leading spaces, Ünïcödé 🙂 and 12345\n\nnew lines",
+    "<|im_start|>user\nWhat is two plus three?<|im_end|>",
+    "[INST] Reverse the word apple [/INST] elppa</s>",
+    "text<|endoftext|>after <think>hm</think> done",
+]
+CHATS = [
+    [
+        {"role": "user", "content": "What is two plus three?"},
+        {"role": "assistant", "content": "Two plus three is five."},
+    ],
+    [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "Name a colour of the sky."},
+        {"role": "assistant", "content": "The sky is blue."},
+        {"role": "user", "content": "Reverse the word stone."},
+        {"role": "assistant", "content": "enots"},
+    ],
+]
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def folder(request, tmp_path_factory):
+    return request.param, make_hf_tokenizer_folder(tmp_path_factory.mktemp(request.param), request.param)
+
+
+def test_ids_equal_autotokenizer(folder):
+    family, path = folder
+    ours = HFModelTokenizer(path / "tokenizer.json")
+    theirs = transformers.AutoTokenizer.from_pretrained(str(path))
+    for text in TEXTS:
+        assert ours.encode(text, add_bos=True, add_eos=False) == theirs(text)["input_ids"], text
+        assert ours.decode(ours.encode(text, add_bos=False, add_eos=False), skip_special_tokens=False) == theirs.decode(
+            theirs(text, add_special_tokens=False)["input_ids"]
+        )
+    assert ours.eos_id == theirs.eos_token_id
+    assert ours.vocab_size == len(theirs)
+    assert (ours.bos_id is not None) == (family == "mistral")
+
+
+def test_chat_equals_apply_chat_template_with_labels_on_assistant_only(folder):
+    family, path = folder
+    ours = HFModelTokenizer(path / "tokenizer.json")
+    theirs = transformers.AutoTokenizer.from_pretrained(str(path))
+    for chat in CHATS:
+        if family == "mistral":
+            chat = [m for m in chat if m["role"] != "system"]
+        tokens, is_assistant = ours.tokenize_messages(chat)
+        expected = theirs.apply_chat_template(chat, tokenize=True, return_dict=True)["input_ids"]
+        assert tokens == expected
+        learnt = [t for t, a in zip(tokens, is_assistant) if a]
+        # What is learnt is exactly each assistant message and the token that ends its turn.
+        want = []
+        for message in chat:
+            if message["role"] == "assistant":
+                want += theirs(message["content"], add_special_tokens=False)["input_ids"] + [ours.eos_id]
+        # (compared as text without spaces: a SentencePiece-style decode puts a space after </s>)
+        assert theirs.decode(learnt).replace(" ", "") == theirs.decode(want).replace(" ", "")
+        last_eos = len(tokens) - 1 - tokens[::-1].index(ours.eos_id)
+        assert is_assistant[last_eos] and not any(is_assistant[last_eos + 1 :]) and not is_assistant[0]
+        generation = ours.tokenize_messages(chat[:-1], add_generation_prompt=True)[0]
+        kwargs = dict(add_generation_prompt=True, tokenize=True, return_dict=True)
+        assert generation == theirs.apply_chat_template(chat[:-1], **kwargs)["input_ids"]
+
+
+def test_template_error_names_line(tmp_path):
+    path = make_hf_tokenizer_folder(tmp_path / "m", "mistral")
+    tok = HFModelTokenizer(path / "tokenizer.json")
+    with pytest.raises(TuneError, match=r"Only user and assistant roles are supported!.*line \d+ of the template"):
+        tok.tokenize_messages([{"role": "system", "content": "x"}, {"role": "user", "content": "y"}])
+
+
+def test_missing_or_unreadable_tokenizer_json(tmp_path):
+    with pytest.raises(TuneError, match="tokenizer.path.*does not exist"):
+        HFModelTokenizer(tmp_path / "nothing" / "tokenizer.json")
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "tokenizer.json").write_text("{not json")
+    with pytest.raises(TuneError, match="could not be read as a Hugging Face tokenizer.json"):
+        HFModelTokenizer(bad / "tokenizer.json")

@@ -1,0 +1,271 @@
+"""A model's own tokenizer from its Hugging Face folder: ``tokenizer.json`` through the ``tokenizers``
+library, its special tokens and BOS/EOS from ``tokenizer_config.json``, and chat data formatted with the
+folder's own chat template (``chat_template.jinja`` or ``tokenizer_config.json``'s ``chat_template``),
+rendered with jinja2 as transformers' ``apply_chat_template`` renders it."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+from torchtune._assets import missing_path_hint
+from torchtune._errors import TuneError
+
+TOKENIZER_JSON = "tokenizer.json"
+TOKENIZER_CONFIG = "tokenizer_config.json"
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+GENERATION_CONFIG = "generation_config.json"
+_SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")
+
+
+def _token_text(value: Any) -> Optional[str]:
+    """A special token as tokenizer_config.json gives it: a string or ``{"content": ...}``."""
+    if isinstance(value, Mapping):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _compile_template(source: str, origin: str):
+    """The template compiled in the environment transformers uses: sandboxed, ``trim_blocks`` and
+    ``lstrip_blocks``, loop controls, a ``tojson`` that keeps non-ASCII text, ``raise_exception`` and
+    ``strftime_now``."""
+    import jinja2
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys: bool = False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    try:
+        return env.from_string(source)
+    except jinja2.TemplateSyntaxError as err:
+        raise TuneError(
+            f"The chat template of {origin} does not parse: {err.message} (line {err.lineno} of the template). "
+            "Use the model's own tokenizer_config.json / chat_template.jinja, or fix that line."
+        ) from err
+
+
+class HFModelTokenizer:
+    """Tokenizer of a Hugging Face model folder (Qwen3, Qwen2.5, Mistral, Phi-4 ...).
+
+    * ``encode(text)`` gives ``AutoTokenizer``'s ids: the ``tokenizer.json`` pipeline, special tokens
+      written in the text recognised, and what its post-processor puts around a text (Mistral's ``<s>``;
+      nothing for Qwen and Phi-4) when ``add_bos``; ``eos_token`` of ``tokenizer_config.json`` after it
+      when ``add_eos`` (a dataset ends each example so).
+    * ``tokenize_messages`` renders a conversation with the folder's chat template and tokenizes the text
+      once, as ``apply_chat_template`` does; the tokens inside each assistant message's content, and the
+      special token that closes it (``<|im_end|>``, ``</s>``), are the assistant's (learnt); headers,
+      system and user turns are the prompt.
+
+    Args:
+        path: the ``tokenizer.json`` (config key ``tokenizer.path``); ``tokenizer_config.json``,
+            ``chat_template.jinja`` and ``generation_config.json`` are read from its folder.
+        max_seq_len: optional default longest sequence for datasets built on this tokenizer.
+
+    Raises:
+        TuneError: a missing or unreadable ``tokenizer.json``, an unreadable ``tokenizer_config.json``, a
+            special token it names that the tokenizer does not have, a chat template that does not parse.
+    """
+
+    def __init__(self, path: Union[str, Path], max_seq_len: Optional[int] = None) -> None:
+        from torchtune.modules.tokenizers._hf_tokenizers import HuggingFaceBaseTokenizer
+
+        path = Path(path).expanduser()
+        if path.is_dir():
+            path = path / TOKENIZER_JSON
+        if not path.is_file():
+            raise TuneError(
+                f"The tokenizer file '{path}' (config key tokenizer.path) does not exist.{missing_path_hint(path)} "
+                "Set tokenizer.path to the tokenizer.json in the model folder (`tune download <model> "
+                "--output-dir <folder>` puts it there)."
+            )
+        self.path = path
+        self.max_seq_len = max_seq_len
+        self._backend = HuggingFaceBaseTokenizer(path)
+        self._tokenizer = self._backend._tokenizer
+        folder = path.parent
+        self._config = self._read_json(folder / TOKENIZER_CONFIG)
+        self.special_tokens_map: Dict[str, str] = {}
+        for key in _SPECIAL_KEYS:
+            text = _token_text(self._config.get(key))
+            if text is not None:
+                self.special_tokens_map[key] = text
+        # What the post-processor adds around a text: AutoTokenizer's BOS (and EOS) behaviour.
+        bare = self._tokenizer.encode("a", add_special_tokens=False).ids
+        full = self._tokenizer.encode("a", add_special_tokens=True).ids
+        start = next((i for i in range(len(full)) if full[i : i + len(bare)] == bare), 0)
+        self._prefix: List[int] = full[:start]
+        self._suffix: List[int] = full[start + len(bare) :]
+        bos = self.special_tokens_map.get("bos_token")
+        self.bos_id: Optional[int] = self._prefix[0] if self._prefix else (self._id(bos) if bos else None)
+        eos = self.special_tokens_map.get("eos_token")
+        if eos is None:
+            raise TuneError(
+                f"{folder / TOKENIZER_CONFIG} names no eos_token, so examples could not be ended. Use the model "
+                "folder's own tokenizer_config.json (tokenizer.path must point into that folder)."
+            )
+        self.eos_id: int = self._id(eos)
+        pad = self.special_tokens_map.get("pad_token")
+        # Padded positions carry label -100 and follow the real tokens, so any id serves; EOS without one.
+        self.pad_id: int = self._id(pad) if pad else self.eos_id
+        self.eot_id: int = self.eos_id
+        generation = self._read_json(folder / GENERATION_CONFIG)
+        stops = generation.get("eos_token_id", [])
+        stops = [stops] if isinstance(stops, int) else list(stops or [])
+        self.stop_tokens: List[int] = list(dict.fromkeys([self.eos_id, *stops]))
+        self._special_ids = set(self._backend.special_tokens.values())
+        self._template_source, self._template_origin = self._find_template(folder)
+        self._template = None
+
+    # --- files ---------------------------------------------------------------------------------------
+    def _read_json(self, path: Path) -> Dict[str, Any]:
+        if not path.is_file():
+            return {}
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except ValueError as err:
+            raise TuneError(f"{path} is not valid JSON ({err}); use the model folder's own file.") from err
+        return data if isinstance(data, dict) else {}
+
+    def _find_template(self, folder: Path) -> Tuple[Optional[str], str]:
+        # transformers prefers chat_template.jinja over the tokenizer_config.json entry when both exist.
+        jinja_file = folder / CHAT_TEMPLATE_FILE
+        if jinja_file.is_file():
+            return jinja_file.read_text(encoding="utf-8"), str(jinja_file)
+        template = self._config.get("chat_template")
+        if isinstance(template, list):  # named templates: the "default" one is the chat template
+            named = {t.get("name"): t.get("template") for t in template if isinstance(t, Mapping)}
+            template = named.get("default")
+        return (template if isinstance(template, str) else None), str(folder / TOKENIZER_CONFIG)
+
+    def _id(self, token: str) -> int:
+        idx = self._backend.token_to_id(token)
+        if idx is None:
+            raise TuneError(
+                f"The tokenizer {self.path} has no token '{token}', which its tokenizer_config.json names as a "
+                "special token: the two files come from different models. Use the files of one model folder."
+            )
+        return int(idx)
+
+    # --- encoding ------------------------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        """Every id the tokenizer can produce, the added special tokens included."""
+        return self._backend.vocab_size
+
+    def encode(
+        self, text: str, add_bos: bool = True, add_eos: bool = True, trim_leading_whitespace: bool = False
+    ) -> List[int]:
+        """Token ids of ``text``; ``add_bos`` adds what ``AutoTokenizer`` adds around a text (its
+        post-processor's tokens), ``add_eos`` appends ``eos_token``. ``trim_leading_whitespace`` is
+        accepted for the datasets' sake and changes nothing."""
+        del trim_leading_whitespace
+        ids = self._backend.encode(text)
+        if add_bos:
+            ids = self._prefix + ids + self._suffix
+        if add_eos and (not ids or ids[-1] != self.eos_id):
+            ids = ids + [self.eos_id]
+        return ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """Text of ``ids``; special tokens, -100 and out-of-range ids are left out unless asked for."""
+        size = self.vocab_size
+        return self._backend.decode(
+            [int(i) for i in ids if 0 <= int(i) < size], skip_special_tokens=skip_special_tokens
+        )
+
+    # --- chat ----------------------------------------------------------------------------------------
+    def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = False) -> str:
+        """The text ``apply_chat_template(messages, tokenize=False)`` gives.
+
+        Raises:
+            TuneError: the folder has no chat template, or the template fails on these messages (its
+                error and line).
+        """
+        import jinja2
+
+        if self._template_source is None:
+            raise TuneError(
+                f"The tokenizer folder {self.path.parent} has no chat template (no chat_template.jinja and no "
+                "chat_template in tokenizer_config.json): a base model's folder often has none. Use the "
+                "instruct model's tokenizer files, or instruction data (torchtune.datasets.instruct_dataset)."
+            )
+        if self._template is None:
+            self._template = _compile_template(self._template_source, self._template_origin)
+        try:
+            return self._template.render(
+                messages=[dict(m) for m in messages],
+                add_generation_prompt=add_generation_prompt,
+                tools=None,
+                documents=None,
+                **self.special_tokens_map,
+            )
+        except jinja2.TemplateError as err:
+            line = _template_line(err)
+            raise TuneError(
+                f"The chat template of {self._template_origin} failed on a conversation: {err}{line}. The "
+                "conversation may break a rule of the template (roles alternating, a system message first), "
+                "or the template needs what this library does not pass (tools, documents)."
+            ) from err
+
+    def tokenize_messages(
+        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = False
+    ) -> Tuple[List[int], List[bool]]:
+        """Tokens of a conversation in the model's chat format, and which of them are the assistant's.
+
+        The text is rendered once and tokenized once (the ids equal ``apply_chat_template``'s). An
+        assistant message's span starts where its content starts in the text (searched after the end
+        of the previous message's content) and ends after its content, plus the special token that
+        directly follows it (the end of the turn); a token is the assistant's if it lies inside a span.
+        """
+        text = self.render(messages, add_generation_prompt=add_generation_prompt)
+        encoding = self._tokenizer.encode(text, add_special_tokens=False)
+        spans: List[Tuple[int, int]] = []
+        cursor = 0
+        for message in messages:
+            content = message.get("content")
+            if not isinstance(content, str) or not content.strip():
+                continue
+            # Templates may strip the content (Llama 3, Qwen3's reasoning split): look for the stripped text.
+            needle = content.strip()
+            start = text.find(needle, cursor)
+            if start < 0:
+                continue  # the template dropped or rewrote it; nothing of it is labelled
+            end = start + len(needle)
+            cursor = end
+            if message.get("role") == "assistant":
+                spans.append((start, end))
+        tokens = list(encoding.ids)
+        offsets = encoding.offsets
+        is_assistant = [False] * len(tokens)
+        for i, (a, b) in enumerate(offsets):
+            piece = text[a:b]
+            a += len(piece) - len(piece.lstrip())  # a word-start token carries the space before the word
+            is_assistant[i] = b > a and any(s <= a and b <= e for s, e in spans)
+        # The special token right after an assistant content closes the turn: the model must learn it.
+        ends = {e for _, e in spans}
+        for i, (a, _) in enumerate(offsets):
+            if a in ends and tokens[i] in self._special_ids:
+                is_assistant[i] = True
+        return tokens, is_assistant
+
+    def __repr__(self) -> str:
+        return f"HFModelTokenizer(path='{self.path}', vocab_size={self.vocab_size})"
+
+
+def _template_line(err: Exception) -> str:
+    lineno = getattr(err, "lineno", None)
+    if lineno is None:
+        import traceback
+
+        frames = [f for f in traceback.extract_tb(err.__traceback__) if f.filename == "<template>"]
+        lineno = frames[-1].lineno if frames else None
+    return f" (line {lineno} of the template)" if lineno else ""
