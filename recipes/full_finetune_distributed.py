@@ -91,14 +91,7 @@ def validate_config(cfg: DictConfig) -> None:
     device = utils.parse_device(cfg.device)
     utils.dtype_name(cfg.dtype)
     training.check_optimizer_settings(cfg)
-    for key in ("batch_size", "epochs", "log_every_n_steps"):
-        training.positive_int(cfg, key)
-    for key in ("max_steps_per_epoch", "save_every_n_steps", "keep_last_n_checkpoints"):
-        training.positive_int(cfg, key, allow_none=True)
-    training.check_resume_keys(cfg)
-    training.check_overwrite(cfg)
-    training.check_validation_settings(cfg)
-    training.check_metric_logger(cfg)
+    training.check_loop_keys(cfg)
     try:
         training.backend_for_device(device.type, cfg.dist_backend)
     except TuneError as exc:
@@ -210,21 +203,11 @@ class FullFinetuneRecipeDistributed:
             "" if world == 1 else "s",
             f"; x {ga} accumulation steps = {batch_size * ga} examples per optimizer step" if ga > 1 else "",
         )
-        self._settings = training.RunSettings(
-            optimizer_in_bwd=bool(cfg.optimizer_in_bwd),
-            batch_size=batch_size,
-            gradient_accumulation_steps=ga,
-            seed=cfg.seed,
-            max_steps_per_epoch=training.positive_int(cfg, "max_steps_per_epoch", allow_none=True),
-            epochs=training.positive_int(cfg, "epochs"),
-        )
+        self._settings = training.RunSettings.from_config(cfg)
         self._clip_grad_norm = cfg.clip_grad_norm
         self._log_every_n_steps = training.positive_int(cfg, "log_every_n_steps")
         self._log_peak_memory_stats = bool(cfg.log_peak_memory_stats)
-        self._checkpoint_policy = training.CheckpointPolicy(
-            training.positive_int(cfg, "save_every_n_steps", allow_none=True),
-            training.positive_int(cfg, "keep_last_n_checkpoints", allow_none=True),
-        )
+        self._checkpoint_policy = training.CheckpointPolicy.from_config(cfg)
         self._output_dir = Path(str(cfg.checkpointer.output_dir)).expanduser()
         self._checkpoint_writer = training.ShardedCheckpointWriter(self._dist, async_save=cfg.async_checkpoint)
         self.progress = training.TrainingProgress()

@@ -78,14 +78,7 @@ def validate_config(cfg: DictConfig) -> None:
     utils.dtype_name(cfg.dtype)
     training.check_optimizer_settings(cfg)
     training.check_stochastic_rounding(cfg)
-    for key in ("batch_size", "epochs", "log_every_n_steps"):
-        training.positive_int(cfg, key)
-    for key in ("max_steps_per_epoch", "save_every_n_steps", "keep_last_n_checkpoints"):
-        training.positive_int(cfg, key, allow_none=True)
-    training.check_resume_keys(cfg)
-    training.check_overwrite(cfg)
-    training.check_validation_settings(cfg)
-    training.check_metric_logger(cfg)
+    training.check_loop_keys(cfg)
     eval_after_training_settings(cfg)
 
 
@@ -156,14 +149,7 @@ class FullFinetuneRecipeSingleDevice:
         if self._device.type == "cpu":
             memory.reuse_freed_host_memory()  # no page faults for each step's large gradients
         self._dtype = utils.get_dtype(cfg.dtype, self._device)
-        self._settings = training.RunSettings(
-            optimizer_in_bwd=bool(cfg.optimizer_in_bwd),
-            batch_size=training.positive_int(cfg, "batch_size"),
-            gradient_accumulation_steps=training.positive_int(cfg, "gradient_accumulation_steps"),
-            seed=cfg.seed,
-            max_steps_per_epoch=training.positive_int(cfg, "max_steps_per_epoch", allow_none=True),
-            epochs=training.positive_int(cfg, "epochs"),
-        )
+        self._settings = training.RunSettings.from_config(cfg)
         self._clip_grad_norm = cfg.clip_grad_norm
         self._log_every_n_steps = training.positive_int(cfg, "log_every_n_steps")
         self._log_peak_memory_stats = bool(cfg.log_peak_memory_stats)
@@ -171,10 +157,7 @@ class FullFinetuneRecipeSingleDevice:
         self._device_peak: Optional[memory.DeviceMemoryPeak] = None
         if self._log_peak_memory_stats and self._device.type == "cuda":
             self._device_peak = memory.DeviceMemoryPeak(self._device).start()
-        self._checkpoint_policy = training.CheckpointPolicy(
-            training.positive_int(cfg, "save_every_n_steps", allow_none=True),
-            training.positive_int(cfg, "keep_last_n_checkpoints", allow_none=True),
-        )
+        self._checkpoint_policy = training.CheckpointPolicy.from_config(cfg)
         self.progress = training.TrainingProgress()
         self.max_steps_per_epoch = self._settings.max_steps_per_epoch
         self._grad_norm = training.GradNormTracker()

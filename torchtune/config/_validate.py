@@ -13,6 +13,24 @@ from torchtune.config._instantiate import COMPONENT_KEY, component_signature, im
 from torchtune.config._source_signature import source_signature
 from torchtune.config._types import component_value_problems
 
+# Keys of a component node that the code building it consumes before calling the class, so they are not
+# the class's arguments: a low-rank optimizer's param-group options, target patterns and the optimizer of
+# the other parameters (torchtune.training._low_rank builds it; it reads this table).
+_APOLLO_GROUP_KEYS = ("rank", "proj", "scale_type", "scale", "update_proj_gap", "proj_type")
+_GALORE_GROUP_KEYS = ("rank", "update_proj_gap", "scale", "proj_type")
+LOW_RANK_GROUP_KEYS: dict[str, tuple[str, ...]] = {
+    "apollo_torch.APOLLOAdamW": _APOLLO_GROUP_KEYS,
+    "apollo_torch.apollo.AdamW": _APOLLO_GROUP_KEYS,
+    "galore_torch.GaLoreAdamW": _GALORE_GROUP_KEYS,
+    "galore_torch.adamw.AdamW": _GALORE_GROUP_KEYS,
+}
+LOW_RANK_OWN_KEYS = ("target_modules", "rest")
+
+
+def _builder_keys(path: Any) -> tuple[str, ...]:
+    keys = LOW_RANK_GROUP_KEYS.get(str(path))
+    return keys + LOW_RANK_OWN_KEYS if keys else ()
+
 
 def _join(prefix: str, key: Any) -> str:
     return f"{prefix}.{key}" if prefix else str(key)
@@ -47,7 +65,8 @@ def _check_component(node: DictConfig, prefix: str, problems: list[str], import_
     if OmegaConf.is_interpolation(node, COMPONENT_KEY) or OmegaConf.is_missing(node, COMPONENT_KEY):
         return  # reported (or fine) above
     path = node[COMPONENT_KEY]
-    fields = {str(k): None for k in node.keys() if k != COMPONENT_KEY}
+    consumed = _builder_keys(path)
+    fields = {str(k): None for k in node.keys() if k != COMPONENT_KEY and str(k) not in consumed}
     if not import_components and isinstance(path, str) and path.split(".")[0] not in sys.modules:
         signature = source_signature(path)
         if signature is not None and signature_problem(signature, fields, partial=True) is None:
@@ -64,7 +83,8 @@ def _check_component(node: DictConfig, prefix: str, problems: list[str], import_
     if problem:
         problems.append(f"{prefix or '<root>'}: {path}: {problem}")
         return
-    problems.extend(component_value_problems(target, prefix, _plain_fields(node)))
+    plain = {k: v for k, v in _plain_fields(node).items() if k not in consumed}
+    problems.extend(component_value_problems(target, prefix, plain))
 
 
 def _plain_fields(node: DictConfig) -> dict:

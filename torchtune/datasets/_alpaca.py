@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 from torch.utils.data import Dataset
 
@@ -16,7 +16,7 @@ def alpaca_dataset(
     tokenizer: Tokenizer,
     source: str = "tatsu-lab/alpaca",
     train_on_input: bool = True,
-    max_seq_len: int = 512,
+    max_seq_len: Optional[int] = 512,  # null: the tokenizer's max_seq_len, else no limit
     packed: bool = False,
     split: str = "train",
     **load_dataset_kwargs: Any,

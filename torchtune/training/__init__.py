@@ -27,7 +27,13 @@ from torchtune.training._activations import (
     get_act_offloading_ctx_manager,
     set_activation_checkpointing,
 )
-from torchtune.training._checks import RECIPE_VALUE_TYPES, check_optimizer_settings, check_value_types, positive_int
+from torchtune.training._checks import (
+    RECIPE_VALUE_TYPES,
+    check_loop_keys,
+    check_optimizer_settings,
+    check_value_types,
+    positive_int,
+)
 from torchtune.training._data import TrainingData, build_dataloader, num_tokens, padding_id
 from torchtune.training._low_rank import check_low_rank_optimizer, is_low_rank
 from torchtune.training._metrics import (
@@ -164,6 +170,7 @@ __all__ = [
     "check_loaded_checksums",
     "check_metric_logger",
     "check_model_matches_checkpoint",
+    "check_loop_keys",
     "check_low_rank_optimizer",
     "is_low_rank",
     "check_optimizer_settings",

@@ -9,7 +9,14 @@ from omegaconf import DictConfig, ListConfig
 from torchtune._errors import ConfigError
 from torchtune.config._types import check_type
 
-__all__ = ["IN_BWD_GROUPS", "RECIPE_VALUE_TYPES", "check_optimizer_settings", "check_value_types", "positive_int"]
+__all__ = [
+    "IN_BWD_GROUPS",
+    "RECIPE_VALUE_TYPES",
+    "check_loop_keys",
+    "check_optimizer_settings",
+    "check_value_types",
+    "positive_int",
+]
 
 # The type of each plain top-level key the recipes read (those with their own range checks, such as
 # batch_size, are checked where the range is). A wrong one fails here, at start-up and in `tune validate`,
@@ -30,7 +37,7 @@ RECIPE_VALUE_TYPES = {
     "async_checkpoint": bool,
     "eval_every_n_steps": Optional[int],
     "results_file": Optional[str],  # null: eval_results.json next to the checkpoint scored
-    "prompt": Union[str, int, float],
+    "prompt": Optional[Union[str, int, float]],  # null: format_prompt says it is empty
     "instruction_template": Optional[str],
 }
 
@@ -121,3 +128,26 @@ def check_optimizer_settings(cfg: Any) -> None:
         raise ConfigError(
             f"optimizer.betas must be two numbers in [0, 1), got {betas!r}. Set e.g. optimizer.betas=[0.9,0.999]."
         )
+
+
+def check_loop_keys(cfg: Any) -> None:
+    """The checks of the keys the training loop of both recipes reads: step counts and intervals, resume,
+    output folder, validation and metric loggers.
+
+    Raises:
+        ConfigError: naming the key to change.
+    """
+    # imported here: those modules import this one
+    from torchtune.training._metrics import check_metric_logger
+    from torchtune.training._output_dir import check_overwrite
+    from torchtune.training._resume import check_resume_keys
+    from torchtune.training._validation import check_validation_settings
+
+    for key in ("batch_size", "epochs", "log_every_n_steps"):
+        positive_int(cfg, key)
+    for key in ("max_steps_per_epoch", "save_every_n_steps", "keep_last_n_checkpoints"):
+        positive_int(cfg, key, allow_none=True)
+    check_resume_keys(cfg)
+    check_overwrite(cfg)
+    check_validation_settings(cfg)
+    check_metric_logger(cfg)

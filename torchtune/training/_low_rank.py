@@ -41,6 +41,7 @@ from torch.optim import Optimizer
 
 from torchtune._errors import ConfigError
 from torchtune.config._instantiate import COMPONENT_KEY
+from torchtune.config._validate import LOW_RANK_GROUP_KEYS
 from torchtune.utils._checkpointing._checkpoint_utils import OptimInBackwardWrapper
 
 __all__ = [
@@ -53,14 +54,10 @@ __all__ = [
     "low_rank_targets",
 ]
 
-# component -> (pip extra, the param-group keys the class reads for a low-rank parameter)
-_APOLLO_KEYS = ("rank", "proj", "scale_type", "scale", "update_proj_gap", "proj_type")
-_GALORE_KEYS = ("rank", "update_proj_gap", "scale", "proj_type")
+# component -> (pip extra, the param-group keys the class reads for a low-rank parameter); the keys are
+# config's table, which tells the config validator that these are not the class's arguments
 LOW_RANK_OPTIMIZERS: Dict[str, Tuple[str, Tuple[str, ...]]] = {
-    "apollo_torch.APOLLOAdamW": ("apollo", _APOLLO_KEYS),
-    "apollo_torch.apollo.AdamW": ("apollo", _APOLLO_KEYS),
-    "galore_torch.GaLoreAdamW": ("galore", _GALORE_KEYS),
-    "galore_torch.adamw.AdamW": ("galore", _GALORE_KEYS),
+    component: (component.split("_torch", 1)[0], keys) for component, keys in LOW_RANK_GROUP_KEYS.items()
 }
 # Named here so that the error says why and what to use instead, rather than a TypeError from the class.
 _REFUSED = {
@@ -83,7 +80,6 @@ _INSTEAD = (
 )
 # Default targets: the attention and MLP projections of every decoder here (torchtune.modules names).
 DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "output_proj", "w1", "w2", "w3")
-_OWN_KEYS = ("target_modules", "rest")
 # Projector classes whose attributes state_dict writes out and load_state_dict rebuilds.
 _PROJECTORS = (
     "apollo_torch.random_projector.GradientProjector",

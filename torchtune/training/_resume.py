@@ -80,6 +80,20 @@ class RunSettings:
     max_steps_per_epoch: Optional[int]
     epochs: int
 
+    @classmethod
+    def from_config(cls, cfg: Any) -> "RunSettings":
+        """The settings of a recipe config (its values checked by ``check_loop_keys``)."""
+        from torchtune.training._checks import positive_int
+
+        return cls(
+            optimizer_in_bwd=bool(cfg.optimizer_in_bwd),
+            batch_size=positive_int(cfg, "batch_size"),
+            gradient_accumulation_steps=positive_int(cfg, "gradient_accumulation_steps"),
+            seed=cfg.seed,
+            max_steps_per_epoch=positive_int(cfg, "max_steps_per_epoch", allow_none=True),
+            epochs=positive_int(cfg, "epochs"),
+        )
+
 
 @dataclasses.dataclass
 class ResumePlan:

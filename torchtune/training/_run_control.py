@@ -27,6 +27,16 @@ class CheckpointPolicy:
         self.save_every_n_steps = save_every_n_steps
         self.keep_last_n = keep_last_n
 
+    @classmethod
+    def from_config(cls, cfg: Any) -> "CheckpointPolicy":
+        """From a recipe config's ``save_every_n_steps`` and ``keep_last_n_checkpoints``."""
+        from torchtune.training._checks import positive_int
+
+        return cls(
+            positive_int(cfg, "save_every_n_steps", allow_none=True),
+            positive_int(cfg, "keep_last_n_checkpoints", allow_none=True),
+        )
+
     def step_checkpoint_due(self, global_step: int, steps_run_in_epoch: int, steps_per_epoch: int) -> bool:
         """True after a step that ends a ``save_every_n_steps`` interval, unless the epoch ends there too
         (the epoch checkpoint is about to be written)."""

@@ -259,3 +259,23 @@ def test_paged_state_reports_bytes_and_pcie_seconds_per_step():
     assert "estimated" in line
     plain = MemoryEstimate(peak_bytes=1, breakdown={c: 0 for c in CATEGORIES})
     assert "paged per step" not in plain.format()  # nothing paged: nothing crosses PCIe
+
+
+@pytest.mark.timeout(1200)
+def test_llama2_7b_16gb_apollo_mini_fits_without_paging():
+    """The 16 GB promise without paging: every phase at most 15.0 GB on the device, host RAM at most 4 GB,
+    nothing paged (batch 2 x 2048), and the figures are those of the config's header."""
+    pytest.importorskip("apollo_torch")
+    pytest.importorskip("torchao")
+    from torchtune.config._load import resolve_config_path
+    from torchtune.training._checkpoint_memory import estimate_run_memory
+
+    cfg = load_config("llama2/7B_full_16gb_apollo_mini", [])
+    est = estimate_run_memory(cfg, seq_len=2048, batch_size=2)
+    peaks = {p.name: p.device_peak / 1e9 for p in est.phases}
+    assert max(peaks.values()) <= 15.0, peaks
+    assert max(p.host_ram_peak for p in est.phases) / 1e9 <= 4.0
+    assert est.steps.paged_optimizer_bytes == 0 and all(p.managed_peak == 0 for p in est.phases)
+    header = resolve_config_path("llama2/7B_full_16gb_apollo_mini").read_text()
+    assert f"device peak {max(peaks.values()):.2f} GB" in header
+    assert f"{max(p.host_ram_peak for p in est.phases) / 1e9:.2f} GB" in header
