@@ -29,12 +29,12 @@ from torchtune.training._activations import (
 )
 from torchtune.training._checks import (
     RECIPE_VALUE_TYPES,
-    check_loop_keys,
     check_optimizer_settings,
     check_value_types,
     positive_int,
 )
 from torchtune.training._data import TrainingData, build_dataloader, num_tokens, padding_id
+from torchtune.training._loop_checks import check_loop_keys
 from torchtune.training._low_rank import check_low_rank_optimizer, is_low_rank
 from torchtune.training._metrics import (
     MetricLoggers,

@@ -12,7 +12,6 @@ from torchtune.config._types import check_type
 __all__ = [
     "IN_BWD_GROUPS",
     "RECIPE_VALUE_TYPES",
-    "check_loop_keys",
     "check_optimizer_settings",
     "check_value_types",
     "positive_int",
@@ -128,26 +127,3 @@ def check_optimizer_settings(cfg: Any) -> None:
         raise ConfigError(
             f"optimizer.betas must be two numbers in [0, 1), got {betas!r}. Set e.g. optimizer.betas=[0.9,0.999]."
         )
-
-
-def check_loop_keys(cfg: Any) -> None:
-    """The checks of the keys the training loop of both recipes reads: step counts and intervals, resume,
-    output folder, validation and metric loggers.
-
-    Raises:
-        ConfigError: naming the key to change.
-    """
-    # imported here: those modules import this one
-    from torchtune.training._metrics import check_metric_logger
-    from torchtune.training._output_dir import check_overwrite
-    from torchtune.training._resume import check_resume_keys
-    from torchtune.training._validation import check_validation_settings
-
-    for key in ("batch_size", "epochs", "log_every_n_steps"):
-        positive_int(cfg, key)
-    for key in ("max_steps_per_epoch", "save_every_n_steps", "keep_last_n_checkpoints"):
-        positive_int(cfg, key, allow_none=True)
-    check_resume_keys(cfg)
-    check_overwrite(cfg)
-    check_validation_settings(cfg)
-    check_metric_logger(cfg)
