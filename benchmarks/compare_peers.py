@@ -119,7 +119,7 @@ def _recipe_worker(impl: str, config_path: Path, result_path: Path) -> None:
     recipe.cleanup()
     loader.sampler.set_epoch(0)  # the epoch's batches again, in the run's order (seed, epoch)
     batches = list(loader)[: len(marks)]
-    _write_result(result_path, started, marks, end[0], batches, shifted=True)
+    _write_result(result_path, started, marks, end[0], batches)
 
 
 def _trl_worker(config_path: Path, result_path: Path) -> None:
@@ -205,7 +205,7 @@ def _trl_worker(config_path: Path, result_path: Path) -> None:
     _dump(result_path, started, marks, steps_done[-1], trained, positions, positions)
 
 
-def _write_result(path: Path, started: float, marks: List[tuple], end: tuple, batches: List[Any], shifted: bool):
+def _write_result(path: Path, started: float, marks: List[tuple], end: tuple, batches: List[Any]) -> None:
     trained = [int((b["labels"] != -100).sum()) for b in batches]  # our and torchtune's labels are shifted
     positions = [int(b["tokens"].numel()) for b in batches]
     real = [int((b["tokens"] != 0).sum()) for b in batches]  # both pad with id 0 (the Llama2 tokenizer's pad)
