@@ -33,7 +33,7 @@ from torchtune.training._checks import (
     check_value_types,
     positive_int,
 )
-from torchtune.training._data import TrainingData, build_dataloader, num_tokens, padding_id
+from torchtune.training._data import TrainingData, build_dataloader, check_data_head, num_tokens, padding_id
 from torchtune.training._loop_checks import check_loop_keys
 from torchtune.training._low_rank import check_low_rank_optimizer, is_low_rank
 from torchtune.training._metrics import (
@@ -61,7 +61,8 @@ from torchtune.training._optimizer import (
     step_optimizer,
     trainable_parameters,
 )
-from torchtune.training._output_dir import check_overwrite, prepare_output_dir
+from torchtune.training._output_dir import check_output_dir, check_overwrite, prepare_output_dir
+from torchtune.training._preflight import check_inputs
 from torchtune.training._resume import (
     RECIPE_STATE_NAME,
     ResumePlan,
@@ -161,6 +162,9 @@ __all__ = [
     "backend_for_device",
     "build_checkpointer",
     "build_dataloader",
+    "check_data_head",
+    "check_inputs",
+    "check_output_dir",
     "build_lr_scheduler",
     "build_metric_logger",
     "build_model",

@@ -18,7 +18,10 @@ from torchtune.training._sampler import ResumableSampler
 
 log = logging.getLogger("torchtune")
 
-__all__ = ["TrainingData", "build_dataloader", "num_tokens", "padding_id"]
+__all__ = ["TrainingData", "build_dataloader", "check_data_head", "num_tokens", "padding_id"]
+
+# Examples tokenized at set-up: enough to meet a template or row that does not fit, in milliseconds.
+HEAD_EXAMPLES = 8
 
 
 def padding_id(tokenizer: Any) -> int:
@@ -78,6 +81,43 @@ def num_tokens(batch: Dict[str, torch.Tensor], pad_id: int) -> int:
     return int(batch["tokens"].ne(pad_id).sum())
 
 
+def check_data_head(dataset: Any, key: str = "dataset", examples: int = HEAD_EXAMPLES) -> None:
+    """Tokenize the first ``examples`` examples as the first steps will, so that a template that does not render
+    or a row that does not tokenize stops set-up before any weight is read; log their token lengths.
+
+    Raises:
+        TuneError: naming the example, ``key`` and the error.
+    """
+    lengths, unlabelled = [], 0
+    count = min(examples, len(dataset))
+    for index in range(count):
+        try:
+            example = dataset[index]
+        except TuneError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a user's row or template; the run would fail at its first step
+            raise TuneError(
+                f"Example {index} of {key} could not be tokenized: {type(exc).__name__}: "
+                f"{exc}. Check that {key}.template (or the dataset's template) fits the rows, {key}.column_map, "
+                "and that example in the data file."
+            ) from exc
+        lengths.append(len(example["tokens"]))
+        unlabelled += all(int(label) == CROSS_ENTROPY_IGNORE_IDX for label in example["labels"])
+    if not lengths:
+        return
+    log.info("%s: the first %d examples are %d to %d tokens long", key, count, min(lengths), max(lengths))
+    if unlabelled:
+        log.warning(
+            "%s: %d of the first %d examples have no token to learn from (every label is ignored: the prompt fills "
+            "max_seq_len=%s). Raise %s.max_seq_len, or shorten those prompts.",
+            key,
+            unlabelled,
+            count,
+            getattr(dataset, "max_seq_len", None),
+            key,
+        )
+
+
 def build_dataloader(
     cfg_dataset: Any,
     tokenizer: Any,
@@ -95,7 +135,7 @@ def build_dataloader(
     ranks, this rank's loader yields its share of that order in per-rank batches of ``batch_size``.
 
     Raises:
-        TuneError: the dataset has no examples.
+        TuneError: the dataset has no examples, or its first examples do not tokenize (``check_data_head``).
     """
     dataset = config.instantiate(cfg_dataset, tokenizer)
     if len(dataset) == 0:
@@ -103,6 +143,7 @@ def build_dataloader(
             f"The dataset ({cfg_dataset._component_}, source {cfg_dataset.get('source')}) has no "
             "examples. Check dataset.source / dataset.data_files and dataset.split."
         )
+    check_data_head(dataset, "dataset")
     pad_id = padding_id(tokenizer)
     sampler = ResumableSampler(len(dataset), shuffle=bool(shuffle), seed=seed, num_replicas=num_replicas, rank=rank)
     dataloader = DataLoader(

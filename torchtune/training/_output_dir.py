@@ -28,7 +28,7 @@ from torchtune.utils._checkpointing._manifest import _CHECKPOINT_FOLDER, _saved_
 
 log = logging.getLogger("torchtune")
 
-__all__ = ["check_overwrite", "prepare_output_dir"]
+__all__ = ["check_output_dir", "check_overwrite", "prepare_output_dir"]
 
 
 def check_overwrite(cfg: Any) -> None:
@@ -104,7 +104,17 @@ def prepare_output_dir(cfg: Any, info: Any = None) -> None:
     raise_if_any_rank_failed(error, info, "Checking output_dir")
 
 
-def _prepare(cfg: Any) -> None:
+def check_output_dir(cfg: Any) -> None:
+    """What ``prepare_output_dir`` would decide, changing nothing (``tune validate``): the same errors, no
+    deletion for ``overwrite=True``, no metrics cut back for a resume.
+
+    Raises:
+        TuneError: as ``prepare_output_dir``.
+    """
+    _prepare(cfg, change=False)
+
+
+def _prepare(cfg: Any, change: bool = True) -> None:
     check_overwrite(cfg)
     checkpoints_dir = Path(str(cfg.checkpointer.output_dir)).expanduser()
     metrics = metrics_path(cfg.output_dir)
@@ -115,7 +125,8 @@ def _prepare(cfg: Any) -> None:
         # of an earlier attempt at this resume, are cut back to the resumed step and continued).
         resumed = _resumed_folder(cfg)
         if resumed.parent == checkpoints_dir.resolve() or not folders:
-            _drop_metrics_after(metrics, _saved_step(resumed))
+            if change:
+                _drop_metrics_after(metrics, _saved_step(resumed))
             return
     elif not (folders or steps):
         return
@@ -127,6 +138,8 @@ def _prepare(cfg: Any) -> None:
                 f"from (a checkpoint of the earlier run in {checkpoints_dir}). Keep overwrite=False and set "
                 "output_dir to another folder."
             )
+        if not change:
+            return
         for folder in folders:
             shutil.rmtree(folder)
         clean_leftovers(checkpoints_dir)
