@@ -37,6 +37,7 @@ class TrainingData:
     dataloader: DataLoader
     sampler: ResumableSampler
     pad_id: int
+    head: str = ""  # the token lengths of the first examples (check_data_head), for tune validate's report
 
     @property
     def packed(self) -> bool:
@@ -81,41 +82,33 @@ def num_tokens(batch: Dict[str, torch.Tensor], pad_id: int) -> int:
     return int(batch["tokens"].ne(pad_id).sum())
 
 
-def check_data_head(dataset: Any, key: str = "dataset", examples: int = HEAD_EXAMPLES) -> None:
+def check_data_head(dataset: Any, key: str = "dataset", examples: int = HEAD_EXAMPLES) -> str:
     """Tokenize the first ``examples`` examples as the first steps will, so that a template that does not render
-    or a row that does not tokenize stops set-up before any weight is read; log their token lengths.
+    or a row that does not tokenize stops set-up before any weight is read; log and return their token lengths.
 
     Raises:
         TuneError: naming the example, ``key`` and the error.
     """
-    lengths, unlabelled = [], 0
+    lengths = []
     count = min(examples, len(dataset))
     for index in range(count):
         try:
-            example = dataset[index]
+            lengths.append(len(dataset[index]["tokens"]))
         except TuneError:
             raise
         except Exception as exc:  # noqa: BLE001 - a user's row or template; the run would fail at its first step
             raise TuneError(
-                f"Example {index} of {key} could not be tokenized: {type(exc).__name__}: "
-                f"{exc}. Check that {key}.template (or the dataset's template) fits the rows, {key}.column_map, "
-                "and that example in the data file."
+                f"Example {index} of {key} could not be tokenized: {type(exc).__name__}: {exc}. Check that "
+                f"{key}.template (or the dataset's template) fits the rows, {key}.column_map, and that example "
+                "in the data file."
             ) from exc
-        lengths.append(len(example["tokens"]))
-        unlabelled += all(int(label) == CROSS_ENTROPY_IGNORE_IDX for label in example["labels"])
     if not lengths:
-        return
-    log.info("%s: the first %d examples are %d to %d tokens long", key, count, min(lengths), max(lengths))
-    if unlabelled:
-        log.warning(
-            "%s: %d of the first %d examples have no token to learn from (every label is ignored: the prompt fills "
-            "max_seq_len=%s). Raise %s.max_seq_len, or shorten those prompts.",
-            key,
-            unlabelled,
-            count,
-            getattr(dataset, "max_seq_len", None),
-            key,
-        )
+        return ""
+    head = f"the first {count} examples are {min(lengths)} to {max(lengths)} tokens long"
+    if getattr(dataset, "max_seq_len", None) is not None:
+        head += f" (max_seq_len {dataset.max_seq_len})"
+    log.info("%s: %s", key, head)
+    return head
 
 
 def build_dataloader(
@@ -143,7 +136,7 @@ def build_dataloader(
             f"The dataset ({cfg_dataset._component_}, source {cfg_dataset.get('source')}) has no "
             "examples. Check dataset.source / dataset.data_files and dataset.split."
         )
-    check_data_head(dataset, "dataset")
+    head = check_data_head(dataset, "dataset")
     pad_id = padding_id(tokenizer)
     sampler = ResumableSampler(len(dataset), shuffle=bool(shuffle), seed=seed, num_replicas=num_replicas, rank=rank)
     dataloader = DataLoader(
@@ -153,4 +146,4 @@ def build_dataloader(
         collate_fn=collate_for(dataset, padding_idx=pad_id, ignore_idx=CROSS_ENTROPY_IGNORE_IDX),
     )
     log.info("Dataset: %d examples, %d batches per epoch", len(dataset), len(dataloader))
-    return TrainingData(dataloader=dataloader, sampler=sampler, pad_id=pad_id)
+    return TrainingData(dataloader=dataloader, sampler=sampler, pad_id=pad_id, head=head)

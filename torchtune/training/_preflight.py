@@ -56,9 +56,7 @@ def check_inputs(cfg: Any) -> List[str]:
             gradient_accumulation_steps=settings.gradient_accumulation_steps,
             max_steps=resume.max_steps_per_epoch if resume is not None else settings.max_steps_per_epoch,
         )
-        done.append(
-            f"dataset: {len(data.dataloader.dataset)} examples, {steps} steps per epoch, first examples tokenize"
-        )
+        done.append(f"dataset: {len(data.dataloader.dataset)} examples, {steps} steps per epoch; {data.head}")
         validation = build_validation(
             cfg.get("validation_dataset"),
             tokenizer,
@@ -66,7 +64,7 @@ def check_inputs(cfg: Any) -> List[str]:
             every_n_steps=cfg.get("eval_every_n_steps"),
         )
         if validation is not None:
-            done.append("validation_dataset: first examples tokenize")
+            done.append("validation_dataset: its first examples tokenize")
     if "checkpointer" in cfg and "model" in cfg:
         checkpointer = build_checkpointer(cfg.checkpointer, resume)
         # The dtype only names the skeleton's tensors: no device is asked whether it supports it.

@@ -204,3 +204,30 @@ def test_resume_state_metadata(capsys, tmp_path):
         f"checkpointer.recipe_checkpoint={tmp_path / 'out/step_7/recipe_state.pt'}",
     ]
     _same_message_from_validate_and_run(capsys, tmp_path, missing, "does not exist")
+
+
+def test_template_that_fails_on_a_row_and_the_lengths_of_the_first_examples(capsys, tmp_path):
+    """The first examples are tokenized at set-up: a template that fails on the data stops validate and the
+    run alike before the weights; validate reports their lengths."""
+    cfg = config.load_config(TINY, [f"output_dir={tmp_path / 'out'}"])
+    cfg.dataset = {
+        "_component_": "torchtune.datasets.instruct_dataset",
+        "source": "json",
+        "data_files": asset_path("demo/train.json"),
+        "template": "Item {instruction:d}:",  # a number format for the text in the instruction column
+        "max_seq_len": 128,
+    }
+    mine = tmp_path / "mine.yaml"
+    OmegaConf.save(cfg, mine, resolve=True)
+    capsys.readouterr()
+    assert main(["validate", str(mine), "--recipe", "full_finetune_single_device"]) == 1
+    err = capsys.readouterr().err
+    assert "Example 0 of dataset could not be tokenized: ValueError" in " ".join(err.split()), err
+    with pytest.raises(TuneError) as raised:
+        build_recipe(cfg)
+    assert err.strip() == format_message(f"Error: {raised.value}").strip()
+
+    capsys.readouterr()  # the lengths of the first examples are reported, cut at max_seq_len
+    assert main(["validate", TINY, f"output_dir={tmp_path / 'out'}", "dataset.max_seq_len=8"]) == 0
+    out = capsys.readouterr().out
+    assert "dataset: 3000 examples, 188 steps per epoch; the first 8 examples are 8 to 8 tokens long" in out, out
