@@ -36,10 +36,7 @@ def check_inputs(cfg: Any) -> List[str]:
     settings = RunSettings.from_config(cfg) if training_run else None
     resume = None
     if training_run:
-        check_output_dir(cfg)
-        done.append(
-            f"output_dir {cfg.output_dir}: free for this run" + (" (a resume)" if cfg.resume_from_checkpoint else "")
-        )
+        done.append(f"output_dir {cfg.output_dir}: {check_output_dir(cfg)}")
         resume = resolve_resume(cfg, settings, checksums=False)
         if resume is not None:
             done.append(f"resume state {resume.recipe_state_path}: step {resume.progress.global_step}, same settings")

@@ -152,7 +152,9 @@ def test_output_dir_of_another_run_is_reported_and_left_alone(capsys, tmp_path):
     earlier.mkdir(parents=True)
     (earlier / "model.safetensors").write_bytes(b"x")
     _same_message_from_validate_and_run(capsys, tmp_path, [], "already holds another run")
+    capsys.readouterr()
     assert main(["validate", TINY, f"output_dir={tmp_path / 'out'}", "overwrite=True"]) == 0
+    assert "would be deleted first (overwrite=True)" in capsys.readouterr().out
     assert (earlier / "model.safetensors").read_bytes() == b"x"
 
 
@@ -187,7 +189,8 @@ def test_resume_state_metadata(capsys, tmp_path):
     resume = ["resume_from_checkpoint=True", f"checkpointer.recipe_checkpoint={path}"]
     capsys.readouterr()
     assert main(["validate", TINY, f"output_dir={tmp_path / 'out'}", *resume]) == 0
-    assert f"resume state {path}: step 5" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"resume state {path}: step 5" in out and "the resumed run continues there" in out, out
     _same_message_from_validate_and_run(capsys, tmp_path, [*resume, "batch_size=8"], "made with batch_size=16")
     other = cfg.model.copy()
     other.num_layers = 2
