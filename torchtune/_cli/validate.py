@@ -88,7 +88,8 @@ def validate_command(args: argparse.Namespace) -> int:
         names = ", ".join(r.name for r in registry.get_all_recipes())
         print(
             "Config is well-formed (generic checks: YAML, overrides, components and their keys).\n"
-            f"Not run: a recipe's own checks (the keys it reads, value ranges, conflicting settings, dtype), "
+            "Not run: a recipe's own checks (the keys it reads, value ranges, conflicting settings, dtype) and "
+            "those of the input files (tokenizer, data, checkpoint headers), "
             f"because {args.config} is not a built-in config nor a copy made by `tune cp`. "
             "Name its recipe to run them: "
             f"--recipe NAME ({names}) or --recipe path/to/recipe.py."
@@ -97,8 +98,8 @@ def validate_command(args: argparse.Namespace) -> int:
     check = getattr(load_recipe_module(path), RECIPE_CHECK, None)
     if check is None:
         print(
-            f"Config is well-formed (generic checks). Not run: recipe checks, because the recipe {path} has no "
-            f"module-level {RECIPE_CHECK}(cfg) function."
+            f"Config is well-formed (generic checks). Not run: recipe checks and input checks, because the recipe "
+            f"{path} has no module-level {RECIPE_CHECK}(cfg) function."
         )
         return 0
     check(cfg)
