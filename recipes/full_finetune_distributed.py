@@ -56,6 +56,7 @@ RECIPE_KEYS = (
     "lr_scheduler",
     "loss",
     "clip_grad_norm",
+    "bf16_stochastic_rounding",
     "compile",
     "device",
     "dtype",
@@ -91,6 +92,7 @@ def validate_config(cfg: DictConfig) -> None:
     device = utils.parse_device(cfg.device)
     utils.dtype_name(cfg.dtype)
     training.check_optimizer_settings(cfg)
+    training.check_stochastic_rounding(cfg, sharded=True)
     training.check_loop_keys(cfg)
     try:
         training.backend_for_device(device.type, cfg.dist_backend)
@@ -273,6 +275,15 @@ class FullFinetuneRecipeDistributed:
             self.progress = self._resume.progress
             self.max_steps_per_epoch = self._resume.max_steps_per_epoch  # keeps the epoch length
             utils.set_rng_state(self._resume.rng_state)
+        self._rounding = training.build_stochastic_rounding(  # one stream per rank, saved with every rank's
+            cfg.bf16_stochastic_rounding,
+            dtype=self._dtype,
+            seed=self.seed,
+            device=self._device,
+            state=self._resume.stochastic_rounding_state if self._resume else None,
+            rank=self._dist.rank,
+            world_size=self._dist.world_size,
+        )
 
         # The checkpointer always reads the base model folder: its config.json and file layout are
         # what the HF folders this run writes are made of. A resumed run takes its weights from the
@@ -363,6 +374,7 @@ class FullFinetuneRecipeDistributed:
             optimizer_in_bwd=optimizer_in_bwd,
             grad_norm=self._grad_norm,
             in_bwd_group=self._cfg.optimizer_in_bwd_group,
+            rounding=self._rounding,
         )
 
     # ------------------------------------------------------------------------------------------
@@ -425,6 +437,7 @@ class FullFinetuneRecipeDistributed:
                         self._model.parameters(),
                         clip_grad_norm=self._clip_grad_norm,
                         grad_norm=self._grad_norm,
+                        rounding=self._rounding,
                     )
                     if self._lr_scheduler is not None:
                         self._lr_scheduler.step()
@@ -540,6 +553,7 @@ class FullFinetuneRecipeDistributed:
                 seed=self.seed,
                 max_steps_per_epoch=self.max_steps_per_epoch,
                 model=self._model,
+                stochastic_rounding=self._rounding,  # every rank's stream (a collective)
                 optimizer_state=training.SHARDED_STATE_MARKER,
             )
             folder = self._output_dir / (f"step_{self.global_step}" if step_checkpoint else f"epoch_{epoch}")

@@ -378,3 +378,23 @@ def test_resume_with_a_damaged_shard_is_refused(configs, step_copy, tmp_path):
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_bf16_rounded_run_resumes_exactly_on_two_processes(configs, tmp_path):
+    """bf16 weights with bf16_stochastic_rounding (as the shipped distributed configs train): each rank
+    rounds its shards with its own stream, saved with the step checkpoint, so a resume on 2 processes
+    continues the uninterrupted losses exactly."""
+    _, dist = configs
+    # 4 steps, resumed from step 2: step 4's loss depends on how step 3 was rounded
+    kv = ("dtype=bf16", "bf16_stochastic_rounding=True", "seed=7", "epochs=1", "max_steps_per_epoch=4")
+    _ok(_tune_dist(dist, tmp_path / "full", *kv))
+    state = tmp_path / "full" / "step_2" / "recipe_state.pt"
+    rounding = torch.load(state, weights_only=False)["stochastic_rounding"]
+    assert len(rounding["per_rank"]) == 2
+    _ok(
+        _tune_dist(
+            dist, tmp_path / "resumed", *kv, "resume_from_checkpoint=True", f"checkpointer.recipe_checkpoint={state}"
+        )
+    )
+    full, resumed = read_losses(tmp_path / "full"), read_losses(tmp_path / "resumed")
+    assert len(full) == 4 and resumed == full[2:]

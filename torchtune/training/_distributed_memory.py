@@ -192,7 +192,16 @@ def estimate_distributed_memory(
             model.to_empty(device=device)
         model.init_buffers(device)  # RoPE's cache is not offloaded
         tracker.sharded = list(model.parameters())
-        optimizer = training.build_optimizer(cfg.optimizer, model, optimizer_in_bwd=bool(cfg.optimizer_in_bwd))
+        # the recipe's rounding (each rank steps its shard in fp32 slices); CUDA's fused kernel allocates
+        # no noise chunk, so the target device decides which of the two is simulated
+        rounding = training.build_stochastic_rounding(
+            bool(cfg.get("bf16_stochastic_rounding", False)), dtype=dtype, seed=0, device=device, world_size=world_size
+        )
+        if rounding is not None:
+            rounding.fused = fake and _device_type(cfg) == "cuda"
+        optimizer = training.build_optimizer(
+            cfg.optimizer, model, optimizer_in_bwd=bool(cfg.optimizer_in_bwd), rounding=rounding
+        )
         if offload:
             for opt in getattr(optimizer, "optim_map", {"": optimizer}).values():
                 opt.step = _wrapped(opt.step, on_host)
@@ -203,6 +212,7 @@ def estimate_distributed_memory(
             device=device,
             activations_ctx=get_act_offloading_ctx_manager(model, bool(cfg.enable_activation_offloading)),
             clip_grad_norm=cfg.clip_grad_norm,
+            rounding=rounding,
             select_label_positions=False,  # every position labelled: the worst case, and fake labels say no more
         )
         vocab = model.tok_embeddings.num_embeddings
@@ -212,7 +222,11 @@ def estimate_distributed_memory(
         }
         return model, lambda: step(data)
 
-    with fake_world(world_size) as mesh, _simulated_cpu_offload(tracker) if offload else contextlib.nullcontext():
+    with (
+        fake_world(world_size) as mesh,
+        _simulated_cpu_offload(tracker) if offload else contextlib.nullcontext(),
+        _parameter_steps_on_host(on_host) if offload else contextlib.nullcontext(),
+    ):
         estimate = profile_memory(
             setup,
             steps=steps,
@@ -229,6 +243,21 @@ def estimate_distributed_memory(
         )
     estimate.notes = notes + estimate.notes
     return estimate
+
+
+@contextlib.contextmanager
+def _parameter_steps_on_host(on_host: Callable[[], Any]) -> Iterator[None]:
+    """With CPU offload every tensor of a parameter's step is a host tensor, those made around
+    ``optimizer.step()`` too (stochastic rounding's fp32 slices, the bf16 state its first step makes):
+    the hooks' ``step_parameter`` runs inside ``on_host`` for the estimate."""
+    from torchtune.training import _optimizer
+
+    original = _optimizer.step_parameter
+    _optimizer.step_parameter = _wrapped(original, on_host)
+    try:
+        yield
+    finally:
+        _optimizer.step_parameter = original
 
 
 def _wrapped(fn: Callable[..., Any], ctx: Callable[[], Any]) -> Callable[..., Any]:
