@@ -1,0 +1,133 @@
+"""`tune export` of single-device checkpoint folders, and each bad input as one message.
+
+The distributed ``step_N`` (sharded state of a real 2-process run) is exported and scored in
+tests/recipes/test_full_finetune_distributed.py, which already has such a run.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests._helpers.tiny_run import TINY_DIMS, make_tiny_run, run_recipe
+from torchtune._cli.tune import main as tune_main
+
+
+def _export(capsys, *argv) -> tuple[int, str]:
+    """``tune export`` in this process; (exit status, stderr with its line breaks joined)."""
+    rc = tune_main(["export", *map(str, argv)])
+    return rc, " ".join(capsys.readouterr().err.split())
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Path:
+    """A single-device run of 3 steps with a step checkpoint at step 2 and the final epoch_0."""
+    root = tmp_path_factory.mktemp("single")
+    config = make_tiny_run(root, epochs=1, max_steps_per_epoch=3, save_every_n_steps=2)
+    run_recipe(config, output_dir=str(root / "out"))
+    return root / "out"
+
+
+def _logits(folder: Path, tokens: torch.Tensor) -> torch.Tensor:
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
+    with torch.no_grad():
+        return model(tokens).logits
+
+
+def test_single_device_step_exports_to_a_folder_transformers_loads_with_the_models_logits(run, tmp_path, capsys):
+    from torchtune.models.llama2 import llama2
+    from torchtune.utils import FullModelHFCheckpointer
+
+    out = tmp_path / "hf"
+    rc, err = _export(capsys, run / "step_2", "--output-dir", out, "--max-shard-size", "40KB")
+    assert rc == 0, err
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["torch_dtype"] == "float32"
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    shards = sorted(p.name for p in out.glob("*.safetensors"))
+    assert len(shards) > 1 and sorted(set(index["weight_map"].values())) == shards
+    for name in ("tokenizer.model", "tokenizer_config.json", "generation_config.json", "manifest.json"):
+        assert (out / name).is_file(), name
+    assert not (out / "recipe_state.pt").exists() and not list(tmp_path.glob(".tmp-*"))
+    # the run's model at step 2, as our checkpointer reads it into our llama2
+    step = FullModelHFCheckpointer(run / "step_2", ["model.safetensors"], output_dir=tmp_path / "unused")
+    ours = llama2(vocab_size=config["vocab_size"], **TINY_DIMS).eval()
+    ours.load_state_dict(step.load_checkpoint()["model"])
+    tokens = torch.randint(0, config["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(_logits(out, tokens), ours(tokens), atol=1e-5, rtol=0)
+
+
+def test_dtype_cast_and_final_epoch_folder(run, tmp_path, capsys):
+    out = tmp_path / "bf16"
+    rc, err = _export(capsys, run / "epoch_0", "--output-dir", out, "--dtype", "bf16")
+    assert rc == 0, err
+    assert json.loads((out / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    assert [p.name for p in out.glob("*.safetensors")] == ["model.safetensors"]  # under 5GB: one file, no index
+    assert not (out / "model.safetensors.index.json").exists()
+    tokens = torch.arange(10).unsqueeze(0)
+    full = _logits(run / "epoch_0", tokens)
+    assert _logits(out, tokens).dtype == torch.bfloat16
+    torch.testing.assert_close(_logits(out, tokens).float(), full, atol=0.1, rtol=0.05)
+
+
+def test_existing_output_is_kept_unless_overwrite(run, tmp_path, capsys):
+    out = tmp_path / "hf"
+    out.mkdir()
+    (out / "mine.txt").write_text("keep me")
+    rc, err = _export(capsys, run / "epoch_0", "--output-dir", out)
+    assert rc == 1 and "already exists" in err and "--overwrite" in err
+    assert [p.name for p in out.iterdir()] == ["mine.txt"]
+    rc, err = _export(capsys, run / "epoch_0", "--output-dir", out, "--overwrite")
+    assert rc == 0, err
+    assert not (out / "mine.txt").exists() and (out / "model.safetensors").is_file()
+    assert [p.name for p in tmp_path.iterdir()] == ["hf"]  # no .tmp-* / .old-* left beside it
+
+
+def _damaged_copy(run: Path, tmp_path: Path) -> Path:
+    folder = Path(shutil.copytree(run / "step_2", tmp_path / "out" / "step_2"))
+    data = bytearray((folder / "model.safetensors").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (folder / "model.safetensors").write_bytes(bytes(data))
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("case", "fragments"),
+    [
+        ("not_a_checkpoint", ["has no manifest.json", "not a checkpoint folder this library wrote"]),
+        ("output_dir_of_a_run", ["is a run's output folder", "e.g. the latest", "epoch_0"]),
+        ("missing", ["does not exist", "Pass a step_N or epoch_N folder"]),
+        ("damaged", ["model.safetensors does not match the checksum", "cannot be read"]),
+        ("output_inside_checkpoint", ["overlaps the folder it is made from"]),
+        ("bad_shard_size", ["--max-shard-size 5 parsecs"]),
+    ],
+)
+def test_bad_inputs_get_one_message_and_write_nothing(run, tmp_path, capsys, case, fragments):
+    folder, out, extra = run / "step_2", tmp_path / "hf", []
+    if case == "not_a_checkpoint":
+        folder = tmp_path / "notes"
+        folder.mkdir()
+        (folder / "readme.txt").write_text("hello")
+    elif case == "output_dir_of_a_run":
+        folder = run
+    elif case == "missing":
+        folder = tmp_path / "nowhere"
+    elif case == "damaged":
+        folder = _damaged_copy(run, tmp_path)
+    elif case == "output_inside_checkpoint":
+        out = run / "step_2" / "hf"
+    elif case == "bad_shard_size":
+        extra = ["--max-shard-size", "5 parsecs"]
+    rc, err = _export(capsys, folder, "--output-dir", out, *extra)
+    assert rc != 0
+    assert err.count("Error:") == 1 and "Traceback" not in err, err
+    for fragment in fragments:
+        assert fragment in err, err
+    assert not out.exists() and not list(out.parent.glob(".tmp-*"))
