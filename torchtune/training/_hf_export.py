@@ -51,6 +51,7 @@ EXPORT_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.fl
 _TORCH_DTYPES = {name: dtype for dtype, name in _SAFETENSORS_DTYPES.items()}
 _META_WEIGHTS = "consolidated.00.pth"
 _BASE_FLAG = "--base-model-dir"
+_CHECKPOINT_NAME = re.compile(r"^(step|epoch)_\d+$")
 
 Spec = Tuple[torch.dtype, torch.Size]
 
@@ -188,23 +189,28 @@ def _check_fits_base(specs: Dict[str, Spec], base_dir: Path, family: HFFamily, w
                     base[key] = tuple(handle.get_slice(key).get_shape())
     if not base:
         return  # a base folder without its safetensors (config and tokenizer only): nothing to compare
-    if family.folder is not None:
+    missing: List[str] = []
+    if family.folder is not None:  # its base may hold more than the text model it saves (a vision tower)
         rename = family.folder(_read_config(base_dir, ""), base_dir / "config.json").hf_name
         base = {rename(k): v for k, v in base.items()}
+    else:
+        tied = bool(_read_config(base_dir, "").get("tie_word_embeddings", False))
+        missing = [k for k in base if k not in specs and not (tied and k == "lm_head.weight")]
     unknown = [k for k in specs if k not in base]
     different = [f"{k}: {tuple(s[1])} vs {base[k]}" for k, s in specs.items() if k in base and tuple(s[1]) != base[k]]
-    if unknown or different:
-        found = "; ".join(
-            part
-            for part in (
-                f"not in the base model: {', '.join(sorted(unknown)[:5])}" if unknown else "",
-                f"shapes (checkpoint vs base model): {', '.join(different[:5])}" if different else "",
-            )
-            if part
+    problems = [
+        f"{label}: {', '.join(sorted(names, key=_natural_key)[:4])}{' ...' if len(names) > 4 else ''}"
+        for label, names in (
+            ("in the checkpoint but not in the base model", unknown),
+            ("in the base model but not in the checkpoint", missing),
+            ("shapes (checkpoint vs base model)", different),
         )
+        if names
+    ]
+    if problems:
         raise TuneError(
-            f"The weights of {what} are not those of the model in {base_dir} ({found}). Pass {_BASE_FLAG} the folder "
-            "this run started from (its checkpointer.checkpoint_dir)."
+            f"The weights of {what} are not those of the model in {base_dir} ({'; '.join(problems)}). Pass "
+            f"{_BASE_FLAG} the folder this run started from (its checkpointer.checkpoint_dir)."
         )
 
 
@@ -248,6 +254,8 @@ def _source(folder: Path, base_dir: Optional[Path]) -> _Source:
                 f"{folder} is a run's output folder, not one checkpoint. Pass one of its step_N / epoch_N folders, "
                 f"e.g. the latest: {latest}."
             )
+        if _CHECKPOINT_NAME.match(folder.name):
+            check_checkpoint_files(folder, lambda name: False)  # names the unfinished save and what to use instead
         hint = (
             " It holds config.json and weights already: if it is a Hugging Face folder, load it as it is."
             if (folder / "config.json").is_file() and _weight_files(folder)

@@ -15,6 +15,7 @@ is read: a damaged shard is named, never loaded.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Tuple
 
@@ -145,7 +146,10 @@ class ShardedModelReader:
         """The full tensors ``names`` (torchtune names, as in :attr:`specs`), on the host in their saved dtype."""
         state = {f"{MODEL_PREFIX}{n}": torch.empty(self.specs[n][1], dtype=self.specs[n][0]) for n in names}
         try:
-            dcp.load(state, storage_reader=self._reader, no_dist=True)
+            with warnings.catch_warnings():
+                # DCP warns that it loads in one process, which is what no_dist asks for
+                warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+                dcp.load(state, storage_reader=self._reader, no_dist=True)
         except (Exception, CheckpointException) as exc:  # DCP's own errors are BaseExceptions
             raise TuneError(
                 f"Reading the model weights from {self.folder / SHARDED_STATE_DIR} failed ({_cause(exc)}). "
