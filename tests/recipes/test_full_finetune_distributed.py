@@ -236,6 +236,20 @@ def test_step_folder_exports_to_hf_with_the_models_logits(base_run, exported_ste
         torch.testing.assert_close(hf(tokens).logits, ours(tokens), atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("epoch", ["epoch_0", "epoch_1"])
+def test_epoch_folders_export_with_their_own_weights(base_run, tmp_path, epoch):
+    """A distributed epoch_N (HF weights, beside the sharded state unless final) exports its HF weights as
+    they are, with no --base-model-dir and without the training state."""
+    from safetensors.torch import load_file
+
+    out = tmp_path / "hf"
+    rc, err = _export(base_run / "dist" / epoch, "--output-dir", out)
+    assert rc == 0, err
+    assert not (out / "sharded_state").exists() and not (out / "recipe_state.pt").exists()
+    exported, saved = load_file(out / "model.safetensors"), load_file(base_run / "dist" / epoch / "model.safetensors")
+    assert exported.keys() == saved.keys() and all(torch.equal(exported[k], saved[k]) for k in saved)
+
+
 def test_eleuther_eval_scores_the_step_folder_itself(configs, base_run, exported_step, tmp_path, monkeypatch):
     """eleuther_eval on the sharded step_4 gives the scores of its exported HF folder."""
     pytest.importorskip("lm_eval")

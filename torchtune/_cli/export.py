@@ -25,9 +25,10 @@ as .tmp-<name>-<pid> beside it and renamed into place once complete; an existing
 with --overwrite.
 
 Memory: the weights are read, converted and written one tensor at a time (the sharded state of a
-distributed step_N is read on this one process, without torchrun or a GPU), so host RAM is a few
-times the largest tensor, not the model: about 3 x 4.2 GB for Llama 3 70B in fp32 (its embedding),
-never 2 x 280 GB. Disk: the exported weights (2 bytes per parameter in bf16)."""
+distributed step_N is read on this one process, without torchrun or a GPU), so host RAM is about
+twice the largest tensor (three times with --dtype), not the model: about 9 GB for Llama 3 70B in
+fp32, whose largest tensor is the 4.2 GB embedding (estimated; docs/distributed.md has the measured
+ratio). Disk: the exported weights (2 bytes per parameter in bf16)."""
 
 EPILOG = """\
 examples:

@@ -64,6 +64,34 @@ def test_single_device_step_exports_to_a_folder_transformers_loads_with_the_mode
         torch.testing.assert_close(_logits(out, tokens), ours(tokens), atol=1e-5, rtol=0)
 
 
+def test_meta_format_step_exports_with_the_base_models_config(run, tmp_path, capsys):
+    """A Meta-format step folder (consolidated.00.pth, as FullModelMetaCheckpointer writes it) needs
+    --base-model-dir for config.json; the export gives the logits of the weights it holds."""
+    from torchtune.models.llama2 import llama2
+    from torchtune.models.llama2._convert_weights import tune_to_meta
+    from torchtune.utils import FullModelHFCheckpointer
+    from torchtune.utils._checkpointing._manifest import build_manifest
+
+    base = run.parent / "base"
+    weights = FullModelHFCheckpointer(
+        run / "step_2", ["model.safetensors"], output_dir=tmp_path / "x"
+    ).load_checkpoint()
+    folder = tmp_path / "meta" / "step_2"
+    folder.mkdir(parents=True)
+    torch.save(tune_to_meta(weights["model"]), folder / "consolidated.00.pth")
+    (folder / "manifest.json").write_text(json.dumps(build_manifest(folder, step=2, epoch=0, intermediate=True)))
+    rc, err = _export(capsys, folder, "--output-dir", tmp_path / "hf")
+    assert rc == 2 and "Meta-format checkpoint" in err and "--base-model-dir" in err, err
+    rc, err = _export(capsys, folder, "--output-dir", tmp_path / "hf", "--base-model-dir", base)
+    assert rc == 0, err
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    ours = llama2(vocab_size=config["vocab_size"], **TINY_DIMS).eval()
+    ours.load_state_dict(weights["model"])
+    tokens = torch.arange(12).unsqueeze(0)
+    with torch.no_grad():
+        torch.testing.assert_close(_logits(tmp_path / "hf", tokens), ours(tokens), atol=1e-5, rtol=0)
+
+
 def test_dtype_cast_and_final_epoch_folder(run, tmp_path, capsys):
     out = tmp_path / "bf16"
     rc, err = _export(capsys, run / "epoch_0", "--output-dir", out, "--dtype", "bf16")
