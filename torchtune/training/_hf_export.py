@@ -399,7 +399,10 @@ def _write_atomically(
     old = parent / f".old-{destination.name}-{os.getpid()}"
     try:
         parent.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
+        # what an export to the same folder left when it was killed (never anything of another name)
+        for leftover in [*parent.glob(f".tmp-{destination.name}-*"), *parent.glob(f".old-{destination.name}-*")]:
+            if leftover.is_dir() and leftover.name.rsplit("-", 1)[-1].isdigit():
+                shutil.rmtree(leftover, ignore_errors=True)
         tmp.mkdir()
         hashed = write(tmp)
         for path in tmp.rglob("*"):

@@ -109,13 +109,15 @@ def test_existing_output_is_kept_unless_overwrite(run, tmp_path, capsys):
     out = tmp_path / "hf"
     out.mkdir()
     (out / "mine.txt").write_text("keep me")
+    (tmp_path / ".tmp-hf-12345").mkdir()  # what a killed export to the same folder left
+    (tmp_path / ".tmp-other-12345").mkdir()  # not ours: left alone
     rc, err = _export(capsys, run / "epoch_0", "--output-dir", out)
     assert rc == 1 and "already exists" in err and "--overwrite" in err
     assert [p.name for p in out.iterdir()] == ["mine.txt"]
     rc, err = _export(capsys, run / "epoch_0", "--output-dir", out, "--overwrite")
     assert rc == 0, err
     assert not (out / "mine.txt").exists() and (out / "model.safetensors").is_file()
-    assert [p.name for p in tmp_path.iterdir()] == ["hf"]  # no .tmp-* / .old-* left beside it
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".tmp-other-12345", "hf"]  # its leftovers removed
 
 
 def _damaged_copy(run: Path, tmp_path: Path) -> Path:
