@@ -66,7 +66,6 @@ class _Source:
     tensor: Callable[[str], torch.Tensor]
     config: Dict[str, Any]
     side_files_dir: Path
-    family: HFFamily
 
 
 def _read_config(folder: Path, purpose: str) -> Dict[str, Any]:
@@ -102,7 +101,7 @@ def _hf_source(folder: Path) -> _Source:
     from torchtune.utils._checkpointing._safe_load import load_torch_weights
 
     config = _read_config(folder, "a Hugging Face checkpoint folder needs its config.json.")
-    family = detect_family(config, folder / "config.json")
+    detect_family(config, folder / "config.json")  # a model this library does not implement: refused, named
     files = _weight_files(folder)
     check_checkpoint_files(folder, lambda name: name in files or name == "config.json")
     specs: Dict[str, Spec] = {}
@@ -120,7 +119,7 @@ def _hf_source(folder: Path) -> _Source:
             for key, tensor in tensors.items():
                 specs[key] = (tensor.dtype, tensor.shape)
                 readers[key] = lambda tensor=tensor: tensor
-    return _Source("Hugging Face checkpoint", specs, lambda key: readers[key](), config, folder, family)
+    return _Source(f"the checkpoint {folder}", specs, lambda key: readers[key](), config, folder)
 
 
 def _converted_source(
@@ -173,7 +172,7 @@ def _converted_source(
     def tensor(hf_key: str) -> torch.Tensor:
         return convert(hf_key, read(plan[hf_key]))
 
-    return _Source(what, specs, tensor, config, base_dir, family)
+    return _Source(what, specs, tensor, config, base_dir)
 
 
 def _check_fits_base(specs: Dict[str, Spec], base_dir: Path, family: HFFamily, what: str) -> None:

@@ -161,3 +161,43 @@ def test_bad_inputs_get_one_message_and_write_nothing(run, tmp_path, capsys, cas
     for fragment in fragments:
         assert fragment in err, err
     assert not out.exists() and not list(out.parent.glob(".tmp-*"))
+
+
+@pytest.mark.parametrize("family", ["qwen3", "phi4", "gemma3"])
+def test_sharded_state_of_each_converter_family_exports_to_its_base_weights(family, tmp_path, capsys):
+    """A step folder of sharded state (torchtune names, saved with torch.distributed.checkpoint as the
+    distributed recipe saves it) of a family base folder's own weights exports to exactly those weights:
+    Qwen3's q/k norms, Phi-4's fused qkv_proj / gate_up_proj, Gemma 3's names and tied embedding."""
+    import torch.distributed.checkpoint as dcp
+    from safetensors.torch import load_file
+
+    from torchtune.models._hf_family import detect_family
+    from torchtune.utils import FullModelHFCheckpointer
+    from torchtune.utils._checkpointing._manifest import build_manifest
+
+    if family == "gemma3":
+        from tests._helpers.tiny_gemma3_run import make_tiny_gemma3_folder
+
+        base = make_tiny_gemma3_folder(tmp_path / "base")
+    else:
+        from tests._helpers.hf_tiny_run import make_tiny_family_run
+
+        make_tiny_family_run(tmp_path, family)
+        base = tmp_path / f"tiny_{family}"
+    model_type = detect_family(json.loads((base / "config.json").read_text()), base / "config.json").model_type
+    checkpointer = FullModelHFCheckpointer(base, ["model.safetensors"], model_type, output_dir=tmp_path / "unused")
+    step = tmp_path / "run" / "step_1"
+    dcp.save(
+        {"model": checkpointer.load_checkpoint()["model"]}, checkpoint_id=str(step / "sharded_state"), no_dist=True
+    )
+    (step / "manifest.json").write_text(json.dumps(build_manifest(step, step=1, epoch=0, intermediate=True)))
+    rc, err = _export(capsys, step, "--output-dir", tmp_path / "hf", "--base-model-dir", base)
+    assert rc == 0, err
+    exported, original = load_file(tmp_path / "hf" / "model.safetensors"), load_file(base / "model.safetensors")
+    tied = json.loads((base / "config.json").read_text()).get("tie_word_embeddings", False)
+    assert exported.keys() == original.keys() - ({"lm_head.weight"} if tied else set())
+    assert all(torch.equal(exported[k], original[k]) for k in exported)
+    assert (
+        json.loads((tmp_path / "hf" / "config.json").read_text())["architectures"]
+        == json.loads((base / "config.json").read_text())["architectures"]
+    )
