@@ -117,6 +117,10 @@ _LAZY = {
     "ShardedCheckpointWriter": "torchtune.training._distributed_checkpoint",
     "load_sharded_checkpoint": "torchtune.training._distributed_checkpoint",
     "save_sharded_checkpoint": "torchtune.training._distributed_checkpoint",
+    "ShardedModelReader": "torchtune.training._sharded_read",
+    "holds_only_sharded_weights": "torchtune.training._sharded_read",
+    "load_sharded_model": "torchtune.training._sharded_read",
+    "export_hf_folder": "torchtune.training._hf_export",
 }
 
 
@@ -150,6 +154,7 @@ __all__ = [
     "SHARDED_STATE_DIR",
     "SHARDED_STATE_MARKER",
     "ShardedCheckpointWriter",
+    "ShardedModelReader",
     "StopSignals",
     "TrainStep",
     "TrainingData",
@@ -158,6 +163,9 @@ __all__ = [
     "WeightChangeTracker",
     "agree_on_seed",
     "any_rank",
+    "export_hf_folder",
+    "holds_only_sharded_weights",
+    "load_sharded_model",
     "backend_for_device",
     "build_checkpointer",
     "build_dataloader",
