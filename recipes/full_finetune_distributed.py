@@ -159,7 +159,8 @@ class FullFinetuneRecipeDistributed:
           process would (same data order, too: the run can resume on another world size);
         - step checkpoints with torch.distributed.checkpoint (every rank writes its shards), atomic,
           optionally in the background (``async_checkpoint``);
-          epoch and final checkpoints as a full Hugging Face folder written by rank 0;
+          epoch and final checkpoints as a full Hugging Face folder written by rank 0, one gathered
+          tensor at a time;
         - metrics, validation loss and checkpoints as in the single-device recipe, from rank 0,
           with losses over all ranks; SIGINT/SIGTERM save a resumable checkpoint on every rank.
 
@@ -505,9 +506,10 @@ class FullFinetuneRecipeDistributed:
 
         Step checkpoints (``output_dir/step_N``): the sharded model and optimizer state, written by
         every rank in parallel (torch.distributed.checkpoint), plus ``recipe_state.pt``. Epoch
-        checkpoints (``output_dir/epoch_N``): the full weights gathered to rank 0 and written in the
-        input format, as the single-device recipe writes them; with the sharded state too unless
-        training is over. The NaN guard is checked first: weights after a NaN/inf loss are never written.
+        checkpoints (``output_dir/epoch_N``): the full weights streamed to rank 0 (one gathered tensor
+        at a time) and written in the input format, as the single-device recipe writes them; with the
+        sharded state too unless training is over. The NaN guard is checked first: weights after a
+        NaN/inf loss are never written.
         """
         self._nan_guard.check(epoch, self._last_checkpoint)
         # Nothing trained from a damaged checkpoint is saved: wait for its background checksums.
