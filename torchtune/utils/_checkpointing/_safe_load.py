@@ -66,16 +66,10 @@ def safetensors_skeleton(path: Path) -> dict[str, torch.Tensor]:
         TuneError: the file is not safetensors, is truncated, or holds a tensor that is not floating point
             (a quantized checkpoint: int8, fp8, ...), which loading would silently cast into the weights.
     """
-    from safetensors import SafetensorError, safe_open
+    from torchtune.utils._checkpointing._weight_reader import open_safetensors
 
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            specs = {name: (f.get_slice(name).get_dtype(), f.get_slice(name).get_shape()) for name in f.keys()}
-    except (SafetensorError, OSError) as exc:
-        raise TuneError(
-            f"{path} could not be read as a safetensors file (truncated or corrupt?): {exc}. "
-            f"Check checkpointer.checkpoint_files."
-        ) from exc
+    with open_safetensors(path) as f:
+        specs = {name: (f.get_slice(name).get_dtype(), f.get_slice(name).get_shape()) for name in f.keys()}
     other = {name: dtype for name, (dtype, _) in specs.items() if dtype not in _SAFETENSORS_FLOAT_DTYPES}
     if other:
         shown = ", ".join(f"{name} ({dtype})" for name, dtype in list(other.items())[:5])
