@@ -34,7 +34,14 @@ from torchtune.training._checks import (
     positive_int,
 )
 from torchtune.training._data import TrainingData, build_dataloader, num_tokens, padding_id
-from torchtune.training._loop_checks import check_loop_keys
+from torchtune.training._distributed_settings import (
+    check_distributed_settings,
+    check_resume_is_sharded,
+    local_batch_size,
+)
+from torchtune.training._eval_after_training import EVAL_AFTER_TRAINING_KEYS, EvalAfterTraining
+from torchtune.training._loop import StepMetrics, TrainingSteps, label_token_shares
+from torchtune.training._loop_checks import check_finetune_config, check_loop_keys
 from torchtune.training._low_rank import check_low_rank_optimizer, is_low_rank
 from torchtune.training._metrics import (
     MetricLoggers,
@@ -47,6 +54,7 @@ from torchtune.training._metrics import (
 )
 from torchtune.training._model import (
     build_model,
+    check_model_fits,
     check_model_matches_checkpoint,
     check_tokenizer_fits_model,
     model_fingerprint,
@@ -73,6 +81,7 @@ from torchtune.training._resume import (
     recipe_state,
     resolve_resume,
     resume_command,
+    seed_or_restore,
 )
 from torchtune.training._run_control import CheckpointPolicy, NonFiniteLossGuard, StopSignals, report_stop
 from torchtune.training._sampler import ResumableSampler
@@ -130,6 +139,17 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "EVAL_AFTER_TRAINING_KEYS",
+    "EvalAfterTraining",
+    "StepMetrics",
+    "TrainingSteps",
+    "check_distributed_settings",
+    "check_finetune_config",
+    "check_resume_is_sharded",
+    "check_model_fits",
+    "local_batch_size",
+    "label_token_shares",
+    "seed_or_restore",
     "CheckpointPolicy",
     "DistributedInfo",
     "GradNormTracker",
