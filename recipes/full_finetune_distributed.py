@@ -106,8 +106,9 @@ class FullFinetuneRecipeDistributed:
         - step checkpoints with torch.distributed.checkpoint (every rank writes its shards), atomic,
           optionally in the background (``async_checkpoint``);
           epoch and final checkpoints as a full Hugging Face folder written by rank 0;
-        - metrics, validation loss and checkpoints as in the single-device recipe, from rank 0,
-          with losses over all ranks; SIGINT/SIGTERM save a resumable checkpoint on every rank.
+        - metrics and checkpoints as in the single-device recipe, from rank 0, with losses over all
+          ranks; the validation set split over the ranks; SIGINT/SIGTERM save a resumable checkpoint;
+        - ``eval_after_training`` as on one device: every rank runs the requests, rank 0 reports.
 
     Raises (as ``TuneError``, printed once, by rank 0): everything the single-device recipe raises;
     a backend that does not fit the device; a ``batch_size`` that does not split over the processes;
@@ -411,8 +412,8 @@ class FullFinetuneRecipeDistributed:
         """``eval_after_training`` on the final (sharded) model, after its gathered save: every rank runs
         the same lm-eval requests, since each forward needs every rank's shards; rank 0 prints the
         table, logs the scores and writes ``eval_results.json`` into the final folder."""
-        folder = self._checkpoints.last_folder
-        return self._eval.score(self._model, self._tokenizer, self._metrics, step=self.global_step, checkpoint=folder)
+        score = partial(self._eval.score, step=self.global_step, checkpoint=self._checkpoints.last_folder)
+        return self._on_every_rank("Scoring the final model", score, self._model, self._tokenizer, self._metrics)
 
     def cleanup(self) -> None:
         self._metrics.close()
