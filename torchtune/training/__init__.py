@@ -9,10 +9,15 @@ A recipe calls them in order (see ``recipes/full_finetune_single_device.py``)::
     optimizer = training.build_optimizer(cfg.optimizer, model, optimizer_in_bwd=...)
     scheduler = training.build_lr_scheduler(cfg.lr_scheduler, optimizer, num_training_steps=...)
     data = training.build_dataloader(cfg.dataset, tokenizer, batch_size=..., shuffle=..., seed=...)
-    for batch in data.dataloader:
-        loss = training.forward_backward(model, loss_fn, batch, device=...)
-        training.step_optimizer(optimizer, model.parameters())
-        scheduler.step()
+    steps = training.TrainingSteps(data, progress, settings, seed=..., max_steps_per_epoch=...)
+    for epoch in steps.epochs():
+        for micro_batches in steps.steps():
+            for batch, share in zip(micro_batches, training.label_token_shares(micro_batches)):
+                training.forward_backward(model, loss_fn, batch, device=..., loss_scale=share)
+            training.step_optimizer(optimizer, model.parameters())
+            scheduler.step()
+            steps.finish_step()
+        steps.finish_epoch()
 
 The memory estimator (``tune estimate-memory``) and the benchmarks build their steps from the same
 functions, so what they measure is what a recipe runs.
