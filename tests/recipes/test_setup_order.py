@@ -61,7 +61,7 @@ def test_distributed_recipe_checks_the_data_before_any_weight_is_read(tmp_path):
     READS.clear()
     recipe = FullFinetuneRecipeDistributed(cfg)
     try:
-        with pytest.raises(TuneError, match="output"):
+        with pytest.raises(TuneError, match=r"has no column\(s\) 'output'"):
             recipe.setup()
     finally:
         recipe.cleanup()
