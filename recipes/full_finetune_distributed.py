@@ -361,6 +361,7 @@ class FullFinetuneRecipeDistributed:
             folder = self._on_every_rank("Saving the final checkpoint", self._save_final, full_weights, epoch)
         else:
             folder = self._output_dir / (f"step_{self.global_step}" if step_checkpoint else f"epoch_{epoch}")
+            write_weights = None if full_weights is None else partial(self._checkpointer.write_model, full_weights)
             self._checkpoint_writer.save(
                 folder,
                 model=self._model,
@@ -371,9 +372,7 @@ class FullFinetuneRecipeDistributed:
                 step=self.global_step,
                 epoch=epoch,
                 intermediate=step_checkpoint,
-                write_rank0_files=None
-                if full_weights is None
-                else partial(self._checkpointer.write_model, full_weights),
+                write_rank0_files=write_weights,  # rank 0: the HF folder of an epoch checkpoint
                 background=step_checkpoint,  # with async_checkpoint: published by the next save or the end
             )
         pending = self._checkpoint_writer.pending is not None
