@@ -136,3 +136,25 @@ def test_1b_checkpoint_missing_column_before_any_read_and_validate_reads_headers
     assert main(["validate", str(mine), "--recipe", "full_finetune_single_device"]) == 0
     assert READS == ["headers"]
     assert _resident_bytes(weights) < 10_000_000  # the header (~20 kB) and read-ahead; the weights are 2.5 GB
+
+
+def test_distributed_recipe_checks_the_data_before_any_weight_is_read(tmp_path):
+    """The distributed recipe's set-up runs in the single-device order (as a world of one process here;
+    test_full_finetune_distributed checks that two ranks stop with one message)."""
+    from recipes.full_finetune_distributed import FullFinetuneRecipeDistributed
+
+    rows = [{"instruction": f"Say {i}", "input": "", "output": f"{i}"} for i in range(8)]
+    data = tmp_path / "data.json"
+    data.write_text(json.dumps([{k: v for k, v in row.items() if k != "output"} for row in rows]))
+    cfg = config.load_config("llama2/tiny_full_distributed")
+    cfg.output_dir = str(tmp_path / "out")
+    cfg.checkpointer._component_ = f"{__name__}.RecordingCheckpointer"
+    cfg.dataset.data_files = str(data)
+    READS.clear()
+    recipe = FullFinetuneRecipeDistributed(cfg)
+    try:
+        with pytest.raises(TuneError, match=r"has no column\(s\) 'output'"):
+            recipe.setup()
+    finally:
+        recipe.cleanup()
+    assert READS == []

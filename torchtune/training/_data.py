@@ -118,14 +118,14 @@ def build_dataloader(
     batch_size: int,
     shuffle: bool,
     seed: int,
-    num_replicas: int = 1,
-    rank: int = 0,
+    info: Any = None,
 ) -> TrainingData:
     """The dataset of ``cfg_dataset`` in batches of ``batch_size``, in a seeded order that can resume.
 
     The order depends only on ``(seed, epoch)`` (``ResumableSampler``); padded examples get
-    ``CROSS_ENTROPY_IGNORE_IDX`` labels, packed ones a block-causal mask. With ``num_replicas``
-    ranks, this rank's loader yields its share of that order in per-rank batches of ``batch_size``.
+    ``CROSS_ENTROPY_IGNORE_IDX`` labels, packed ones a block-causal mask. With ``info`` (the
+    ``DistributedInfo`` of several ranks), this rank's loader yields its share of that order in per-rank
+    batches of ``batch_size``.
 
     Raises:
         TuneError: the dataset has no examples, or its first examples do not tokenize (``check_data_head``).
@@ -138,7 +138,8 @@ def build_dataloader(
         )
     head = check_data_head(dataset, "dataset")
     pad_id = padding_id(tokenizer)
-    sampler = ResumableSampler(len(dataset), shuffle=bool(shuffle), seed=seed, num_replicas=num_replicas, rank=rank)
+    world, rank = (info.world_size, info.rank) if info is not None else (1, 0)
+    sampler = ResumableSampler(len(dataset), shuffle=bool(shuffle), seed=seed, num_replicas=world, rank=rank)
     dataloader = DataLoader(
         dataset,
         batch_size=batch_size,

@@ -153,6 +153,22 @@ def check_tokenizer_fits_model(tokenizer: Any, model: nn.Module, cfg_tokenizer: 
         )
 
 
+def check_model_fits(cfg: Any, checkpointer: Any, tokenizer: Any, *, dtype: torch.dtype, resume: Any = None) -> None:
+    """Before any weight is read: the shapes of the model of ``cfg.model`` (built on the meta device, no
+    memory) against the checkpoint's config, the tokenizer of ``cfg.tokenizer`` and, on a resume, the
+    recipe state's fingerprint.
+
+    Raises:
+        TuneError: from :func:`check_model_matches_checkpoint`, :func:`check_tokenizer_fits_model` or
+            ``ResumePlan.check_model``, each naming what to change.
+    """
+    skeleton = model_skeleton(cfg.model, dtype=dtype)
+    check_model_matches_checkpoint(skeleton, checkpointer)
+    check_tokenizer_fits_model(tokenizer, skeleton, cfg.tokenizer)
+    if resume is not None:
+        resume.check_model(skeleton)
+
+
 def model_fingerprint(model: nn.Module) -> str:
     """A short hash of the parameter names and shapes: tells whether a checkpoint is for this model."""
     shapes = sorted((n, tuple(p.shape)) for n, p in model.named_parameters())

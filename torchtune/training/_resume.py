@@ -14,7 +14,7 @@ import logging
 import shlex
 import sys
 from pathlib import Path
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -23,7 +23,7 @@ from torch.optim import Optimizer
 from torchtune import config
 from torchtune._errors import ConfigError, TuneError
 from torchtune.training._model import model_fingerprint
-from torchtune.utils import get_rng_state
+from torchtune.utils import get_rng_state, set_rng_state, set_seed
 from torchtune.utils._checkpointing import RECIPE_STATE_NAME, load_recipe_state
 from torchtune.utils._checkpointing._manifest import (
     ChecksumJob,
@@ -44,6 +44,7 @@ __all__ = [
     "recipe_state",
     "resolve_resume",
     "resume_command",
+    "seed_or_restore",
 ]
 
 RECIPE_STATE_VERSION = 1
@@ -158,6 +159,19 @@ class ResumePlan:
                 "parameter names or shapes differ from this config's model). Resume with the model config "
                 "it was trained with."
             )
+
+
+def seed_or_restore(
+    resume: Optional[ResumePlan], *, seed: Optional[int], settings: RunSettings
+) -> Tuple[int, TrainingProgress, Optional[int]]:
+    """Seed the run (``seed``; None draws one), or, resuming, restore the checkpoint's seed and RNG state.
+    Returns ``(seed, progress, max_steps_per_epoch)``: a resumed run continues its position and keeps
+    the epoch length it was saved with."""
+    if resume is None:
+        return set_seed(seed), TrainingProgress(), settings.max_steps_per_epoch
+    restored = set_seed(resume.seed)
+    set_rng_state(resume.rng_state)
+    return restored, resume.progress, resume.max_steps_per_epoch
 
 
 def _recipe_state_path(cfg: Any, recipe_checkpoint: Any) -> Path:
