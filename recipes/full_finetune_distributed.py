@@ -193,13 +193,8 @@ class FullFinetuneRecipeDistributed:
         self.seed, self.progress, max_steps = training.seed_or_restore(
             self._resume, seed=self._seed, settings=self._settings
         )
-        self._rounding = training.build_stochastic_rounding(  # each rank rounds its shards with its own stream
-            cfg.bf16_stochastic_rounding,
-            dtype=self._dtype,
-            seed=self.seed,
-            device=self._device,
-            state=self._resume.stochastic_rounding_state if self._resume else None,
-            info=self._dist,
+        self._rounding = training.rounding_for_run(  # each rank rounds its shards with its own stream
+            cfg, self._resume, seed=self.seed, dtype=self._dtype, device=self._device, info=self._dist
         )
         self._eval.resolve_tasks()  # a missing lm-eval or a typo in a task name, before training
         self._tokenizer = config.instantiate(cfg.tokenizer)
@@ -242,6 +237,14 @@ class FullFinetuneRecipeDistributed:
             optimizer_in_bwd=self._settings.optimizer_in_bwd,
             grad_norm=self._grad_norm,
             in_bwd_group=cfg.optimizer_in_bwd_group,
+            rounding=self._rounding,
+        )
+        # Standard mode: clip (by the norm of the whole gradient over all ranks) and step after backward.
+        self._step_optimizer = partial(
+            training.step_optimizer,
+            self._optimizer,
+            clip_grad_norm=cfg.clip_grad_norm,
+            grad_norm=self._grad_norm,
             rounding=self._rounding,
         )
         self._loss_fn = config.instantiate(cfg.loss)
@@ -305,14 +308,7 @@ class FullFinetuneRecipeDistributed:
                             loss_scale=shares[i],
                         )
                         step_loss += loss * shares[i]
-                    # Standard mode: clip (by the global norm) and step. In backward: already stepped.
-                    training.step_optimizer(
-                        self._optimizer,
-                        self._model.parameters(),
-                        clip_grad_norm=self._cfg.clip_grad_norm,
-                        grad_norm=self._grad_norm,
-                        rounding=self._rounding,
-                    )
+                    self._step_optimizer(self._model.parameters())  # in backward: already stepped
                     if self._lr_scheduler is not None:
                         self._lr_scheduler.step()
                     step = self._steps.finish_step()

@@ -151,15 +151,9 @@ class FullFinetuneRecipeSingleDevice:
         self.seed, self.progress, max_steps = training.seed_or_restore(
             self._resume, seed=cfg.seed, settings=self._settings
         )
-        self._rounding = training.build_stochastic_rounding(
-            cfg.bf16_stochastic_rounding,
-            dtype=self._dtype,
-            seed=self.seed,
-            device=self._device,
-            state=self._resume.stochastic_rounding_state if self._resume else None,
+        self._rounding = training.rounding_for_run(
+            cfg, self._resume, seed=self.seed, dtype=self._dtype, device=self._device
         )
-        if self._rounding is not None and self._resume is not None and self._resume.stochastic_rounding_state is None:
-            log.info("The checkpoint was saved without bf16_stochastic_rounding: its rounding stream starts now.")
 
         # Cheapest first: a missing tokenizer file, a missing data column or a template that does not fit the
         # rows fails here, in seconds, before minutes of reading weights.
@@ -171,14 +165,10 @@ class FullFinetuneRecipeSingleDevice:
         self._validation = training.build_validation(
             cfg.validation_dataset, self._tokenizer, batch_size=batch_size, every_n_steps=cfg.eval_every_n_steps
         )
-        self._steps = training.TrainingSteps(
-            self._data,
-            self.progress,
-            self._settings,
-            seed=self.seed,
-            max_steps_per_epoch=max_steps,
-            rounding=self._rounding,
-        )
+        steps = dict(
+            seed=self.seed, max_steps_per_epoch=max_steps, rounding=self._rounding
+        )  # what its checkpoints record
+        self._steps = training.TrainingSteps(self._data, self.progress, self._settings, **steps)
         self._checkpointer = training.build_checkpointer(cfg.checkpointer, self._resume)
         training.check_model_fits(cfg, self._checkpointer, self._tokenizer, dtype=self._dtype, resume=self._resume)
         self._model = training.build_model(

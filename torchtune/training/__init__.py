@@ -104,6 +104,7 @@ from torchtune.training._stochastic_rounding import (
     WeightChangeTracker,
     build_stochastic_rounding,
     check_stochastic_rounding,
+    rounding_for_run,
     step_parameter,
 )
 from torchtune.training._validation import Validation, build_validation, check_validation_settings
@@ -206,6 +207,7 @@ __all__ = [
     "build_model",
     "build_optimizer",
     "build_stochastic_rounding",
+    "rounding_for_run",
     "build_validation",
     "check_loaded_checksums",
     "check_metric_logger",

@@ -48,6 +48,7 @@ __all__ = [
     "WeightChangeTracker",
     "build_stochastic_rounding",
     "check_stochastic_rounding",
+    "rounding_for_run",
     "step_parameter",
 ]
 
@@ -385,6 +386,18 @@ def build_stochastic_rounding(
         rounding = ShardedStochasticRounding(seed, device, rank, info.world_size)
     if state is not None:
         rounding.load_state_dict(state)
+    return rounding
+
+
+def rounding_for_run(
+    cfg: Any, resume: Any, *, seed: int, dtype: torch.dtype, device: torch.device, info: Any = None
+) -> Optional[StochasticRounding]:
+    """``build_stochastic_rounding`` for a recipe: ``cfg``'s setting, continuing the stream a resumed run
+    (``resume``, a ``ResumePlan`` or None) saved; said once when its checkpoint was saved without one."""
+    state = resume.stochastic_rounding_state if resume is not None else None
+    rounding = build_stochastic_rounding(cfg[KEY], dtype=dtype, seed=seed, device=device, state=state, info=info)
+    if rounding is not None and resume is not None and state is None and (info is None or info.rank == 0):
+        log.info("The checkpoint was saved without %s: its rounding stream starts now.", KEY)
     return rounding
 
 
