@@ -148,7 +148,8 @@ class FullFinetuneRecipeDistributed:
         - FSDP2 (``fully_shard``) on every decoder layer and the root: bf16 or fp32 parameters
           (``dtype``), ``fsdp_param_dtype: bf16`` to compute in bf16 on fp32 weights and optimizer
           state, ``fsdp_reduce_dtype: fp32`` to sum gradients in fp32, ``fsdp_reshard_after_forward``,
-          ``fsdp_cpu_offload`` (parameters, gradients and optimizer state in pinned host memory);
+          ``fsdp_cpu_offload`` (parameters, gradients and optimizer state in pinned host memory, the
+          in-backward steps on a CPU worker thread overlapped with backward);
         - weights loaded memory-mapped, each rank copying only its shards;
         - activation checkpointing and offloading, chunked loss and compile as on one device;
         - optimizer in backward on the sharded parameters (stepped after each reduce-scatter; one
@@ -363,6 +364,7 @@ class FullFinetuneRecipeDistributed:
             optimizer_in_bwd=optimizer_in_bwd,
             grad_norm=self._grad_norm,
             in_bwd_group=self._cfg.optimizer_in_bwd_group,
+            cpu_worker=bool(self._cfg.fsdp_cpu_offload),  # host shards: CPU steps overlap backward
         )
 
     # ------------------------------------------------------------------------------------------
