@@ -324,6 +324,10 @@ class FullFinetuneRecipeDistributed:
             compile_model=cfg.compile,
         )
         cpu_offload = bool(cfg.fsdp_cpu_offload)
+        pin_memory = None
+        if cpu_offload:  # host RAM and the locked-memory limit vs the machine's, before any weight loads
+            plan = training.offload_plan(model, cfg.optimizer, world_size=self._dist.world_size, dtype=self._dtype)
+            pin_memory = training.check_offload_host_memory(plan, pin_memory=torch.cuda.is_available())
         param_dtype = cfg.fsdp_param_dtype
         training.shard_model(
             model,
@@ -332,6 +336,7 @@ class FullFinetuneRecipeDistributed:
             reduce_dtype=torch.float32 if cfg.fsdp_reduce_dtype == "fp32" else None,
             reshard_after_forward=bool(cfg.fsdp_reshard_after_forward),
             cpu_offload=cpu_offload,
+            pin_memory=pin_memory,
             sum_gradients=True,  # each rank's loss is divided by the token count of all ranks
         )
         shard_device = torch.device("cpu") if cpu_offload else self._device

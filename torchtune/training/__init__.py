@@ -117,6 +117,8 @@ _LAZY = {
     "ShardedCheckpointWriter": "torchtune.training._distributed_checkpoint",
     "load_sharded_checkpoint": "torchtune.training._distributed_checkpoint",
     "save_sharded_checkpoint": "torchtune.training._distributed_checkpoint",
+    "check_offload_host_memory": "torchtune.training._offload_memory",
+    "offload_plan": "torchtune.training._offload_memory",
 }
 
 
@@ -174,6 +176,7 @@ __all__ = [
     "check_low_rank_optimizer",
     "is_low_rank",
     "check_optimizer_settings",
+    "check_offload_host_memory",
     "check_overwrite",
     "check_value_types",
     "check_resume_keys",
@@ -201,6 +204,7 @@ __all__ = [
     "model_skeleton",
     "num_label_tokens",
     "num_tokens",
+    "offload_plan",
     "padding_id",
     "positive_int",
     "raise_if_any_rank_failed",

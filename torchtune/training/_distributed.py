@@ -276,10 +276,21 @@ def gather_full_state_dict(model: nn.Module) -> Dict[str, torch.Tensor]:
     """The full weights of a sharded model, on rank 0's host; ``{}`` on the other ranks.
 
     A collective: every rank must call it. Each tensor is all-gathered and moved to the CPU on its
-    own, so rank 0's device never holds more than one gathered tensor beyond the model's shards.
-    """
+    own, so rank 0's device never holds more than one gathered tensor beyond the model's shards. In a
+    world of one whose shards live on the host (CPU offload) the shards themselves are returned (the
+    caller must only read them)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+    state = model.state_dict()
+    if all(
+        isinstance(t, DTensor) and t.device_mesh.size() == 1 and t.to_local().device.type == "cpu"
+        for t in state.values()
+    ):
+        # a world of one with CPU offload: the host shards are the full weights already; gathering them
+        # would copy every weight through the GPU into a second host copy (16 GB more for an 8B model
+        # at the final save, past a 64 GB desktop's budget)
+        return {name: t.to_local() for name, t in state.items()}
+    del state
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 

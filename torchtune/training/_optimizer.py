@@ -26,6 +26,7 @@ from torchtune.training._checks import IN_BWD_GROUPS
 from torchtune.training._cpu_optimizer_worker import CPUOptimizerWorker, WorkerOptimInBackward, grad_bytes
 from torchtune.training._low_rank import StepAfterBackward, build_low_rank_optimizers, is_low_rank
 from torchtune.training._stochastic_rounding import StochasticRounding, WeightChangeTracker, step_parameter
+from torchtune.training._torchao_local_step import needs_local_step, step_on_local_shards
 from torchtune.utils._checkpointing._checkpoint_utils import (
     OptimInBackwardWrapper,
     is_standard_optimizer_state,
@@ -303,10 +304,10 @@ def build_optimizer(
         return _in_bwd_wrapper(optim_map, worker)
     extra = rounding.optimizer_kwargs(str(cfg_optimizer.get(config.COMPONENT_KEY, ""))) if rounding is not None else {}
     if not optimizer_in_bwd:
-        return config.instantiate(cfg_optimizer, list(params.values()), **extra)
+        return _instantiate(cfg_optimizer, list(params.values()), **extra)
     optim_map: Dict[str, Optimizer] = {}
     for names in in_bwd_groups(model, in_bwd_group):
-        opt = config.instantiate(cfg_optimizer, [params[name] for name in names], **extra)
+        opt = _instantiate(cfg_optimizer, [params[name] for name in names], **extra)
         optim_map.update({name: opt for name in names})
     register_optim_in_bwd_hooks(model, optim_map, grad_norm, **hooks)
     if rounding is None and weight_changes is None:
@@ -317,6 +318,13 @@ def build_optimizer(
         step_each_parameter(optimizer, group, rounding=rounding, changes=weight_changes)
 
     return _in_bwd_wrapper(optim_map, worker, step_group)
+
+
+def _instantiate(cfg_optimizer: Any, params: List[torch.Tensor], **extra: Any) -> Optimizer:
+    optimizer = config.instantiate(cfg_optimizer, params, **extra)
+    if needs_local_step(optimizer):  # torchao on FSDP2's shards: stepped on the local tensors
+        step_on_local_shards(optimizer)
+    return optimizer
 
 
 def _in_bwd_wrapper(
