@@ -147,7 +147,7 @@ def _estimate_distributed(args: argparse.Namespace, cfg: object, seq_len: int, b
         print(estimate.format(title))
         print(f"({args.steps} steps on fake tensors in {time.perf_counter() - start:.0f} s)\n")
         if cfg.fsdp_cpu_offload:
-            print(_offload_plan_text(cfg, world_size) + "\n")
+            print(_offload_plan_text(cfg, world_size, estimate.peak_bytes) + "\n")
         label = f"on {world_size} GPU{'s' if world_size > 1 else ''}:"
         summary.append(
             f"  {label:<13}{estimate.peak_bytes / 1e9:7.2f} GB per GPU, plus {estimate.host_bytes_needed / 1e9:.2f} GB "
@@ -158,7 +158,7 @@ def _estimate_distributed(args: argparse.Namespace, cfg: object, seq_len: int, b
     return 0
 
 
-def _offload_plan_text(cfg: object, world_size: int) -> str:
+def _offload_plan_text(cfg: object, world_size: int, device_steps: int) -> str:
     """Host RAM per phase, pinned memory, PCIe bytes and an estimated step time of an offloaded config,
     with the CPU optimizer's throughput measured on this machine (``torchtune.training._offload_memory``)."""
     import torch
@@ -178,4 +178,4 @@ def _offload_plan_text(cfg: object, world_size: int) -> str:
     )
     trainable = sum(-(-p.numel() // world_size) for p in model.parameters() if p.requires_grad)
     throughput = measure_cpu_optimizer_throughput(cfg.optimizer, dtype=dtype)
-    return format_offload_plan(plan, trainable=trainable, throughput=throughput)
+    return format_offload_plan(plan, trainable=trainable, device_steps=device_steps, throughput=throughput)

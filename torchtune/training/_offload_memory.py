@@ -68,6 +68,7 @@ class OffloadPlan:
     full_copy: int  # a gathered full copy of the weights at the final save (0 in a world of one)
     h2d_per_step: int  # bytes copied host -> device per step
     d2h_per_step: int  # bytes copied device -> host per step
+    device_buffers: int = 0  # what stays on the device outside the steps (RoPE tables)
 
     @property
     def phases(self) -> Dict[str, int]:
@@ -142,6 +143,7 @@ def offload_plan(
         full_copy=0 if world_size == 1 else sum(_nbytes(p.numel(), dtype) for p in params),
         h2d_per_step=h2d + activations,
         d2h_per_step=d2h + activations,
+        device_buffers=sum(b.numel() * b.element_size() for b in model.buffers()),
     )
 
 
@@ -245,14 +247,22 @@ def format_offload_plan(
     plan: OffloadPlan,
     *,
     trainable: int,
+    device_steps: int,
     throughput: Optional[Dict[str, float]] = None,
     target_cores: int = 16,
     gb_per_s: float = PCIE_GB_PER_S,
 ) -> str:
     """The lines ``tune estimate-memory`` prints for an offloaded config (all labelled estimated)."""
-    lines = ["Host side of fsdp_cpu_offload (estimated from the parameter shapes; 1 GB = 1e9 bytes):"]
+    lines = [
+        "Per phase with fsdp_cpu_offload (estimated: device peak of the steps from the fake-tensor run above, "
+        "the rest from the parameter shapes; 1 GB = 1e9 bytes):"
+    ]
     for name, nbytes in plan.phases.items():
-        lines.append(f"  host RAM, {name:<24}{nbytes / GB:>9.2f} GB")
+        # outside the steps nothing but the RoPE tables is on the device: weights load into, are saved
+        # from and resume into host memory (the world-of-one final save reads the host shards)
+        device = device_steps if name == "steps" else plan.device_buffers
+        label = f"{name}:"
+        lines.append(f"  {label:<8}device {device / GB:>6.2f} GB, host RAM {nbytes / GB:>6.2f} GB")
     lines.append(f"  {'pinned (page-locked)':<34}{plan.pinned / GB:>9.2f} GB")
     pcie = plan.pcie_seconds(gb_per_s)
     lines.append(

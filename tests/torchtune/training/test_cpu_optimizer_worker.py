@@ -47,11 +47,13 @@ def _batches(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
 class _Run:
     """A tiny Llama sharded with CPU offload and an in-backward AdamW, stepped with or without the worker."""
 
-    def __init__(self, info, *, worker: bool, dtype=torch.float32, rounding=False, group="param", shard=True) -> None:
+    def __init__(
+        self, info, *, worker: bool, dtype=torch.float32, rounding=False, group="param", shard=True, offload=True
+    ) -> None:
         torch.manual_seed(0)
         self.model = llama2(**TINY).to(dtype)
         if shard:
-            training.shard_model(self.model, mesh=info.mesh, cpu_offload=True, pin_memory=False)
+            training.shard_model(self.model, mesh=info.mesh, cpu_offload=offload, pin_memory=False)
         self.rounding = StochasticRounding(seed=3, device=torch.device("cpu")) if rounding else None
         self.grad_norm = training.GradNormTracker()
         self.optimizer = training.build_optimizer(
@@ -121,6 +123,13 @@ def test_worker_steps_bitwise_as_the_hooks_do(world_of_one, dtype, rounding, gro
     _assert_same(r1, r0)  # the rounding streams drew the same bits
 
 
+def test_offloaded_worker_run_has_the_losses_of_the_run_without_offload(world_of_one):
+    batches = _batches(3)
+    runs = [_Run(world_of_one, worker=True), _Run(world_of_one, worker=False, offload=False)]
+    losses = [[run.step(*b)[0] for b in batches] for run in runs]
+    assert losses[0] == pytest.approx(losses[1], abs=1e-5)
+
+
 def test_worker_runs_jobs_off_the_main_thread_in_order_and_bounds_pending_bytes():
     worker = CPUOptimizerWorker(reserve_cores=None, max_pending_bytes=10)
     release, seen = threading.Event(), []
@@ -177,3 +186,66 @@ def test_resume_of_the_offloaded_worker_state_is_bit_exact(world_of_one, tmp_pat
     resumed.step(*batches[2])
     _assert_same(resumed.weights(), straight.weights())
     _assert_same(resumed.state(), straight.state())
+
+
+def test_torchao_adamw8bit_on_offloaded_bf16_shards_worker_and_resume_are_bit_exact(world_of_one, tmp_path):
+    # torchao's compiled step fails on FSDP2's DTensor shards of bf16 parameters; the recipe steps it on
+    # the local tensors (training._torchao_local_step). Its own stochastic rounding draws from the
+    # default generator, which the recipe saves with the RNG state: reset here for each run.
+    cfg = OmegaConf.create({"_component_": "torchao.optim.AdamW8bit", "lr": 1e-2, "bf16_stochastic_round": True})
+
+    def run(worker: bool):
+        torch.manual_seed(0)
+        model = llama2(**TINY).to(torch.bfloat16)
+        training.shard_model(model, mesh=world_of_one.mesh, cpu_offload=True, pin_memory=False)
+        optimizer = training.build_optimizer(cfg, model, optimizer_in_bwd=True, cpu_worker=worker)
+        return model, optimizer
+
+    loss_fn = ChunkedCrossEntropyLoss(num_output_chunks=2, min_chunk_rows=1)
+
+    def step(model, optimizer, tokens, labels):
+        loss = loss_fn(model.output, model(tokens, output_hidden_states=True), labels)
+        loss.backward()
+        training.step_optimizer(optimizer, model.parameters())
+        return loss.item()
+
+    batches = _batches(3)
+    results = {}
+    for worker in (False, True):
+        model, optimizer = run(worker)
+        torch.manual_seed(7)
+        losses = [step(model, optimizer, *b) for b in batches]
+        results[worker] = (losses, {n: _local(p).clone() for n, p in model.named_parameters()})
+    assert results[True][0] == results[False][0] and len(set(results[True][0])) == 3
+    _assert_same(results[True][1], results[False][1])
+    big = optimizer.optim_map["layers.0.mlp.w1.weight"].state[model.layers[0].mlp.w1.weight]
+    assert type(_local(big["exp_avg"])).__name__ == "OptimState8bit"  # the 8-bit state, sharded as a DTensor
+
+    model, optimizer = run(True)
+    torch.manual_seed(7)
+    for b in batches[:2]:
+        step(model, optimizer, *b)
+    rng = torch.get_rng_state()
+    writer = training.ShardedCheckpointWriter(world_of_one)
+    folder = writer.save(
+        tmp_path / "step_2", model=model, optimizer=optimizer, recipe_state={}, step=2, epoch=0, intermediate=True
+    )
+    optimizer.worker.close()
+    model, optimizer = run(True)
+    training.load_sharded_checkpoint(folder, model=model, optimizer=optimizer, info=world_of_one)
+    torch.set_rng_state(rng)
+    assert step(model, optimizer, *batches[2]) == results[True][0][2]
+    _assert_same({n: _local(p) for n, p in model.named_parameters()}, results[True][1])
+
+
+def test_final_weights_of_an_offloaded_world_of_one_are_the_host_shards(world_of_one):
+    torch.manual_seed(0)
+    model = llama2(**TINY)
+    reference = {n: t.clone() for n, t in model.state_dict().items()}
+    training.shard_model(model, mesh=world_of_one.mesh, cpu_offload=True, pin_memory=False)
+    full = training.gather_full_state_dict(model)
+    assert full.keys() == reference.keys()
+    for name, t in full.items():
+        assert type(t) is torch.Tensor and torch.equal(t, reference[name]), name
+        # no second host copy of the weights at the final save
+        assert t.untyped_storage().data_ptr() == _local(model.state_dict()[name]).untyped_storage().data_ptr()
