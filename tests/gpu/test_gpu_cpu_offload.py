@@ -87,3 +87,53 @@ def test_offloaded_step_matches_the_device_run_and_its_peak_matches_the_estimate
     assert abs(peak - estimate.peak_bytes) <= 0.10 * estimate.peak_bytes, (
         f"measured {peak / 1e9:.3f} GB, estimated {estimate.peak_bytes / 1e9:.3f} GB\n{estimate.format()}"
     )
+
+
+def test_tune_run_with_cpu_offload_on_one_gpu_matches_and_resumes_exactly(tmp_path):
+    """The recipe itself, one process (plain `tune run`): fsdp_cpu_offload=True gives the losses of the run
+    without offload, and a resume from its step checkpoint continues with exactly the same losses."""
+    from recipes.full_finetune_distributed import RECIPE_KEYS
+    from tests._helpers.tiny_run import make_tiny_run, read_losses, run_tune
+
+    single = make_tiny_run(tmp_path, max_steps_per_epoch=3, save_every_n_steps=2)
+    cfg = OmegaConf.load(single)
+    for key in [k for k in cfg if k not in RECIPE_KEYS]:
+        cfg.pop(key)
+    cfg.update(
+        {
+            "dist_backend": None,
+            "fsdp_cpu_offload": False,
+            "fsdp_reshard_after_forward": True,
+            "fsdp_param_dtype": None,
+            "fsdp_reduce_dtype": None,
+            "async_checkpoint": False,
+        }
+    )
+    config = tmp_path / "dist.yaml"
+    OmegaConf.save(cfg, config)
+    common = ["device=cuda", "dtype=fp32", "optimizer_in_bwd=True", "optimizer._component_=torch.optim.AdamW"]
+
+    def tune(out, *extra):
+        result = run_tune(
+            ["run", "full_finetune_distributed", "--config", str(config), f"output_dir={out}", *common, *extra],
+            timeout=600,
+        )
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+        return result
+
+    offloaded = tune(tmp_path / "offload", "fsdp_cpu_offload=True")
+    assert "with CPU offload" in offloaded.stderr + offloaded.stdout
+    tune(tmp_path / "device", "fsdp_cpu_offload=False")
+    full = read_losses(tmp_path / "offload")
+    assert full == pytest.approx(read_losses(tmp_path / "device"), abs=1e-5)
+
+    state = tmp_path / "offload" / "step_2" / "recipe_state.pt"
+    tune(
+        tmp_path / "resumed",
+        "fsdp_cpu_offload=True",
+        "resume_from_checkpoint=True",
+        f"checkpointer.recipe_checkpoint={state}",
+        "seed=null",
+    )
+    resumed = read_losses(tmp_path / "resumed")
+    assert resumed and resumed == full[len(full) - len(resumed) :]
