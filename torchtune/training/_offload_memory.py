@@ -125,7 +125,11 @@ def offload_plan(
     dtype = dtype or params[0].dtype
     local = [-(-p.numel() // world_size) for p in params]  # FSDP2 pads shards to equal size
     shard_bytes = sum(_nbytes(n, dtype) for n in local)
-    state = sum(_state_bytes(cfg_optimizer, n, dtype) for n, p in zip(local, params) if p.requires_grad)
+    try:
+        state = sum(_state_bytes(cfg_optimizer, n, dtype) for n, p in zip(local, params) if p.requires_grad)
+    except Exception as exc:  # noqa: BLE001 - e.g. a low-rank optimizer, built per matrix: not a reason to stop
+        log.info("fsdp_cpu_offload: the optimizer state is left out of the host RAM check (%s).", exc)
+        state = 0
     largest = max(_nbytes(n, dtype) for n in local)
     layer_params = {id(p) for layer in getattr(model, "layers", []) for p in layer.parameters()}
     layer_bytes = sum(_nbytes(n, dtype) for n, p in zip(local, params) if id(p) in layer_params)

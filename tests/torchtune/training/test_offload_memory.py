@@ -72,3 +72,16 @@ def test_machine_memory_reads_this_machine():
     facts = _offload_memory.machine_memory()
     assert facts["available"] > 0
     assert facts["memlock"] is None or facts["memlock"] >= 0
+
+
+def test_plan_of_a_torch_adamw_measures_its_state_and_of_an_unmeasurable_optimizer_leaves_it_out():
+    from torchtune.models.llama2 import llama2
+
+    model = llama2(vocab_size=64, num_layers=2, num_heads=4, num_kv_heads=2, embed_dim=32, max_seq_len=32)
+    params = sum(p.numel() for p in model.parameters())
+    adamw = OmegaConf.create({"_component_": "torch.optim.AdamW", "lr": 1e-3})
+    plan = training.offload_plan(model, adamw, world_size=2, dtype=torch.float32)
+    assert plan.params >= 4 * params // 2 and plan.optimizer_state >= 2 * plan.params  # two fp32 moments
+    assert plan.full_copy == 4 * params  # several ranks: rank 0 gathers a full copy at the final save
+    broken = OmegaConf.create({"_component_": "torch.optim.AdamW", "lr": 1e-3, "no_such_argument": 1})
+    assert training.offload_plan(model, broken, world_size=1).optimizer_state == 0
