@@ -215,7 +215,7 @@ def check_offload_host_memory(plan: OffloadPlan, *, pin_memory: bool, config_hin
 
 
 def measure_cpu_optimizer_throughput(
-    cfg_optimizer: Any, *, numel: int = 1 << 22, dtype: torch.dtype = torch.bfloat16, steps: int = 3
+    cfg_optimizer: Any, *, numel: int = 1 << 24, dtype: torch.dtype = torch.bfloat16, steps: int = 3
 ) -> Dict[str, float]:
     """Parameters a second the config's optimizer steps on a ``CPUOptimizerWorker``, pinned to the cores
     it would use in a run (all but one), after one warm-up step (which compiles torchao's step).
