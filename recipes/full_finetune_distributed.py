@@ -326,7 +326,13 @@ class FullFinetuneRecipeDistributed:
         cpu_offload = bool(cfg.fsdp_cpu_offload)
         pin_memory = None
         if cpu_offload:  # host RAM and the locked-memory limit vs the machine's, before any weight loads
-            plan = training.offload_plan(model, cfg.optimizer, world_size=self._dist.world_size, dtype=self._dtype)
+            plan = training.offload_plan(
+                model,
+                cfg.optimizer,
+                world_size=self._dist.world_size,
+                dtype=self._dtype,
+                async_checkpoint=cfg.async_checkpoint,
+            )
             pin_memory = training.check_offload_host_memory(plan, pin_memory=torch.cuda.is_available())
         param_dtype = cfg.fsdp_param_dtype
         training.shard_model(

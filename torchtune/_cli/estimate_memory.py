@@ -175,6 +175,7 @@ def _offload_plan_text(cfg: object, world_size: int, device_steps: int) -> str:
         world_size=world_size,
         dtype=dtype,
         reshard_after_forward=bool(cfg.fsdp_reshard_after_forward),
+        async_checkpoint=bool(cfg.async_checkpoint),
     )
     trainable = sum(-(-p.numel() // world_size) for p in model.parameters() if p.requires_grad)
     throughput = measure_cpu_optimizer_throughput(cfg.optimizer, dtype=dtype)

@@ -13,9 +13,10 @@ Host RAM per phase (this process; ``world_size`` ranks share the shards):
   plus one tensor being pinned (FSDP2 copies each shard into pinned memory at its first use);
 - steps: shards + optimizer state + the gradients waiting for the worker (``max_pending_bytes``,
   plus the largest gradient) + offloaded activations;
-- save: shards + state + one converted tensor (step checkpoints write the host shards in place; the
-  final HF folder of a world of one is written from the host shards themselves, see
-  ``gather_full_state_dict``; with several ranks rank 0 gathers a full copy);
+- save: shards + state + one converted tensor (step checkpoints write the host shards in place, or
+  from a host copy of shards and state with ``async_checkpoint``; the final HF folder of a world of one
+  is written from the host shards themselves, see ``gather_full_state_dict``; with several ranks rank
+  0 gathers a full copy);
 - resume: shards + state (loaded in place) + one tensor being read.
 """
 
@@ -66,6 +67,7 @@ class OffloadPlan:
     activations: int  # offloaded activations (host), when known
     pinned: int  # page-locked: the shards when pinned, plus pinned activation buffers
     full_copy: int  # a gathered full copy of the weights at the final save (0 in a world of one)
+    staged_copy: int = 0  # async_checkpoint: a host copy of the shards and state, written in the background
     h2d_per_step: int  # bytes copied host -> device per step
     d2h_per_step: int  # bytes copied device -> host per step
     device_buffers: int = 0  # what stays on the device outside the steps (RoPE tables)
@@ -76,7 +78,7 @@ class OffloadPlan:
         return {
             "load": self.params + self.largest_tensor,
             "steps": resident + self.pending_gradients + self.activations,
-            "save": resident + max(self.full_copy, self.largest_tensor),
+            "save": resident + max(self.full_copy, self.staged_copy, self.largest_tensor),
             "resume": resident + self.largest_tensor,
         }
 
@@ -118,6 +120,7 @@ def offload_plan(
     reshard_after_forward: bool = True,
     activations: int = 0,
     max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
+    async_checkpoint: bool = False,
 ) -> OffloadPlan:
     """The host-side figures of ``model`` (may be on the meta device, unsharded) trained with
     ``fsdp_cpu_offload`` on ``world_size`` ranks, for this process."""
@@ -148,6 +151,7 @@ def offload_plan(
         h2d_per_step=h2d + activations,
         d2h_per_step=d2h + activations,
         device_buffers=sum(b.numel() * b.element_size() for b in model.buffers()),
+        staged_copy=shard_bytes + state if async_checkpoint else 0,
     )
 
 
