@@ -13,10 +13,9 @@ Host RAM per phase (this process; ``world_size`` ranks share the shards):
   plus one tensor being pinned (FSDP2 copies each shard into pinned memory at its first use);
 - steps: shards + optimizer state + the gradients waiting for the worker (``max_pending_bytes``,
   plus the largest gradient) + offloaded activations;
-- save: shards + state + one converted tensor (step checkpoints write the host shards in place, or
-  from a host copy of shards and state with ``async_checkpoint``; the final HF folder of a world of one
-  is written from the host shards themselves, see ``gather_full_state_dict``; with several ranks rank
-  0 gathers a full copy);
+- save: shards + state + one full tensor and its converted copy (step checkpoints write the host
+  shards in place, or from a host copy of shards and state with ``async_checkpoint``; full HF folders
+  are streamed by rank 0 one gathered tensor at a time, ``training._full_weights``);
 - resume: shards + state (loaded in place) + one tensor being read.
 """
 
@@ -66,11 +65,11 @@ class OffloadPlan:
     largest_tensor: int
     activations: int  # offloaded activations (host), when known
     pinned: int  # page-locked: the shards when pinned, plus pinned activation buffers
-    full_copy: int  # a gathered full copy of the weights at the final save (0 in a world of one)
-    staged_copy: int = 0  # async_checkpoint: a host copy of the shards and state, written in the background
+    full_copy: int  # the streamed full save: one gathered full tensor on the host and its converted copy
     h2d_per_step: int  # bytes copied host -> device per step
     d2h_per_step: int  # bytes copied device -> host per step
     device_buffers: int = 0  # what stays on the device outside the steps (RoPE tables)
+    staged_copy: int = 0  # async_checkpoint: a host copy of the shards and state, written in the background
 
     @property
     def phases(self) -> Dict[str, int]:
@@ -147,7 +146,7 @@ def offload_plan(
         largest_tensor=largest,
         activations=activations,
         pinned=(shard_bytes if pin_memory else 0) + activations,
-        full_copy=0 if world_size == 1 else sum(_nbytes(p.numel(), dtype) for p in params),
+        full_copy=2 * max(_nbytes(p.numel(), dtype) for p in params),
         h2d_per_step=h2d + activations,
         d2h_per_step=d2h + activations,
         device_buffers=sum(b.numel() * b.element_size() for b in model.buffers()),
@@ -262,15 +261,15 @@ def format_offload_plan(
 ) -> str:
     """The lines ``tune estimate-memory`` prints for an offloaded config (all labelled estimated)."""
     lines = [
-        "Per phase with fsdp_cpu_offload (estimated: device peak of the steps from the fake-tensor run above, "
-        "the rest from the parameter shapes; 1 GB = 1e9 bytes):"
+        "With fsdp_cpu_offload (estimated: the steps' device peak from the fake-tensor run above, the rest from "
+        "the parameter shapes; host RAM per phase in the table above; 1 GB = 1e9 bytes):"
     ]
-    for name, nbytes in plan.phases.items():
-        # outside the steps nothing but the RoPE tables is on the device: weights load into, are saved
-        # from and resume into host memory (the world-of-one final save reads the host shards)
-        device = device_steps if name == "steps" else plan.device_buffers
-        label = f"{name}:"
-        lines.append(f"  {label:<8}device {device / GB:>6.2f} GB, host RAM {nbytes / GB:>6.2f} GB")
+    # outside the steps nothing but the RoPE tables is on the device: weights load into, are saved from
+    # and resume into host memory
+    lines.append(
+        f"  {'device peak per phase':<34}load {plan.device_buffers / GB:.2f} GB, steps {device_steps / GB:.2f} GB, "
+        f"save {plan.device_buffers / GB:.2f} GB, resume {plan.device_buffers / GB:.2f} GB"
+    )
     lines.append(f"  {'pinned (page-locked)':<34}{plan.pinned / GB:>9.2f} GB")
     pcie = plan.pcie_seconds(gb_per_s)
     lines.append(

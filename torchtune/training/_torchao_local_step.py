@@ -24,7 +24,7 @@ __all__ = ["needs_local_step", "step_on_local_shards"]
 
 def needs_local_step(optimizer: Optimizer) -> bool:
     """A torchao optimizer holding DTensor parameters (whose own step fails on bf16 ones)."""
-    from torchtune.training._optimizer import is_dtensor
+    from torchtune.training._dtensor import is_dtensor
 
     return type(optimizer).__module__.startswith("torchao.optim") and any(
         is_dtensor(p) for g in optimizer.param_groups for p in g["params"]

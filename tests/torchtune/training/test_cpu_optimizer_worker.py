@@ -1,10 +1,6 @@
 """The CPU optimizer worker of fsdp_cpu_offload: the same weights and state as stepping in the hooks,
 errors that reach the training loop, and a bit-exact resume, on FSDP2 with ``CPUOffloadPolicy`` over
-gloo in a world of one process (FSDP2's CPU offload runs on a CPU mesh too, unpinned).
-
-bf16 with stochastic rounding runs through the same hooks on an unsharded model: ``step_parameter``'s
-rounding does not take FSDP2's DTensor shards on this branch (the distributed recipe has no
-``bf16_stochastic_rounding`` yet)."""
+gloo in a world of one process (FSDP2's CPU offload runs on a CPU mesh too, unpinned)."""
 
 from __future__ import annotations
 
@@ -20,7 +16,6 @@ from torchtune._errors import TuneError
 from torchtune.models.llama2 import llama2
 from torchtune.modules.loss import ChunkedCrossEntropyLoss
 from torchtune.training._cpu_optimizer_worker import CPUOptimizerWorker, WorkerOptimInBackward
-from torchtune.training._stochastic_rounding import StochasticRounding
 
 TINY = dict(vocab_size=64, num_layers=2, num_heads=4, num_kv_heads=2, embed_dim=32, max_seq_len=32)
 ADAMW = OmegaConf.create({"_component_": "torch.optim.AdamW", "lr": 1e-2, "weight_decay": 0.01, "foreach": True})
@@ -54,7 +49,11 @@ class _Run:
         self.model = llama2(**TINY).to(dtype)
         if shard:
             training.shard_model(self.model, mesh=info.mesh, cpu_offload=offload, pin_memory=False)
-        self.rounding = StochasticRounding(seed=3, device=torch.device("cpu")) if rounding else None
+        # the distributed recipe's rounding (one stream per rank) for shards, the single-device one otherwise
+        world = {"world_size": info.world_size} if shard else {}
+        self.rounding = training.build_stochastic_rounding(
+            rounding, dtype=dtype, seed=3, device=torch.device("cpu"), **world
+        )
         self.grad_norm = training.GradNormTracker()
         self.optimizer = training.build_optimizer(
             ADAMW,
@@ -91,10 +90,15 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 def _assert_same(a: dict, b: dict) -> None:
     assert a.keys() == b.keys()
     for name in a:
-        if isinstance(a[name], dict):
-            _assert_same(a[name], b[name])
-        else:
+        if isinstance(a[name], (dict, list)):
+            _assert_same(
+                dict(enumerate(a[name])) if isinstance(a[name], list) else a[name],
+                dict(enumerate(b[name])) if isinstance(b[name], list) else b[name],
+            )
+        elif isinstance(a[name], torch.Tensor):
             assert torch.equal(a[name], b[name]), name
+        else:
+            assert a[name] == b[name], name
 
 
 @pytest.mark.parametrize(
@@ -102,10 +106,17 @@ def _assert_same(a: dict, b: dict) -> None:
     [
         (torch.float32, False, "param", True),
         (torch.float32, False, "layer", True),
+        (torch.bfloat16, True, "param", True),
+        (torch.bfloat16, True, "layer", True),
         (torch.bfloat16, True, "param", False),
-        (torch.bfloat16, True, "layer", False),
     ],
-    ids=["fp32-offloaded", "fp32-offloaded-layer", "bf16-rounded", "bf16-rounded-layer"],
+    ids=[
+        "fp32-offloaded",
+        "fp32-offloaded-layer",
+        "bf16-rounded-offloaded",
+        "bf16-rounded-offloaded-layer",
+        "bf16-rounded-unsharded",
+    ],
 )
 def test_worker_steps_bitwise_as_the_hooks_do(world_of_one, dtype, rounding, group, shard):
     runs = {}
@@ -236,16 +247,3 @@ def test_torchao_adamw8bit_on_offloaded_bf16_shards_worker_and_resume_are_bit_ex
     torch.set_rng_state(rng)
     assert step(model, optimizer, *batches[2]) == results[True][0][2]
     _assert_same({n: _local(p) for n, p in model.named_parameters()}, results[True][1])
-
-
-def test_final_weights_of_an_offloaded_world_of_one_are_the_host_shards(world_of_one):
-    torch.manual_seed(0)
-    model = llama2(**TINY)
-    reference = {n: t.clone() for n, t in model.state_dict().items()}
-    training.shard_model(model, mesh=world_of_one.mesh, cpu_offload=True, pin_memory=False)
-    full = training.gather_full_state_dict(model)
-    assert full.keys() == reference.keys()
-    for name, t in full.items():
-        assert type(t) is torch.Tensor and torch.equal(t, reference[name]), name
-        # no second host copy of the weights at the final save
-        assert t.untyped_storage().data_ptr() == _local(model.state_dict()[name]).untyped_storage().data_ptr()
