@@ -186,7 +186,7 @@ def run_tune(
 def read_losses(output_dir: Path) -> List[float]:
     from torchtune.utils.metric_logging import read_metrics
 
-    return [row["loss"] for row in read_metrics(Path(output_dir) / "logs" / "metrics.jsonl")]
+    return [row["loss"] for row in read_metrics(Path(output_dir) / "logs" / "metrics.jsonl") if "loss" in row]
 
 
 def build_recipe(config: Any, **overrides: Any):

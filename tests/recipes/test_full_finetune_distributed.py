@@ -1,9 +1,10 @@
 """full_finetune_distributed through the real `tune run --nproc_per_node 2` (gloo, CPU, tiny model).
 
 Two processes must train exactly what one process trains with the same global batch and seed (both
-optimizer modes; with ``seed: null`` the ranks share rank 0's drawn seed), resume on 2 or 1 processes
-with the losses of the uninterrupted run, survive a rank killed mid-save, write a final folder that
-transformers loads, and refuse bad launches with one message each.
+optimizer modes; with ``seed: null`` the ranks share rank 0's drawn seed) and compute its validation loss
+(each rank on its share), resume on 2 or 1 processes with the losses of the uninterrupted run, survive a
+rank killed mid-save, write a final folder that transformers loads and that eval_after_training scores as
+eleuther_eval does, and refuse bad launches with one message each.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from tests._helpers.tiny_run import TUNE, make_tiny_run, read_losses, run_tune
+from tests._helpers.tiny_run import TUNE, alpaca_examples, make_tiny_run, read_losses, run_tune
 from tests._helpers.tiny_run import run_recipe as run_single_device
 
 DIST_KEYS = {
@@ -49,6 +50,12 @@ def configs(tmp_path_factory):
     from recipes.full_finetune_distributed import RECIPE_KEYS
 
     cfg = OmegaConf.load(single)
+    # 5 held-out examples, 2 per rank's batch: rank 0 gets 3 (2 batches), rank 1 gets 2 (1 batch, then a
+    # forward pass that does not count, so that both ranks run the same FSDP collectives)
+    heldout = root / "heldout.json"
+    heldout.write_text(json.dumps(alpaca_examples(29)[24:]))
+    cfg.validation_dataset = {**OmegaConf.to_container(cfg.dataset), "data_files": str(heldout)}
+    OmegaConf.save(cfg, single)
     for key in [k for k in cfg if k not in RECIPE_KEYS]:
         cfg.pop(key)  # the single-device recipe's own keys (eval_after_training, ...)
     cfg.update(DIST_KEYS)
@@ -96,6 +103,17 @@ def test_two_processes_train_what_one_process_trains_in_backward(base_run):
     assert not (base_run / "dist" / "epoch_1" / "recipe_state.pt").exists()  # final: weights only
 
 
+def test_validation_split_over_ranks_gives_the_one_process_loss(base_run):
+    from torchtune.utils.metric_logging import read_metrics
+
+    def val_losses(run: Path) -> list:
+        return [row["val_loss"] for row in read_metrics(run / "logs" / "metrics.jsonl") if "val_loss" in row]
+
+    dist, single = val_losses(base_run / "dist"), val_losses(base_run / "single")
+    assert len(dist) == len(single) == 2  # at each epoch end
+    assert dist == pytest.approx(single, abs=1e-5, rel=0)
+
+
 def test_standard_optimizer_with_accumulation_and_clipping_matches_one_process(configs, tmp_path):
     single, dist = configs
     kv = dict(
@@ -107,8 +125,8 @@ def test_standard_optimizer_with_accumulation_and_clipping_matches_one_process(c
     run_single_device(single, output_dir=str(tmp_path / "single"), epochs=1, **kv)
     from torchtune.utils.metric_logging import read_metrics
 
-    d = list(read_metrics(tmp_path / "dist" / "logs" / "metrics.jsonl"))
-    s = list(read_metrics(tmp_path / "single" / "logs" / "metrics.jsonl"))
+    d = [r for r in read_metrics(tmp_path / "dist" / "logs" / "metrics.jsonl") if "loss" in r]
+    s = [r for r in read_metrics(tmp_path / "single" / "logs" / "metrics.jsonl") if "loss" in r]
     assert len(d) == len(s) == 3
     assert [r["loss"] for r in d] == pytest.approx([r["loss"] for r in s], abs=1e-5, rel=0)
     # the norm clipped by is the global one (summed over both ranks' shards)
@@ -322,6 +340,45 @@ def test_bad_step_folders_get_one_message_and_write_nothing(configs, step_copy, 
     for fragment in fragments:
         assert fragment in err, err
     assert not out.exists() and not list(tmp_path.glob(".tmp-*"))
+
+
+def test_eval_after_training_scores_the_sharded_final_model_as_eleuther_eval_does(configs, tmp_path, monkeypatch):
+    """Both ranks run lm-eval's requests on the sharded model; rank 0 prints the table once and writes the
+    scores into the final folder, and eleuther_eval on that folder gives the same numbers."""
+    from torchtune._cli.tune import main as tune_main
+
+    _, dist = configs
+    node = "{tasks: [demo_mc], limit: 6, num_fewshot: null, batch_size: 4, max_seq_length: null}"
+    result = _tune_dist(dist, tmp_path / "dist", "epochs=1", "max_steps_per_epoch=1", f"eval_after_training={node}")
+    _ok(result)
+    assert result.stdout.replace(" ", "").count("|demo_mc|") == 1, result.stdout[-3000:]
+    final = tmp_path / "dist" / "epoch_0"
+    saved = json.loads((final / "eval_results.json").read_text())["results"]["demo_mc"]
+    for key in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.setenv(key, "1")
+    cfg = OmegaConf.load(dist)
+    model_keys = [f"model.{k}={v}" for k, v in cfg.model.items() if k != "_component_"]
+    rc = tune_main(
+        ["run", "eleuther_eval", "--config", "llama2/tiny_eval", f"checkpointer.checkpoint_dir={final}"]
+        + [f"tokenizer.path={cfg.tokenizer.path}", *model_keys, "~model.intermediate_dim", "tasks=[demo_mc]", "limit=6"]
+        + [f"results_file={tmp_path / 'again.json'}"]
+    )
+    assert rc == 0
+    scores = json.loads((tmp_path / "again.json").read_text())["results"]["demo_mc"]
+    assert scores["acc,none"] == pytest.approx(saved["acc,none"], abs=1e-6)
+    assert scores["acc_norm,none"] == pytest.approx(saved["acc_norm,none"], abs=1e-6)
+
+
+def test_missing_data_column_stops_every_rank_with_one_message_before_any_weight_is_read(configs, tmp_path):
+    _, dist = configs
+    data = tmp_path / "no_output.json"
+    data.write_text(json.dumps([{k: v for k, v in row.items() if k != "output"} for row in alpaca_examples(8)]))
+    result = _tune_dist(dist, tmp_path / "o", f"dataset.data_files={data}")
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr and "Traceback" not in result.stdout, result.stderr[-6000:]
+    assert [line.startswith("Error:") for line in result.stderr.splitlines()].count(True) == 1, result.stderr[-6000:]
+    message = " ".join(result.stderr.split())
+    assert "has no column(s) 'output'" in message and "Sharded over" not in message  # no rank loaded weights
 
 
 def _rank_pid(launcher: subprocess.Popen, rank: int) -> int | None:

@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import recipes.full_finetune_single_device as recipe_module
+import torchtune.training._loop as training_loop
 from benchmarks.bench_step import count_tokens
 from recipes.full_finetune_single_device import FullFinetuneRecipeSingleDevice
 from tests._helpers.tiny_run import make_tiny_run, read_losses
@@ -59,7 +60,7 @@ def test_logged_tokens_per_second_is_the_benchmark_count(tiny, tmp_path, monkeyp
     # token count itself, which must be what benchmarks/bench_step.py counts for the same batches.
     from torchtune.utils.metric_logging import read_metrics
 
-    monkeypatch.setattr(recipe_module, "time", _OneSecondPerCall())
+    monkeypatch.setattr(training_loop, "time", _OneSecondPerCall())
     out = tmp_path / "o"
     recipe = _train(_recipe(tiny, output_dir=str(out), epochs=1, optimizer_in_bwd=optimizer_in_bwd))
     logged = [row["tokens_per_second"] for row in read_metrics(out / "logs" / "metrics.jsonl")]
@@ -101,6 +102,8 @@ def _classify(calls):
             kinds.append("nan_check")  # NonFiniteLossGuard.check: before a log or a save
         elif training_frames[-1:] == ["num_tokens"]:
             kinds.append("num_tokens")
+        elif training_frames[-1:] == ["num_label_tokens"]:
+            kinds.append("num_label_tokens")
         elif "save_checkpoint" in recipe_frames:
             kinds.append("checkpoint")
         elif in_dataloader:
@@ -130,13 +133,14 @@ def test_no_host_sync_in_steps_that_are_not_logged(tiny, tmp_path, optimizer_in_
     steps = recipe.global_step
     assert steps == 6
     assert kinds.count("num_tokens") == steps  # counted on the host batch, never on the device
+    assert kinds.count("num_label_tokens") == steps  # likewise
     step_syncs = [k for k in kinds if k.startswith("step:")]
     if log_every_n_steps > steps:  # nothing logged: no sync at all while training
         assert step_syncs == []
         assert kinds.count("nan_check") == 1  # once, before the epoch's checkpoint
     else:  # the detector does see syncs: loss and grad norm, once per logged step (fp32 weights: no
         # weights_changed count); back to back: the first one waits for the step, the other finds nothing queued
-        assert step_syncs == ["step:train>_log_step|", "step:train>_log_step|pop"] * steps
+        assert step_syncs == ["step:train|log_step", "step:train|log_step>pop"] * steps
         assert not any("forward_backward" in k or "step_optimizer" in k for k in step_syncs)
 
 

@@ -249,8 +249,14 @@ class _DropCustomDatasetHint(logging.Filter):
         return "Custom kwargs can be passed to `--metadata`" not in record.getMessage()
 
 
-def run_tasks(lm: Any, tasks: ResolvedTasks, settings: EvalSettings) -> dict[str, Any]:
+def run_tasks(
+    lm: Any, tasks: ResolvedTasks, settings: EvalSettings, *, reporting: bool = True
+) -> Optional[dict[str, Any]]:
     """Run ``tasks`` on ``lm`` (an lm-eval ``LM``) with lm-eval's ``simple_evaluate``; returns its results.
+
+    ``reporting=False`` on the processes of a torchrun world other than the one that reports: they run
+    the same requests (a sharded model needs every rank in each forward), and lm-eval returns None there
+    (it aggregates only where ``LOCAL_RANK`` is 0), so None is returned.
 
     Raises:
         TuneError: a task's data set must be downloaded and the Hugging Face Hub cannot be reached.
@@ -292,7 +298,7 @@ def run_tasks(lm: Any, tasks: ResolvedTasks, settings: EvalSettings) -> dict[str
         task_logger.removeFilter(hint_filter)
         for lg in quieted:
             lg.setLevel(logging.NOTSET)
-    if results is None:
+    if results is None and reporting:
         raise TuneError("lm-eval returned no results (this process is not rank 0).")
     return results
 

@@ -9,10 +9,15 @@ A recipe calls them in order (see ``recipes/full_finetune_single_device.py``)::
     optimizer = training.build_optimizer(cfg.optimizer, model, optimizer_in_bwd=...)
     scheduler = training.build_lr_scheduler(cfg.lr_scheduler, optimizer, num_training_steps=...)
     data = training.build_dataloader(cfg.dataset, tokenizer, batch_size=..., shuffle=..., seed=...)
-    for batch in data.dataloader:
-        loss = training.forward_backward(model, loss_fn, batch, device=...)
-        training.step_optimizer(optimizer, model.parameters())
-        scheduler.step()
+    steps = training.TrainingSteps(data, progress, settings, seed=..., max_steps_per_epoch=...)
+    for epoch in steps.epochs():
+        for micro_batches in steps.steps():
+            for batch, share in zip(micro_batches, training.label_token_shares(micro_batches)):
+                training.forward_backward(model, loss_fn, batch, device=..., loss_scale=share)
+            training.step_optimizer(optimizer, model.parameters())
+            scheduler.step()
+            steps.finish_step()
+        steps.finish_epoch()
 
 The memory estimator (``tune estimate-memory``) and the benchmarks build their steps from the same
 functions, so what they measure is what a recipe runs.
@@ -33,8 +38,15 @@ from torchtune.training._checks import (
     check_value_types,
     positive_int,
 )
-from torchtune.training._data import TrainingData, build_dataloader, num_tokens, padding_id
-from torchtune.training._loop_checks import check_loop_keys
+from torchtune.training._data import TrainingData, build_dataloader, check_data_head, num_tokens, padding_id
+from torchtune.training._distributed_settings import (
+    check_distributed_settings,
+    check_resume_is_sharded,
+    local_batch_size,
+)
+from torchtune.training._eval_after_training import EVAL_AFTER_TRAINING_KEYS, EvalAfterTraining
+from torchtune.training._loop import StepMetrics, TrainingSteps, label_token_shares
+from torchtune.training._loop_checks import check_finetune_config, check_loop_keys
 from torchtune.training._low_rank import check_low_rank_optimizer, is_low_rank
 from torchtune.training._metrics import (
     MetricLoggers,
@@ -47,6 +59,7 @@ from torchtune.training._metrics import (
 )
 from torchtune.training._model import (
     build_model,
+    check_model_fits,
     check_model_matches_checkpoint,
     check_tokenizer_fits_model,
     model_fingerprint,
@@ -61,7 +74,8 @@ from torchtune.training._optimizer import (
     step_optimizer,
     trainable_parameters,
 )
-from torchtune.training._output_dir import check_overwrite, prepare_output_dir
+from torchtune.training._output_dir import check_output_dir, check_overwrite, prepare_output_dir
+from torchtune.training._preflight import check_inputs
 from torchtune.training._resume import (
     RECIPE_STATE_NAME,
     ResumePlan,
@@ -73,6 +87,7 @@ from torchtune.training._resume import (
     recipe_state,
     resolve_resume,
     resume_command,
+    seed_or_restore,
 )
 from torchtune.training._run_control import CheckpointPolicy, NonFiniteLossGuard, StopSignals, report_stop
 from torchtune.training._sampler import ResumableSampler
@@ -114,6 +129,7 @@ _LAZY = {
     "save_full_weights": "torchtune.training._full_weights",
     "raise_if_any_rank_failed": "torchtune.training._distributed",
     "shard_model": "torchtune.training._distributed",
+    "log_sharded_model": "torchtune.training._distributed",
     "SHARDED_STATE_DIR": "torchtune.training._distributed_checkpoint",
     "SHARDED_STATE_MARKER": "torchtune.training._distributed_checkpoint",
     "ShardedCheckpointWriter": "torchtune.training._distributed_checkpoint",
@@ -138,6 +154,17 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "EVAL_AFTER_TRAINING_KEYS",
+    "EvalAfterTraining",
+    "StepMetrics",
+    "TrainingSteps",
+    "check_distributed_settings",
+    "check_finetune_config",
+    "check_resume_is_sharded",
+    "check_model_fits",
+    "local_batch_size",
+    "label_token_shares",
+    "seed_or_restore",
     "CheckpointPolicy",
     "DistributedInfo",
     "GradNormTracker",
@@ -173,6 +200,9 @@ __all__ = [
     "backend_for_device",
     "build_checkpointer",
     "build_dataloader",
+    "check_data_head",
+    "check_inputs",
+    "check_output_dir",
     "build_lr_scheduler",
     "build_metric_logger",
     "build_model",
@@ -228,6 +258,7 @@ __all__ = [
     "save_sharded_checkpoint",
     "set_activation_checkpointing",
     "shard_model",
+    "log_sharded_model",
     "shift_labels",
     "step_optimizer",
     "step_parameter",

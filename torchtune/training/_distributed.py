@@ -240,6 +240,19 @@ def shard_model(
     return model
 
 
+def log_sharded_model(model: nn.Module, world_size: int, cpu_offload: bool) -> None:
+    """One log line: the model's size, dtype and what each rank holds of it."""
+    params = list(model.parameters())
+    log.info(
+        "Sharded over %d process(es)%s: %.1fM parameters, %s, %.1fM per rank",
+        world_size,
+        " with CPU offload" if cpu_offload else "",
+        sum(p.numel() for p in params) / 1e6,
+        params[0].dtype if params else None,
+        sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in params) / 1e6,
+    )
+
+
 def _local_rows(rows: int, world_size: int, rank: int) -> tuple[int, int]:
     """The dim-0 rows FSDP2 gives ``rank``: ``torch.chunk``'s split, the last ranks may get fewer or none."""
     chunk = -(-rows // world_size)

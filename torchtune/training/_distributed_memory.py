@@ -203,7 +203,7 @@ def estimate_distributed_memory(
         # the recipe's rounding (each rank steps its shard in fp32 slices); CUDA's fused kernel allocates
         # no noise chunk, so the target device decides which of the two is simulated
         rounding = training.build_stochastic_rounding(
-            bool(cfg.get("bf16_stochastic_rounding", False)), dtype=dtype, seed=0, device=device, world_size=world_size
+            bool(cfg.get("bf16_stochastic_rounding", False)), dtype=dtype, seed=0, device=device
         )
         if rounding is not None:
             rounding.fused = fake and _device_type(cfg) == "cuda"

@@ -1,4 +1,5 @@
-"""The checks of the keys both recipes' training loops read, in one call.
+"""The checks of the keys both recipes' training loops read, in one call, and every check of a config
+both finetune recipes make before building anything.
 
 Apart from ``_checks`` because it gathers checks from the modules that own those keys (resume, output
 folder, validation, metric loggers), several of which import ``_checks`` themselves.
@@ -6,15 +7,34 @@ folder, validation, metric loggers), several of which import ``_checks`` themsel
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
-from torchtune.training._checks import positive_int
+from torchtune import config, utils
+from torchtune.training._checks import check_optimizer_settings, check_value_types, positive_int
+from torchtune.training._eval_after_training import EvalAfterTraining
 from torchtune.training._metrics import check_metric_logger
 from torchtune.training._output_dir import check_overwrite
 from torchtune.training._resume import check_resume_keys
 from torchtune.training._validation import check_validation_settings
 
-__all__ = ["check_loop_keys"]
+__all__ = ["check_finetune_config", "check_loop_keys"]
+
+
+def check_finetune_config(cfg: Any, recipe_keys: Sequence[str], recipe_name: str, shipped_config: str) -> None:
+    """What both finetune recipes check of ``cfg`` before building anything: its keys (those of
+    ``recipe_keys``, no others; ``shipped_config`` is named as an example), value types and ranges,
+    device and dtype spellings, optimizer settings, the loop's keys and ``eval_after_training``.
+
+    Raises:
+        ConfigError: naming the key to change.
+    """
+    config.check_recipe_keys(cfg, recipe_keys, recipe_name, shipped_config)
+    check_value_types(cfg)
+    utils.parse_device(cfg.device)
+    utils.dtype_name(cfg.dtype)
+    check_optimizer_settings(cfg)
+    check_loop_keys(cfg)
+    EvalAfterTraining(cfg)
 
 
 def check_loop_keys(cfg: Any) -> None:

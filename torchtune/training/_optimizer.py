@@ -361,25 +361,19 @@ def step_optimizer(
     grad_norm: Optional[GradNormTracker] = None,
     rounding: Optional[StochasticRounding] = None,
     weight_changes: Optional[WeightChangeTracker] = None,
-    grad_scale: Optional[float] = None,
 ) -> None:
-    """Finish an optimizer step: scale, clip, record the gradient norm, ``step()``, ``zero_grad()``.
+    """Finish an optimizer step: clip, record the gradient norm, ``step()``, ``zero_grad()``.
 
     In standard mode this is the step; with FSDP2's sharded gradients the norm (to clip with and to
     log) is that of the whole gradient over all ranks. With optimizer in backward the gradients were consumed and
     freed in backward: no gradient is left here, and ``step``/``zero_grad`` are no-ops.
 
-    ``grad_scale`` multiplies every gradient first: gradient accumulation backpropagates each
-    micro-batch's loss times its token count and divides by the step's total here, so the step is that
-    of the token mean over all micro-batches (as one large batch), however the tokens fall into them.
     With ``rounding``, or ``weight_changes`` armed, a standard optimizer is stepped one parameter at a
     time (``step_each_parameter``).
     """
     if isinstance(optimizer, WorkerOptimInBackward):
         optimizer.wait()  # the CPU steps still running from backward; it also frees their gradients
     with_grad = [p for p in params if p.grad is not None]
-    if with_grad and grad_scale is not None and grad_scale != 1.0:
-        torch._foreach_mul_([p.grad for p in with_grad], grad_scale)
     if with_grad and (clip_grad_norm is not None or (grad_norm is not None and grad_norm.armed)):
         norm = torch.nn.utils.get_total_norm([p.grad for p in with_grad])
         if is_dtensor(norm):

@@ -14,7 +14,7 @@ import logging
 import shlex
 import sys
 from pathlib import Path
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -23,9 +23,14 @@ from torch.optim import Optimizer
 from torchtune import config
 from torchtune._errors import ConfigError, TuneError
 from torchtune.training._model import model_fingerprint
-from torchtune.utils import get_rng_state
+from torchtune.utils import get_rng_state, set_rng_state, set_seed
 from torchtune.utils._checkpointing import RECIPE_STATE_NAME, load_recipe_state
-from torchtune.utils._checkpointing._manifest import ChecksumJob, check_checksums, verify_checkpoint_files
+from torchtune.utils._checkpointing._manifest import (
+    ChecksumJob,
+    check_checksums,
+    check_file_sizes,
+    verify_checkpoint_files,
+)
 
 log = logging.getLogger("torchtune")
 
@@ -39,6 +44,7 @@ __all__ = [
     "recipe_state",
     "resolve_resume",
     "resume_command",
+    "seed_or_restore",
 ]
 
 RECIPE_STATE_VERSION = 1
@@ -155,6 +161,19 @@ class ResumePlan:
             )
 
 
+def seed_or_restore(
+    resume: Optional[ResumePlan], *, seed: Optional[int], settings: RunSettings
+) -> Tuple[int, TrainingProgress, Optional[int]]:
+    """Seed the run (``seed``; None draws one), or, resuming, restore the checkpoint's seed and RNG state.
+    Returns ``(seed, progress, max_steps_per_epoch)``: a resumed run continues its position and keeps
+    the epoch length it was saved with."""
+    if resume is None:
+        return set_seed(seed), TrainingProgress(), settings.max_steps_per_epoch
+    restored = set_seed(resume.seed)
+    set_rng_state(resume.rng_state)
+    return restored, resume.progress, resume.max_steps_per_epoch
+
+
 def _recipe_state_path(cfg: Any, recipe_checkpoint: Any) -> Path:
     path = Path(str(recipe_checkpoint)).expanduser()
     if not path.is_absolute() and not path.exists():
@@ -211,8 +230,12 @@ def check_resume_keys(cfg: Any) -> None:
         )
 
 
-def resolve_resume(cfg: Any, settings: RunSettings) -> Optional[ResumePlan]:
+def resolve_resume(cfg: Any, settings: RunSettings, *, checksums: bool = True) -> Optional[ResumePlan]:
     """The resume plan of ``cfg``, or ``None`` for a new run.
+
+    The recipe state is memory-mapped: its metadata (settings, position, fingerprint) is read, its tensors
+    are not until used. ``checksums=False`` checks the file's size but not its checksum (which reads every
+    byte): ``tune validate`` reads no tensor data.
 
     Raises:
         ConfigError: ``resume_from_checkpoint`` and ``checkpointer.recipe_checkpoint`` disagree.
@@ -225,14 +248,16 @@ def resolve_resume(cfg: Any, settings: RunSettings) -> Optional[ResumePlan]:
         return None
     path = _recipe_state_path(cfg, cfg.checkpointer.get("recipe_checkpoint"))
     # The checkpointer's own key (its default when absent): the recipe state is checked like the weights.
-    checksums = verify_checkpoint_files(
-        path.parent, [path.name], cfg.checkpointer.get("verify_checksums", "before_load")
-    )
+    if checksums:
+        job = verify_checkpoint_files(path.parent, [path.name], cfg.checkpointer.get("verify_checksums", "before_load"))
+    else:
+        job = None
+        check_file_sizes(path.parent, [path.name])
     try:
         state = load_recipe_state(path)
     except TuneError:
-        if checksums is not None:
-            checksums.check(wait=True)  # a damaged file is better named by its checksum
+        if job is not None:
+            job.check(wait=True)  # a damaged file is better named by its checksum
         raise
     missing = [k for k in _REQUIRED if k not in state]
     if "model" in state or missing:
@@ -242,7 +267,7 @@ def resolve_resume(cfg: Any, settings: RunSettings) -> Optional[ResumePlan]:
             f"a {RECIPE_STATE_NAME} from a step or epoch folder."
         )
     _check_settings(state, settings)
-    return ResumePlan(recipe_state_path=path, state=state, checksums=checksums)
+    return ResumePlan(recipe_state_path=path, state=state, checksums=job)
 
 
 def check_loaded_checksums(resume: Optional[ResumePlan], checkpointer: Any, *, wait: bool = False) -> None:

@@ -26,6 +26,8 @@ class CheckpointPolicy:
     def __init__(self, save_every_n_steps: Optional[int], keep_last_n: Optional[int]) -> None:
         self.save_every_n_steps = save_every_n_steps
         self.keep_last_n = keep_last_n
+        self.last_folder: Optional[Path] = None  # the newest checkpoint this run wrote
+        self.last_step: Optional[int] = None  # the global step it holds
 
     @classmethod
     def from_config(cls, cfg: Any) -> "CheckpointPolicy":
@@ -37,14 +39,27 @@ class CheckpointPolicy:
             positive_int(cfg, "keep_last_n_checkpoints", allow_none=True),
         )
 
-    def step_checkpoint_due(self, global_step: int, steps_run_in_epoch: int, steps_per_epoch: int) -> bool:
-        """True after a step that ends a ``save_every_n_steps`` interval, unless the epoch ends there too
-        (the epoch checkpoint is about to be written)."""
+    def step_checkpoint_due(self, progress: Any, steps_per_epoch: int) -> bool:
+        """True after a step (``progress``: the run's ``TrainingProgress``) that ends a ``save_every_n_steps``
+        interval, unless the epoch ends there too (the epoch checkpoint is about to be written)."""
         return (
             bool(self.save_every_n_steps)
-            and global_step % self.save_every_n_steps == 0
-            and steps_run_in_epoch < steps_per_epoch
+            and progress.global_step % self.save_every_n_steps == 0
+            and progress.steps_run_in_epoch < steps_per_epoch
         )
+
+    def saved(
+        self, folder: Path, step: int, *, step_checkpoint: bool, protected: Optional[Path], prune: bool = True
+    ) -> None:
+        """Record a save of ``step`` into ``folder``; after a step checkpoint, ``prune`` the older ones
+        (never ``protected``, the folder the run resumed from)."""
+        self.last_folder, self.last_step = Path(folder), step
+        if step_checkpoint and prune:
+            self.prune(self.last_folder.parent, protected=protected)
+
+    def saved_at(self, step: int) -> Optional[Path]:
+        """The folder of the checkpoint of ``step`` if it was just written (no second save on a stop)."""
+        return self.last_folder if self.last_step == step else None
 
     def prune(self, output_dir: Path, protected: Optional[Path] = None) -> None:
         """Delete all but the newest ``keep_last_n`` ``step_N`` folders; never ``protected`` (the resumed one)."""
@@ -75,6 +90,24 @@ class StopSignals:
     @property
     def name(self) -> str:
         return signal.Signals(self.signum).name if self.signum is not None else ""
+
+    @property
+    def exit_code(self) -> int:
+        """The exit status of a stopped run: 128 + the signal's number (SIGTERM's on a rank that
+        stopped because another rank got the signal)."""
+        return 128 + int(self.signum if self.signum is not None else signal.SIGTERM)
+
+    def requested(self, info: Any = None) -> bool:
+        """Whether the run is to stop now; with ``info`` (several processes), agreed by all ranks (a
+        host-side collective), so a signal that reached one rank stops every rank at the same step."""
+        if info is None or info.world_size == 1:
+            return self.signum is not None
+        from torchtune.training._distributed import any_rank
+
+        stop = any_rank(self.signum is not None, info)
+        if stop and self.signum is None:
+            self.signum = int(signal.SIGTERM)  # stopped for another rank's signal
+        return stop
 
     def _request_stop(self, signum: int, frame: Any) -> None:  # noqa: ARG002
         if self.signum is not None:

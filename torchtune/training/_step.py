@@ -85,9 +85,9 @@ def forward_backward(
     """Forward, loss and ``backward()`` of one (micro-)batch; returns the detached, unscaled loss.
 
     The loss is :func:`forward_loss` (``select_label_positions`` as there). ``loss_scale`` multiplies
-    the loss before ``backward()``: the recipes pass the micro-batch's label-token count when
-    accumulating (``step_optimizer``'s ``grad_scale`` then divides by the step's total: the token mean
-    of the step). With optimizer in backward the parameters are updated inside ``backward()``.
+    the loss before ``backward()``: the recipes pass the micro-batch's share of the step's label tokens
+    (:func:`~torchtune.training.label_token_shares`), so the gradients add up to those of the token mean
+    of the whole step. With optimizer in backward the parameters are updated inside ``backward()``.
     ``activations_ctx`` (activation offloading) wraps forward and backward. Nothing here reads a value
     back to the host.
     """

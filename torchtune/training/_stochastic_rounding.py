@@ -367,22 +367,22 @@ def build_stochastic_rounding(
     seed: int,
     device: torch.device,
     state: Optional[Mapping[str, Any]] = None,
-    rank: int = 0,
-    world_size: Optional[int] = None,
+    info: Any = None,
 ) -> Optional[StochasticRounding]:
     """The rounding of a run, continuing the saved stream ``state`` of a resumed run; ``None`` when off,
-    and when the weights are not bf16 (nothing to round: said once in the log). ``world_size`` (the
-    distributed recipe): one stream per rank, ``ShardedStochasticRounding``."""
+    and when the weights are not bf16 (nothing to round: said once in the log). ``info`` (the
+    distributed recipe's ``DistributedInfo``): one stream per rank, ``ShardedStochasticRounding``."""
+    rank = info.rank if info is not None else 0
     if not enabled:
         return None
     if dtype != torch.bfloat16:
         if rank == 0:
             log.info("%s=True has no effect with %s weights: only bf16 updates are rounded.", KEY, dtype)
         return None
-    if world_size is None:
+    if info is None:
         rounding = StochasticRounding(seed, device)
     else:
-        rounding = ShardedStochasticRounding(seed, device, rank, world_size)
+        rounding = ShardedStochasticRounding(seed, device, rank, info.world_size)
     if state is not None:
         rounding.load_state_dict(state)
     return rounding

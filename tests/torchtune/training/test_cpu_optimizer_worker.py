@@ -50,7 +50,7 @@ class _Run:
         if shard:
             training.shard_model(self.model, mesh=info.mesh, cpu_offload=offload, pin_memory=False)
         # the distributed recipe's rounding (one stream per rank) for shards, the single-device one otherwise
-        world = {"world_size": info.world_size} if shard else {}
+        world = {"info": info} if shard else {}
         self.rounding = training.build_stochastic_rounding(
             rounding, dtype=dtype, seed=3, device=torch.device("cpu"), **world
         )

@@ -38,7 +38,11 @@ from torchtune.utils._checkpointing._manifest import (
     check_checksum_mode,
     verify_checkpoint_files,
 )
-from torchtune.utils._checkpointing._safe_load import load_safetensors_weights, load_torch_weights
+from torchtune.utils._checkpointing._safe_load import (
+    load_safetensors_weights,
+    load_torch_weights,
+    safetensors_skeleton,
+)
 from torchtune.utils._checkpointing._streaming_write import safetensors_order, save_torch, write_safetensors
 from torchtune.utils._checkpointing._weight_reader import (
     FileReader,
@@ -389,13 +393,31 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
     def check_model(self, model: nn.Module) -> None:
         """Raise ``TuneError`` if ``model`` differs from ``config.json`` in a way the weight shapes cannot
         show or before any weight is read: sizes, heads, RoPE, norm epsilon, tying, biases, q/k norm,
-        sliding window (each named with its config.json key and both values). Works on a meta-device model."""
+        sliding window (each named with its config.json key and both values); then the weight files'
+        headers against the model (``check_headers``). Works on a meta-device model and reads no weight."""
         if self._folder is not None:
             self._folder.check_model(model)
+        else:
+            if self._model_config is not None:
+                self._model_config.check_model(model)
+            check_shape(self._shape, model, self._config_path, self._family)
+        self.check_headers(model)
+
+    def check_headers(self, model: nn.Module) -> None:
+        """The safetensors headers (names, shapes, dtypes, file sizes) converted to torchtune names as
+        ``load_checkpoint`` converts the weights, and checked against ``model`` with the message a load
+        gives (``validate_state_dict``). No tensor data is read. ``.bin`` shards have no header to read
+        without unpickling: they are checked when loaded.
+
+        Raises:
+            TuneError: a truncated or non-float file, or names and shapes that do not fit the model.
+        """
+        if not self._safetensors:
             return
-        if self._model_config is not None:
-            self._model_config.check_model(model)
-        check_shape(self._shape, model, self._config_path, self._family)
+        merged: dict[str, torch.Tensor] = {}
+        for name in self._shard_names:
+            self._add_shard(merged, name, safetensors_skeleton(self._checkpoint_dir / name))
+        validate_state_dict(model, self._to_tune(merged))
 
     def load_checkpoint(self) -> dict[str, Any]:
         """Read the weights (memory-mapped) and return ``{"model": state_dict in torchtune names, ...recipe state}``."""
@@ -404,13 +426,20 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
         for name in self._shard_names:
             path = self._checkpoint_dir / name
             shard = self._read(load_safetensors_weights if self._safetensors else load_torch_weights, path)
-            for key, value in shard.items():
-                key = self._folder.hf_name(key) if self._folder is not None else key
-                merged[key] = value
-                self._key_to_file[key] = name
+            self._add_shard(merged, name, shard)
+        return self._finish_load(self._to_tune(merged))
+
+    def _add_shard(self, merged: dict[str, torch.Tensor], name: str, shard: dict[str, torch.Tensor]) -> None:
+        for key, value in shard.items():
+            key = self._folder.hf_name(key) if self._folder is not None else key
+            merged[key] = value
+            self._key_to_file[key] = name
+
+    def _to_tune(self, merged: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The HF state dict ``merged`` in torchtune names and layout (also of meta tensors: the header check)."""
         if self._tied and "lm_head.weight" in merged:
             lm_head, embed = merged.pop("lm_head.weight"), merged.get("model.embed_tokens.weight")
-            if embed is not None and not torch.equal(lm_head, embed):
+            if embed is not None and not lm_head.is_meta and not torch.equal(lm_head, embed):
                 log.warning(
                     "%s says tie_word_embeddings: true but lm_head.weight differs from model.embed_tokens.weight; "
                     "using model.embed_tokens.weight for both, as transformers does.",
@@ -418,9 +447,9 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
                 )
             self._key_to_file.pop("lm_head.weight", None)
         if self._folder is not None:
-            return self._finish_load(self._folder.to_tune(merged))
+            return self._folder.to_tune(merged)
         try:
-            model_sd = hf_to_tune(merged, self._shape, fused=self._family.fused_projections, family=self._family.name)
+            return hf_to_tune(merged, self._shape, fused=self._family.fused_projections, family=self._family.name)
         except RuntimeError as exc:  # q/k un-permutation: the shapes in config.json do not fit the weights
             shape = self._shape
             raise TuneError(
@@ -430,7 +459,6 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
                 f"head_dim={shape.head_dim}): {exc}. Use the config.json that came with these weights, or "
                 "check checkpointer.checkpoint_files."
             ) from exc
-        return self._finish_load(model_sd)
 
     def _stored_shapes(self) -> dict[str, tuple[str, torch.Size]]:
         """``{name as stored: (file, shape)}`` from the files' headers (safetensors) or their memory map
