@@ -95,7 +95,8 @@ class FullFinetuneRecipeDistributed:
         - FSDP2 (``fully_shard``) on every decoder layer and the root: bf16 or fp32 parameters
           (``dtype``), ``fsdp_param_dtype: bf16`` to compute in bf16 on fp32 weights and optimizer
           state, ``fsdp_reduce_dtype: fp32`` to sum gradients in fp32, ``fsdp_reshard_after_forward``,
-          ``fsdp_cpu_offload`` (parameters, gradients and optimizer state in pinned host memory);
+          ``fsdp_cpu_offload`` (parameters, gradients and optimizer state in pinned host memory, the
+          in-backward steps on a CPU worker thread overlapped with backward);
         - weights loaded memory-mapped, each rank copying only its shards;
         - activation checkpointing and offloading, chunked loss and compile as on one device;
         - optimizer in backward on the sharded parameters (stepped after each reduce-scatter; one
@@ -193,8 +194,9 @@ class FullFinetuneRecipeDistributed:
         self.seed, self.progress, max_steps = training.seed_or_restore(
             self._resume, seed=self._seed, settings=self._settings
         )
+        shards_on = torch.device("cpu") if cfg.fsdp_cpu_offload else self._device  # where they are stepped
         self._rounding = training.rounding_for_run(  # each rank rounds its shards with its own stream
-            cfg, self._resume, seed=self.seed, dtype=self._dtype, device=self._device, info=self._dist
+            cfg, self._resume, seed=self.seed, dtype=self._dtype, device=shards_on, info=self._dist
         )
         self._eval.resolve_tasks()  # a missing lm-eval or a typo in a task name, before training
         self._tokenizer = config.instantiate(cfg.tokenizer)
@@ -238,6 +240,7 @@ class FullFinetuneRecipeDistributed:
             grad_norm=self._grad_norm,
             in_bwd_group=cfg.optimizer_in_bwd_group,
             rounding=self._rounding,
+            cpu_worker=bool(cfg.fsdp_cpu_offload),  # host shards: CPU steps overlap backward
         )
         # Standard mode: clip (by the norm of the whole gradient over all ranks) and step after backward.
         self._step_optimizer = partial(
@@ -260,6 +263,8 @@ class FullFinetuneRecipeDistributed:
             compile_model=cfg.compile,
         )
         cpu_offload = bool(cfg.fsdp_cpu_offload)
+        # host RAM and the locked-memory limit against the machine's, before any weight loads
+        pin = training.check_offload_for_run(model, cfg, self._dist.world_size, self._dtype) if cpu_offload else None
         param_dtype = cfg.fsdp_param_dtype
         training.shard_model(
             model,
@@ -268,6 +273,7 @@ class FullFinetuneRecipeDistributed:
             reduce_dtype=torch.float32 if cfg.fsdp_reduce_dtype == "fp32" else None,
             reshard_after_forward=bool(cfg.fsdp_reshard_after_forward),
             cpu_offload=cpu_offload,
+            pin_memory=pin,
             sum_gradients=True,  # each rank's loss is divided by the token count of all ranks
         )
         shard_device = torch.device("cpu") if cpu_offload else self._device

@@ -83,6 +83,8 @@ _RECIPES: list[Recipe] = [
             _config("llama2/13B_full_distributed"),
             _config("llama2/70B_full_distributed"),
             _config("llama3_1/8B_full_distributed"),
+            _config("llama3_1/8B_full_16gb"),
+            _config("qwen3/8B_full_16gb"),
             _config("gemma3/12B_full_distributed"),
             _config("gemma3/27B_full_distributed"),
         ],

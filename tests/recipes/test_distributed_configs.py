@@ -48,3 +48,51 @@ def test_llama2_7b_on_one_gpu_with_cpu_offload_is_under_8_gb():
     printed = float(re.search(r"on 1 GPU: +([\d.]+) GB per GPU", proc.stdout).group(1))
     assert stated == pytest.approx(printed, abs=0.011)
     assert printed < 8
+
+
+@pytest.mark.parametrize("name", ["llama3_1/8B_full_16gb", "qwen3/8B_full_16gb"])
+def test_8b_on_one_16_gb_gpu_configs_state_the_command_and_offload(name):
+    from torchtune.config import load_config
+
+    header = _header(name)
+    assert f"tune run full_finetune_distributed --config {name}" in header  # plain tune run: one process
+    assert f"tune estimate-memory --config {name}" in header and "Estimated" in header
+    cfg = load_config(name, [])
+    assert cfg.fsdp_cpu_offload and cfg.optimizer_in_bwd and cfg.enable_activation_checkpointing
+    assert cfg.optimizer._component_ == "torchao.optim.AdamW8bit" and cfg.dtype == "bf16"
+
+
+def test_llama3_1_8b_16gb_estimate_meets_the_16_gb_and_64_gb_bounds_and_the_header():
+    """Issue 29's bounds at batch 2 x 2048: device peak <= 14.5 GB in every phase, host RAM <= 48 GB for
+    load, steps (with the gradients queued for the CPU optimizer worker), save and resume; the header
+    states what the estimate gives, and the recipe's start-up check agrees with the estimator's table."""
+    import torch
+
+    from torchtune import training
+    from torchtune.config import load_config
+    from torchtune.training._distributed_memory import estimate_distributed_memory, estimate_host_memory
+
+    name = "llama3_1/8B_full_16gb"
+    cfg = load_config(name, [])
+    estimate = estimate_distributed_memory(cfg, 1, seq_len=2048, batch_size=2)
+    host = estimate_host_memory(cfg, 1, estimate)
+    model = training.build_model(cfg.model, device=torch.device("meta"), dtype=torch.bfloat16)
+    plan = training.offload_plan(model, cfg.optimizer, world_size=1, dtype=torch.bfloat16)
+    assert estimate.peak_bytes <= 14.5e9 and plan.device_buffers <= 14.5e9
+    queued = plan.pending_gradients
+    assert max(host.load, host.steps + queued, host.step_save, host.full_save_rank0, plan.phases["resume"]) <= 48e9
+    # the start-up check (shapes only) and the estimator's table (fake step) agree within 1.5 GB
+    assert abs(plan.host_ram - max(host.steps + queued, host.step_save, host.full_save_rank0)) <= 1.5e9
+
+    header = _header(name)
+    device = float(re.search(r"device peak: ([\d.]+) GB in the steps", header).group(1))
+    assert device == pytest.approx(estimate.peak_bytes / 1e9, abs=0.011)
+    figures = re.search(
+        r"host RAM: ([\d.]+) GB load, ([\d.]+) GB steps \(\+ up to ([\d.]+) GB .*?\), ([\d.]+) GB step save and "
+        r"final save, ([\d.]+) GB resume",
+        header,
+    )
+    stated = [float(x) for x in figures.groups()]
+    expected = [host.load, host.steps, queued, host.full_save_rank0, plan.phases["resume"]]
+    assert stated == [pytest.approx(x / 1e9, abs=0.011) for x in expected]
+    assert host.step_save == host.full_save_rank0

@@ -152,6 +152,8 @@ def _estimate_distributed(args: argparse.Namespace, cfg: object, seq_len: int, b
         host = estimate_host_memory(cfg, world_size, estimate)
         print(host.format())
         print(f"({args.steps} steps on fake tensors in {time.perf_counter() - start:.0f} s)\n")
+        if cfg.fsdp_cpu_offload:
+            print(_offload_plan_text(cfg, world_size, estimate.peak_bytes) + "\n")
         label = f"on {world_size} GPU{'s' if world_size > 1 else ''}:"
         summary.append(
             f"  {label:<13}{estimate.peak_bytes / 1e9:7.2f} GB per GPU; host RAM per process: load "
@@ -161,3 +163,27 @@ def _estimate_distributed(args: argparse.Namespace, cfg: object, seq_len: int, b
     print(f"{args.config}, estimated (fake tensors), batch {batch_size} x {seq_len} tokens in all:")
     print("\n".join(summary))
     return 0
+
+
+def _offload_plan_text(cfg: object, world_size: int, device_steps: int) -> str:
+    """Host RAM per phase, pinned memory, PCIe bytes and an estimated step time of an offloaded config,
+    with the CPU optimizer's throughput measured on this machine (``torchtune.training._offload_memory``)."""
+    import torch
+
+    from torchtune import training
+    from torchtune.training._offload_memory import format_offload_plan, measure_cpu_optimizer_throughput, offload_plan
+    from torchtune.utils import get_dtype
+
+    dtype = get_dtype(cfg.dtype, torch.device("cpu"))
+    model = training.build_model(cfg.model, device=torch.device("meta"), dtype=dtype)
+    plan = offload_plan(
+        model,
+        cfg.optimizer,
+        world_size=world_size,
+        dtype=dtype,
+        reshard_after_forward=bool(cfg.fsdp_reshard_after_forward),
+        async_checkpoint=bool(cfg.async_checkpoint),
+    )
+    trainable = sum(-(-p.numel() // world_size) for p in model.parameters() if p.requires_grad)
+    throughput = measure_cpu_optimizer_throughput(cfg.optimizer, dtype=dtype)
+    return format_offload_plan(plan, trainable=trainable, device_steps=device_steps, throughput=throughput)

@@ -22,9 +22,11 @@ from torch.optim import Optimizer
 from torchtune import config
 from torchtune._errors import ConfigError, TuneError
 from torchtune.training._checks import IN_BWD_GROUPS
+from torchtune.training._cpu_optimizer_worker import CPUOptimizerWorker, WorkerOptimInBackward, grad_bytes
 from torchtune.training._dtensor import is_dtensor
 from torchtune.training._low_rank import StepAfterBackward, build_low_rank_optimizers, is_low_rank
 from torchtune.training._stochastic_rounding import StochasticRounding, WeightChangeTracker, step_parameter
+from torchtune.training._torchao_local_step import needs_local_step, step_on_local_shards
 from torchtune.utils._checkpointing._checkpoint_utils import (
     OptimInBackwardWrapper,
     is_standard_optimizer_state,
@@ -157,6 +159,7 @@ def register_optim_in_bwd_hooks(
     *,
     rounding: Optional[StochasticRounding] = None,
     weight_changes: Optional[WeightChangeTracker] = None,
+    worker: Optional[CPUOptimizerWorker] = None,
 ) -> List[Any]:
     """Step each parameter's optimizer as soon as its gradients are complete, then free them.
 
@@ -165,8 +168,9 @@ def register_optim_in_bwd_hooks(
     tied embeddings). Names that share one optimizer (``optimizer_in_bwd_group: layer``) are stepped
     together when the last of their gradients is complete; with one optimizer per parameter, at most
     the gradients of the layer being back-propagated exist at a time. With ``rounding``, bf16 updates
-    are rounded stochastically (``step_parameter``). Returns the hook handles (``handle.remove()``
-    detaches them).
+    are rounded stochastically (``step_parameter``). With ``worker`` (CPU-offloaded parameters), the hook
+    hands the step to that thread and returns at once (see ``_cpu_optimizer_worker``). Returns the hook
+    handles (``handle.remove()`` detaches them).
     """
     params = trainable_parameters(model)
     missing = sorted(set(optim_map) - set(params))
@@ -177,7 +181,7 @@ def register_optim_in_bwd_hooks(
         members.setdefault(id(opt), []).append(params[name])
     return [
         params[name].register_post_accumulate_grad_hook(
-            _step_and_free(opt, members[id(opt)], grad_norm, rounding, weight_changes)
+            _step_and_free(opt, members[id(opt)], grad_norm, rounding, weight_changes, worker)
         )
         for name, opt in optim_map.items()
     ]
@@ -189,15 +193,22 @@ def _step_and_free(
     grad_norm: Optional[GradNormTracker],
     rounding: Optional[StochasticRounding] = None,
     weight_changes: Optional[WeightChangeTracker] = None,
+    worker: Optional[CPUOptimizerWorker] = None,
 ) -> Callable[[torch.Tensor], None]:
     if len(group) == 1:
 
-        def hook(param: torch.Tensor) -> None:
+        def step(param: torch.Tensor) -> None:
             if grad_norm is not None:
                 grad_norm.add(param.grad)
             # The optimizer holds only this parameter: step_parameter dropping its grad is all zero_grad
             # would do, without zero_grad's ~25 us of Python per parameter per step.
             step_parameter(optimizer, param, rounding=rounding, changes=weight_changes, in_backward=True)
+
+        if worker is None:
+            return step
+
+        def hook(param: torch.Tensor) -> None:
+            worker.submit(lambda: step(param), grad_bytes([param]))
 
         return hook
 
@@ -206,20 +217,36 @@ def _step_and_free(
     # estimator's resume phase found the previous model's layers alive); clearing the optimizer's
     # param_groups breaks it instead
 
+    def step_group(group: List[torch.Tensor]) -> None:
+        if rounding is None and not (weight_changes is not None and weight_changes.armed):
+            optimizer.step()
+            for p in group:
+                p.grad = None
+        else:  # rounded (or counted) one parameter at a time: one parameter's fp32 copies at once
+            step_each_parameter(optimizer, group, rounding=rounding, changes=weight_changes, in_backward=True)
+
     def group_hook(param: torch.Tensor) -> None:
         group = [p for g in optimizer.param_groups for p in g["params"]]
-        if grad_norm is not None:
-            grad_norm.add(param.grad)
         # Stateless on purpose: the group is complete when every member holds a gradient (a member
         # that gets none this step leaves the group to OptimInBackwardWrapper.step(), which steps
-        # what is left after backward), so no counter can drift from one step to the next.
-        if all(p.grad is not None for p in group):
-            if rounding is None and not (weight_changes is not None and weight_changes.armed):
-                optimizer.step()
-                for p in group:
-                    p.grad = None
-            else:  # rounded (or counted) one parameter at a time: one parameter's fp32 copies at once
-                step_each_parameter(optimizer, group, rounding=rounding, changes=weight_changes, in_backward=True)
+        # what is left after backward), so no counter can drift from one step to the next. Decided
+        # here, in backward's thread, even with a worker: a member whose gradient is still being
+        # accumulated (a tied weight) must not be stepped early.
+        complete = all(p.grad is not None for p in group)
+        if worker is None:
+            if grad_norm is not None:
+                grad_norm.add(param.grad)
+            if complete:
+                step_group(group)
+            return
+
+        def job() -> None:
+            if grad_norm is not None:
+                grad_norm.add(param.grad)
+            if complete:
+                step_group(group)
+
+        worker.submit(job, grad_bytes(group if complete else []))
 
     return group_hook
 
@@ -233,6 +260,7 @@ def build_optimizer(
     in_bwd_group: str = "param",
     rounding: Optional[StochasticRounding] = None,
     weight_changes: Optional[WeightChangeTracker] = None,
+    cpu_worker: bool = False,
 ) -> Optimizer:
     """The optimizer of ``cfg_optimizer`` over ``model``'s trainable parameters.
 
@@ -244,12 +272,18 @@ def build_optimizer(
     is armed. ``rounding``: bf16 updates are rounded stochastically (pass it to ``step_optimizer`` too
     in standard mode); torchao optimizers are built with their own ``bf16_stochastic_round`` for it.
 
+    ``cpu_worker`` (the distributed recipe's ``fsdp_cpu_offload``; in backward only): the hooks hand
+    each step to a ``CPUOptimizerWorker`` thread, so the CPU steps of the host-resident shards overlap
+    the rest of backward; the returned ``WorkerOptimInBackward`` waits for it in ``step()``.
+
     A low-rank optimizer (``apollo_torch``/``galore_torch``, see ``training._low_rank``) is built per
     parameter in both modes, with ``optimizer.rest`` for the parameters outside
     ``optimizer.target_modules``; standard mode returns a ``StepAfterBackward`` that steps them after
     backward.
     """
     params = trainable_parameters(model)
+    worker = CPUOptimizerWorker() if cpu_worker and optimizer_in_bwd else None
+    hooks = dict(rounding=rounding, weight_changes=weight_changes, worker=worker)
     if is_low_rank(cfg_optimizer):
         # one low-rank optimizer per group's target matrices, one of optimizer.rest per group's others
         groups = in_bwd_groups(model, in_bwd_group) if optimizer_in_bwd else [[name] for name in params]
@@ -258,24 +292,41 @@ def build_optimizer(
         optim_map = build_low_rank_optimizers(cfg_optimizer, model, groups, rest_kwargs=rest_kwargs)
         if not optimizer_in_bwd:
             return StepAfterBackward(optim_map)
-        register_optim_in_bwd_hooks(model, optim_map, grad_norm, rounding=rounding, weight_changes=weight_changes)
-        return OptimInBackwardWrapper(optim_map)
+        register_optim_in_bwd_hooks(model, optim_map, grad_norm, **hooks)
+        return _in_bwd_wrapper(optim_map, worker)
     extra = rounding.optimizer_kwargs(str(cfg_optimizer.get(config.COMPONENT_KEY, ""))) if rounding is not None else {}
     if not optimizer_in_bwd:
-        return config.instantiate(cfg_optimizer, list(params.values()), **extra)
+        return _instantiate(cfg_optimizer, list(params.values()), **extra)
     optim_map: Dict[str, Optimizer] = {}
     for names in in_bwd_groups(model, in_bwd_group):
-        opt = config.instantiate(cfg_optimizer, [params[name] for name in names], **extra)
+        opt = _instantiate(cfg_optimizer, [params[name] for name in names], **extra)
         optim_map.update({name: opt for name in names})
-    register_optim_in_bwd_hooks(model, optim_map, grad_norm, rounding=rounding, weight_changes=weight_changes)
+    register_optim_in_bwd_hooks(model, optim_map, grad_norm, **hooks)
     if rounding is None and weight_changes is None:
-        return OptimInBackwardWrapper(optim_map)
+        return _in_bwd_wrapper(optim_map, worker)
 
     def step_group(optimizer: Optimizer, group: List[torch.Tensor]) -> None:
         # what backward left of a layer's group: rounded and counted as the hooks' own steps
         step_each_parameter(optimizer, group, rounding=rounding, changes=weight_changes)
 
-    return OptimInBackwardWrapper(optim_map, step_group=step_group)
+    return _in_bwd_wrapper(optim_map, worker, step_group)
+
+
+def _instantiate(cfg_optimizer: Any, params: List[torch.Tensor], **extra: Any) -> Optimizer:
+    optimizer = config.instantiate(cfg_optimizer, params, **extra)
+    if needs_local_step(optimizer):  # torchao on FSDP2's shards: stepped on the local tensors
+        step_on_local_shards(optimizer)
+    return optimizer
+
+
+def _in_bwd_wrapper(
+    optim_map: Mapping[str, Optimizer],
+    worker: Optional[CPUOptimizerWorker],
+    step_group: Optional[Callable[[Optimizer, List[torch.Tensor]], None]] = None,
+) -> OptimInBackwardWrapper:
+    if worker is None:
+        return OptimInBackwardWrapper(optim_map, step_group=step_group)
+    return WorkerOptimInBackward(optim_map, worker, step_group=step_group)
 
 
 def load_optimizer_state(optimizer: Optimizer, state_dict: Mapping[str, Any]) -> None:
@@ -320,6 +371,8 @@ def step_optimizer(
     With ``rounding``, or ``weight_changes`` armed, a standard optimizer is stepped one parameter at a
     time (``step_each_parameter``).
     """
+    if isinstance(optimizer, WorkerOptimInBackward):
+        optimizer.wait()  # the CPU steps still running from backward; it also frees their gradients
     with_grad = [p for p in params if p.grad is not None]
     if with_grad and (clip_grad_norm is not None or (grad_norm is not None and grad_norm.armed)):
         norm = torch.nn.utils.get_total_norm([p.grad for p in with_grad])
