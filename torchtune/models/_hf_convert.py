@@ -3,7 +3,8 @@ Phi-4): names, HF's rotary permutation, and the fused projections of Phi-3/Phi-4
 
 torchtune rotates channel pairs ``(2i, 2i+1)``; HF rotates halves, so every tensor whose rows (or
 entries) are query/key channels is re-indexed: the q/k projection weights, their biases (Qwen2.5) and
-the per-head q/k norm scales (Qwen3, one ``head_dim`` vector shared by the heads). A Phi-4 folder stores
+the per-head q/k norm scales (Qwen3, one ``head_dim`` vector shared by the heads); with partial rotary
+(Phi-4-mini) only the rotated first channels of each head. A Phi-4 folder stores
 ``qkv_proj`` (q, k, v rows stacked) and ``gate_up_proj`` (gate rows, then up rows): loading splits them
 into torchtune's separate projections and saving stacks them again. Every step is re-indexing, so both
 directions are exact.
@@ -69,11 +70,7 @@ def _to_tune_layout(key: str, t: torch.Tensor, shape: ModelShape) -> torch.Tenso
         heads = 1
     else:
         return t
-    return (
-        _unpermute(t.unsqueeze(-1), heads, shape.head_dim).squeeze(-1)
-        if t.dim() == 1
-        else _unpermute(t, heads, shape.head_dim)
-    )
+    return _reorder(t, heads, shape, _unpermute)
 
 
 def _to_hf_layout(key: str, t: torch.Tensor, shape: ModelShape) -> torch.Tensor:
@@ -86,11 +83,21 @@ def _to_hf_layout(key: str, t: torch.Tensor, shape: ModelShape) -> torch.Tensor:
         heads = 1
     else:
         return t
-    return (
-        _permute(t.unsqueeze(-1), heads, shape.head_dim).squeeze(-1)
-        if t.dim() == 1
-        else _permute(t, heads, shape.head_dim)
-    )
+    return _reorder(t, heads, shape, _permute)
+
+
+def _reorder(t: torch.Tensor, heads: int, shape: ModelShape, fn) -> torch.Tensor:
+    """``fn`` (HF's rotary permutation or its inverse) on the rotated channels of each head: all of them,
+    or the first ``rotary_dim`` (partial rotary: HF splits those in halves and leaves the rest in place)."""
+    rows = t.unsqueeze(-1) if t.dim() == 1 else t
+    rotary = shape.rotary_dim or shape.head_dim
+    if rotary == shape.head_dim:
+        out = fn(rows, heads, shape.head_dim)
+    else:
+        per_head = rows.reshape(heads, shape.head_dim, rows.shape[-1])
+        turned = fn(per_head[:, :rotary].reshape(heads * rotary, -1), heads, rotary)
+        out = torch.cat([turned.view(heads, rotary, -1), per_head[:, rotary:]], dim=1).reshape(rows.shape)
+    return out.squeeze(-1) if t.dim() == 1 else out
 
 
 def _has_feature(tune_key: str, shape: ModelShape) -> bool:
