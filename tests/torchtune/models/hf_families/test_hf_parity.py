@@ -219,3 +219,28 @@ def test_phi4_mini_partial_rotary_and_longrope_match_transformers(tmp_path, hub_
         checkpointer.check_model(plain)
     with pytest.raises(TuneError, match=r"partial_rotary_factor x head_dim: config.json 8, model none"):
         checkpointer.check_model(full)
+
+
+def test_phi4_mini_rope_tables_survive_meta_construction():
+    """Built on the meta device and given weights with assign=True (as the recipes load), both LongRoPE
+    tables are rebuilt by init_buffers: the model computes what one built on the CPU computes."""
+    from torchtune.models.phi4 import phi4
+
+    args = dict(
+        _builder_args({**BASE, "tie_word_embeddings": True}),
+        rotary_dim=8,
+        rope_short_factor=SHORT,
+        rope_long_factor=LONG,
+        rope_original_max_seq_len=16,
+        rope_scale_factor=4.0,
+    )
+    torch.manual_seed(0)
+    eager = phi4(**args).eval()
+    with torch.device("meta"):
+        lazy = phi4(**args)
+    lazy.load_state_dict(eager.state_dict(), assign=True)
+    lazy.init_buffers(torch.device("cpu"))
+    lazy.eval()
+    tokens = torch.randint(0, BASE["vocab_size"], (1, SEQ))
+    with torch.no_grad():
+        assert torch.equal(lazy(tokens), eager(tokens))
