@@ -1,5 +1,6 @@
 """Score a checkpoint with EleutherAI's lm-evaluation-harness: the base model, a finetune's ``epoch_N``
-folder or a ``step_N`` checkpoint of a run, in Hugging Face or Meta format.
+folder or a ``step_N`` checkpoint of a run, in Hugging Face or Meta format, or a distributed run's
+``step_N`` (its sharded state, read on one process).
 
     tune run eleuther_eval --config llama2/7B_eval checkpointer.checkpoint_dir=/tmp/torchtune/llama2_7B/epoch_0
     tune run eleuther_eval --config llama2/tiny_eval tasks=[demo_mc,demo_gen]
@@ -65,7 +66,9 @@ class EleutherEvalRecipe:
 
     Features:
         - any checkpoint the checkpointer reads (Hugging Face or Meta format, a finetune's ``epoch_N`` or
-          ``step_N``), built on ``device`` in ``dtype`` as the finetune builds it;
+          ``step_N``), built on ``device`` in ``dtype`` as the finetune builds it; a ``step_N`` of
+          ``full_finetune_distributed`` (sharded state only) is read directly, on this one process, with
+          ``model`` and ``tokenizer`` from the config (the checkpointer's other keys are not used);
         - any lm-eval task, group or tag by name (``truthfulqa_mc2``, ``mmlu_*``), or a task YAML by path;
           the bundled offline ``demo_mc`` / ``demo_gen`` tasks on the demo data;
         - the model as an lm-eval ``TemplateLM`` (``torchtune.evaluation._lm.TuneLM``): batched
@@ -79,7 +82,8 @@ class EleutherEvalRecipe:
         ConfigError: unknown or missing keys, bad values of the eval keys.
         TuneError: lm-eval missing (with the install command); an unknown task (with the closest names);
             a task whose data must be downloaded while offline; a ``results_file`` that cannot be
-            written (checked before the eval); missing checkpoint or tokenizer files;
+            written (checked before the eval); missing checkpoint or tokenizer files; a distributed
+            ``step_N`` without manifest or with a missing or damaged shard;
             weights or a tokenizer that do not fit ``model``; ``max_seq_length`` above the model's.
     """
 
@@ -97,12 +101,15 @@ class EleutherEvalRecipe:
             evaluation.results_path(cfg.results_file, cfg.checkpointer.checkpoint_dir)
         )
         self._tasks = evaluation.resolve_tasks(self._settings.tasks)
-        checkpointer = config.instantiate(cfg.checkpointer)
         self._checkpoint_dir = Path(cfg.checkpointer.checkpoint_dir).expanduser()
-        training.check_model_matches_checkpoint(cfg.model, checkpointer)  # before any weight is read
-        model = training.build_model(
-            cfg.model, device=self._device, dtype=self._dtype, state_dict=checkpointer.load_checkpoint()["model"]
-        )
+        if training.holds_only_sharded_weights(self._checkpoint_dir):
+            # a distributed step_N: its torch.distributed.checkpoint shards, in our names, read on this process
+            state_dict = training.load_sharded_model(self._checkpoint_dir)
+        else:
+            checkpointer = config.instantiate(cfg.checkpointer)
+            training.check_model_matches_checkpoint(cfg.model, checkpointer)  # before any weight is read
+            state_dict = checkpointer.load_checkpoint()["model"]
+        model = training.build_model(cfg.model, device=self._device, dtype=self._dtype, state_dict=state_dict)
         tokenizer = config.instantiate(cfg.tokenizer)
         training.check_tokenizer_fits_model(tokenizer, model, cfg.tokenizer)
         self._lm = evaluation.build_lm(model, tokenizer, self._settings)

@@ -18,7 +18,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
@@ -56,6 +56,7 @@ RECIPE_KEYS = (
     "lr_scheduler",
     "loss",
     "clip_grad_norm",
+    "bf16_stochastic_rounding",
     "compile",
     "device",
     "dtype",
@@ -91,6 +92,7 @@ def validate_config(cfg: DictConfig) -> None:
     device = utils.parse_device(cfg.device)
     utils.dtype_name(cfg.dtype)
     training.check_optimizer_settings(cfg)
+    training.check_stochastic_rounding(cfg, sharded=True)
     training.check_loop_keys(cfg)
     try:
         training.backend_for_device(device.type, cfg.dist_backend)
@@ -159,7 +161,8 @@ class FullFinetuneRecipeDistributed:
           process would (same data order, too: the run can resume on another world size);
         - step checkpoints with torch.distributed.checkpoint (every rank writes its shards), atomic,
           optionally in the background (``async_checkpoint``);
-          epoch and final checkpoints as a full Hugging Face folder written by rank 0;
+          epoch and final checkpoints as a full Hugging Face folder written by rank 0, one gathered
+          tensor at a time;
         - metrics, validation loss and checkpoints as in the single-device recipe, from rank 0,
           with losses over all ranks; SIGINT/SIGTERM save a resumable checkpoint on every rank.
 
@@ -273,6 +276,15 @@ class FullFinetuneRecipeDistributed:
             self.progress = self._resume.progress
             self.max_steps_per_epoch = self._resume.max_steps_per_epoch  # keeps the epoch length
             utils.set_rng_state(self._resume.rng_state)
+        self._rounding = training.build_stochastic_rounding(  # one stream per rank, saved with every rank's
+            cfg.bf16_stochastic_rounding,
+            dtype=self._dtype,
+            seed=self.seed,
+            device=self._device,
+            state=self._resume.stochastic_rounding_state if self._resume else None,
+            rank=self._dist.rank,
+            world_size=self._dist.world_size,
+        )
 
         # The checkpointer always reads the base model folder: its config.json and file layout are
         # what the HF folders this run writes are made of. A resumed run takes its weights from the
@@ -334,13 +346,9 @@ class FullFinetuneRecipeDistributed:
             sum_gradients=True,  # each rank's loss is divided by the token count of all ranks
         )
         shard_device = torch.device("cpu") if cpu_offload else self._device
-        if self._resume is None:
-            training.load_full_state_dict(model, self._checkpointer.load_checkpoint()["model"], device=shard_device)
+        if self._resume is None:  # each rank reads only its rows, one tensor at a time
+            training.load_sharded_weights(model, self._checkpointer.open_weights(), device=shard_device)
         else:
-            if self._is_rank_zero:
-                # rank 0 writes the HF folders: it learns the base files' layout (which tensor goes to
-                # which shard file); the weights themselves stay memory-mapped and unread
-                self._checkpointer.load_checkpoint()
             model.to_empty(device=shard_device)
         model.init_buffers(self._device)
         log.info(
@@ -363,6 +371,7 @@ class FullFinetuneRecipeDistributed:
             optimizer_in_bwd=optimizer_in_bwd,
             grad_norm=self._grad_norm,
             in_bwd_group=self._cfg.optimizer_in_bwd_group,
+            rounding=self._rounding,
         )
 
     # ------------------------------------------------------------------------------------------
@@ -425,6 +434,7 @@ class FullFinetuneRecipeDistributed:
                         self._model.parameters(),
                         clip_grad_norm=self._clip_grad_norm,
                         grad_norm=self._grad_norm,
+                        rounding=self._rounding,
                     )
                     if self._lr_scheduler is not None:
                         self._lr_scheduler.step()
@@ -509,28 +519,21 @@ class FullFinetuneRecipeDistributed:
 
         Step checkpoints (``output_dir/step_N``): the sharded model and optimizer state, written by
         every rank in parallel (torch.distributed.checkpoint), plus ``recipe_state.pt``. Epoch
-        checkpoints (``output_dir/epoch_N``): the full weights gathered to rank 0 and written in the
-        input format, as the single-device recipe writes them; with the sharded state too unless
-        training is over. The NaN guard is checked first: weights after a NaN/inf loss are never written.
+        checkpoints (``output_dir/epoch_N``): the full weights streamed to rank 0 (one gathered tensor
+        at a time) and written in the input format, as the single-device recipe writes them; with the
+        sharded state too unless training is over. The NaN guard is checked first: weights after a
+        NaN/inf loss are never written.
         """
         self._nan_guard.check(epoch, self._last_checkpoint)
         # Nothing trained from a damaged checkpoint is saved: wait for its background checksums.
         self._check_loaded_checksums(wait=True)
         final = not step_checkpoint and self.progress.epochs_run >= self._settings.epochs
-        full_weights = training.gather_full_state_dict(self._model) if not step_checkpoint else None
         if final:
             self._checkpoint_writer.finish()  # publish a step save in flight first
-            error: Optional[BaseException] = None
-            folder = None
-            if self._is_rank_zero:
-                try:
-                    folder = self._checkpointer.save_checkpoint(
-                        {"model": full_weights}, epoch=epoch, step=self.global_step
-                    )
-                except Exception as exc:  # noqa: BLE001 - the other ranks must not wait forever
-                    error = exc
-            training.raise_if_any_rank_failed(error, self._dist, "Saving the final checkpoint")
-            folder = Path(folder) if folder is not None else self._output_dir / f"epoch_{epoch}"
+            # rank 0 writes the HF folder one gathered tensor at a time (never the whole model in its RAM)
+            folder = training.save_full_weights(
+                self._model, self._checkpointer, self._dist, epoch=epoch, step=self.global_step
+            )
         else:
             state = training.recipe_state(
                 optimizer=self._optimizer,
@@ -540,15 +543,10 @@ class FullFinetuneRecipeDistributed:
                 seed=self.seed,
                 max_steps_per_epoch=self.max_steps_per_epoch,
                 model=self._model,
+                stochastic_rounding=self._rounding,  # every rank's stream (a collective)
                 optimizer_state=training.SHARDED_STATE_MARKER,
             )
             folder = self._output_dir / (f"step_{self.global_step}" if step_checkpoint else f"epoch_{epoch}")
-            write_weights = None
-            if full_weights is not None:
-
-                def write_weights(tmp: Path) -> Dict[str, str]:
-                    return self._checkpointer.write_model(full_weights, tmp)
-
             self._checkpoint_writer.save(
                 folder,
                 model=self._model,
@@ -557,7 +555,9 @@ class FullFinetuneRecipeDistributed:
                 step=self.global_step,
                 epoch=epoch,
                 intermediate=step_checkpoint,
-                write_rank0_files=write_weights,
+                write_weights=None
+                if step_checkpoint
+                else training.full_weights_writer(self._model, self._checkpointer, self._dist),
                 background=step_checkpoint,  # with async_checkpoint: published by the next save or the end
             )
         self._last_checkpoint, self._last_checkpoint_step = folder, self.global_step

@@ -8,6 +8,7 @@ transformers loads, and refuse bad launches with one message each.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -178,6 +179,149 @@ def test_epoch_folder_loads_in_transformers_with_the_models_logits(base_run):
         final = transformers.LlamaForCausalLM.from_pretrained(base_run / "dist" / "epoch_1").eval()
         single = transformers.LlamaForCausalLM.from_pretrained(base_run / "single" / "epoch_1").eval()
         torch.testing.assert_close(final(tokens).logits, single(tokens).logits, atol=1e-4, rtol=0)
+
+
+def _base_model_dir(configs) -> Path:
+    return Path(str(OmegaConf.load(configs[1]).checkpointer.checkpoint_dir))
+
+
+def _export(*argv) -> tuple[int, str]:
+    """``tune export`` in this process; (exit status, stderr with its line breaks joined)."""
+    import contextlib
+    import io
+
+    from torchtune._cli.tune import main as tune_main
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        rc = tune_main(["export", *map(str, argv)])
+    return rc, " ".join(err.getvalue().split())
+
+
+@pytest.fixture(scope="module")
+def exported_step(configs, base_run, tmp_path_factory) -> Path:
+    """The 2-process run's step_4 (sharded state only) exported to a HF folder, in several files."""
+    out = tmp_path_factory.mktemp("export") / "step_4_hf"
+    rc, err = _export(
+        base_run / "dist" / "step_4", "--output-dir", out, "--base-model-dir", _base_model_dir(configs),
+        "--max-shard-size", "40KB",
+    )  # fmt: skip
+    assert rc == 0, err
+    return out
+
+
+def test_step_folder_exports_to_hf_with_the_models_logits(base_run, exported_step):
+    """transformers' logits on the exported folder equal the run's model at step 4 (its sharded weights
+    loaded into our llama2), fp32, 1e-5; the folder has what vLLM and from_pretrained read."""
+    import json
+
+    import torch.distributed.checkpoint as dcp
+    import transformers
+
+    from tests._helpers.tiny_run import TINY_DIMS
+    from torchtune.models.llama2 import llama2
+
+    config = json.loads((exported_step / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["torch_dtype"] == "float32"
+    index = json.loads((exported_step / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1
+    assert (exported_step / "tokenizer.model").is_file() and (exported_step / "generation_config.json").is_file()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(exported_step, attn_implementation="eager").eval()
+    ours = llama2(vocab_size=config["vocab_size"], **TINY_DIMS).eval()
+    state = {"model": ours.state_dict()}
+    dcp.load(state, checkpoint_id=str(base_run / "dist" / "step_4" / "sharded_state"), no_dist=True)
+    ours.load_state_dict(state["model"])
+    tokens = torch.randint(0, config["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(tokens).logits, ours(tokens), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("epoch", ["epoch_0", "epoch_1"])
+def test_epoch_folders_export_with_their_own_weights(base_run, tmp_path, epoch):
+    """A distributed epoch_N (HF weights, beside the sharded state unless final) exports its HF weights as
+    they are, with no --base-model-dir and without the training state."""
+    from safetensors.torch import load_file
+
+    out = tmp_path / "hf"
+    rc, err = _export(base_run / "dist" / epoch, "--output-dir", out)
+    assert rc == 0, err
+    assert not (out / "sharded_state").exists() and not (out / "recipe_state.pt").exists()
+    exported, saved = load_file(out / "model.safetensors"), load_file(base_run / "dist" / epoch / "model.safetensors")
+    assert exported.keys() == saved.keys() and all(torch.equal(exported[k], saved[k]) for k in saved)
+
+
+def test_eleuther_eval_scores_the_step_folder_itself(configs, base_run, exported_step, tmp_path, monkeypatch):
+    """eleuther_eval on the sharded step_4 gives the scores of its exported HF folder."""
+    pytest.importorskip("lm_eval")
+    import json
+
+    from torchtune._cli.tune import main as tune_main
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    run = OmegaConf.load(configs[1])
+    common = [f"model.{k}={v}" for k, v in run.model.items() if k != "_component_"]
+    common += ["~model.intermediate_dim", f"tokenizer.path={run.tokenizer.path}", "tasks=[demo_mc]", "limit=8"]
+    scores = {}
+    folders = {
+        "step": [f"checkpointer.checkpoint_dir={base_run / 'dist' / 'step_4'}"],  # checkpoint_files: not read
+        "export": [
+            f"checkpointer.checkpoint_dir={exported_step}",
+            "checkpointer.checkpoint_files=[model.safetensors.index.json]",
+        ],
+    }
+    for name, folder in folders.items():
+        out = tmp_path / f"{name}.json"
+        argv = ["run", "eleuther_eval", "--config", "llama2/tiny_eval", *common, f"results_file={out}"]
+        assert tune_main([*argv, *folder]) == 0
+        scores[name] = json.loads(out.read_text())["results"]["demo_mc"]
+    for metric in ("acc,none", "acc_norm,none"):
+        assert scores["step"][metric] == pytest.approx(scores["export"][metric], abs=1e-6), metric
+
+
+@pytest.mark.parametrize(
+    ("case", "fragments"),
+    [
+        (
+            "no_base",
+            ["step checkpoint of full_finetune_distributed", "--base-model-dir", "checkpointer.checkpoint_dir"],
+        ),
+        ("damaged_shard", ["__0_0.distcp does not match the checksum", "cannot be read"]),
+        ("missing_shard", ["__1_0.distcp is missing"]),
+        ("no_manifest", ["has no manifest.json", "unfinished save"]),
+        ("unknown_model_type", ["model_type 'mamba'", "does not implement"]),
+        ("more_layers", ["are not those of the model", "in the base model but not in the checkpoint: model.layers.2."]),
+        ("wider", ["are not those of the model in", "model.embed_tokens.weight: (400, 32) vs (400, 64)"]),
+    ],
+)
+def test_bad_step_folders_get_one_message_and_write_nothing(configs, step_copy, tmp_path, case, fragments):
+    base, out = _base_model_dir(configs), tmp_path / "hf"
+    if case == "damaged_shard":
+        shard = step_copy / "sharded_state" / "__0_0.distcp"
+        data = bytearray(shard.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        shard.write_bytes(bytes(data))
+    elif case == "missing_shard":
+        (step_copy / "sharded_state" / "__1_0.distcp").unlink()
+    elif case == "no_manifest":
+        (step_copy / "manifest.json").unlink()
+    elif case == "unknown_model_type":
+        base = Path(shutil.copytree(base, tmp_path / "base"))
+        config = json.loads((base / "config.json").read_text())
+        (base / "config.json").write_text(json.dumps({**config, "model_type": "mamba"}))
+    elif case in ("more_layers", "wider"):  # the folder of another model (config.json and weights)
+        from tests._helpers.tiny_run import make_hf_checkpoint
+
+        vocab = json.loads((base / "config.json").read_text())["vocab_size"]
+        dims = {"num_layers": 4} if case == "more_layers" else {"embed_dim": 64}
+        base = make_hf_checkpoint(tmp_path / "base", vocab_size=vocab, **dims)
+    argv = [step_copy, "--output-dir", out] + ([] if case == "no_base" else ["--base-model-dir", base])
+    rc, err = _export(*argv)
+    assert rc != 0
+    assert err.count("Error:") == 1 and "Traceback" not in err, err
+    for fragment in fragments:
+        assert fragment in err, err
+    assert not out.exists() and not list(tmp_path.glob(".tmp-*"))
 
 
 def _rank_pid(launcher: subprocess.Popen, rank: int) -> int | None:
@@ -378,3 +522,23 @@ def test_resume_with_a_damaged_shard_is_refused(configs, step_copy, tmp_path):
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_bf16_rounded_run_resumes_exactly_on_two_processes(configs, tmp_path):
+    """bf16 weights with bf16_stochastic_rounding (as the shipped distributed configs train): each rank
+    rounds its shards with its own stream, saved with the step checkpoint, so a resume on 2 processes
+    continues the uninterrupted losses exactly."""
+    _, dist = configs
+    # 4 steps, resumed from step 2: step 4's loss depends on how step 3 was rounded
+    kv = ("dtype=bf16", "bf16_stochastic_rounding=True", "seed=7", "epochs=1", "max_steps_per_epoch=4")
+    _ok(_tune_dist(dist, tmp_path / "full", *kv))
+    state = tmp_path / "full" / "step_2" / "recipe_state.pt"
+    rounding = torch.load(state, weights_only=False)["stochastic_rounding"]
+    assert len(rounding["per_rank"]) == 2
+    _ok(
+        _tune_dist(
+            dist, tmp_path / "resumed", *kv, "resume_from_checkpoint=True", f"checkpointer.recipe_checkpoint={state}"
+        )
+    )
+    full, resumed = read_losses(tmp_path / "full"), read_losses(tmp_path / "resumed")
+    assert len(full) == 4 and resumed == full[2:]

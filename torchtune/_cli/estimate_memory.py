@@ -125,7 +125,11 @@ def _estimate_distributed(args: argparse.Namespace, cfg: object, seq_len: int, b
     import time
 
     from torchtune._errors import UsageError
-    from torchtune.training._distributed_memory import estimate_distributed_memory, parse_world_sizes
+    from torchtune.training._distributed_memory import (
+        estimate_distributed_memory,
+        estimate_host_memory,
+        parse_world_sizes,
+    )
 
     try:
         world_sizes = parse_world_sizes(args.world_size if args.world_size is not None else "1")
@@ -145,11 +149,14 @@ def _estimate_distributed(args: argparse.Namespace, cfg: object, seq_len: int, b
             f"fsdp_cpu_offload={cfg.fsdp_cpu_offload}"
         )
         print(estimate.format(title))
+        host = estimate_host_memory(cfg, world_size, estimate)
+        print(host.format())
         print(f"({args.steps} steps on fake tensors in {time.perf_counter() - start:.0f} s)\n")
         label = f"on {world_size} GPU{'s' if world_size > 1 else ''}:"
         summary.append(
-            f"  {label:<13}{estimate.peak_bytes / 1e9:7.2f} GB per GPU, plus {estimate.host_bytes_needed / 1e9:.2f} GB "
-            "of pinned/paged host RAM per process"
+            f"  {label:<13}{estimate.peak_bytes / 1e9:7.2f} GB per GPU; host RAM per process: load "
+            f"{host.load / 1e9:.2f} GB, steps {host.steps / 1e9:.2f} GB, step save {host.step_save / 1e9:.2f} GB, "
+            f"final save {host.full_save_rank0 / 1e9:.2f} GB (rank 0)"
         )
     print(f"{args.config}, estimated (fake tensors), batch {batch_size} x {seq_len} tokens in all:")
     print("\n".join(summary))

@@ -20,7 +20,7 @@ from torchtune._distribution import DISTRIBUTION, warn_if_other_torchtune
 from torchtune._errors import TuneError, report_error
 from torchtune._quiet import silence_known_noise
 
-SUBCOMMANDS: tuple[str, ...] = ("run", "ls", "cp", "validate", "download", "estimate_memory", "plot")
+SUBCOMMANDS: tuple[str, ...] = ("run", "ls", "cp", "validate", "download", "export", "estimate_memory", "plot")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,11 +1,16 @@
-"""``tune validate CONFIG [--recipe RECIPE] [key=value ...]``: check a config without running anything.
+"""``tune validate CONFIG [--recipe RECIPE] [--config-only] [key=value ...]``: what ``tune run`` would say
+before it reads any weight, in about a second.
 
-Two kinds of checks, both without building a model, reading data or touching a device:
+Three kinds of checks, each with the message ``tune run`` gives (the same functions run):
 
 * generic ones (``torchtune.config.validate``): YAML, overrides, every ``_component_`` exists and its
   keys are arguments of that callable, every ``${...}`` resolves;
 * the recipe's own: its module-level ``validate_config(cfg)`` (keys the recipe reads, value ranges,
-  settings that conflict, dtype and device spellings), the same function its ``__init__`` runs first.
+  settings that conflict, dtype and device spellings), the same function its ``__init__`` runs first;
+* the inputs, reading no tensor data (``torchtune.training.check_inputs``, the recipe's set-up up to the
+  weights): output_dir, the resume state's metadata, the tokenizer file, the data (columns, template,
+  first examples tokenized, steps per epoch), the checkpoint's config.json and safetensors headers
+  against the model built on the meta device. ``--config-only`` skips them (weights not downloaded yet).
 
 A built-in config knows its recipe (``torchtune/_recipe_registry.py``), and so does a copy made by
 ``tune cp`` (its first line, ``# tune-recipe: NAME``); for another YAML file name it with ``--recipe``,
@@ -15,6 +20,7 @@ or only the generic checks run (and the output says so).
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -31,7 +37,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="check a config",
         description="Check a config without running it: YAML syntax, overrides, every _component_ exists and "
         "its keys match the callable's arguments, every ${...} resolves; then the recipe's own checks "
-        "(its validate_config: keys, value ranges, conflicting settings, dtype). Nothing is built or downloaded.",
+        "(its validate_config: keys, value ranges, conflicting settings, dtype); then the inputs as `tune run` "
+        "reads them before the weights (output_dir, resume state, tokenizer, data head, checkpoint headers "
+        "against the model on the meta device), reading no tensor data. A Hub dataset is loaded into the "
+        "cache the run then reuses.",
         epilog="A built-in config, or a copy made by `tune cp` (its first line names the recipe), is checked with "
         "its own recipe. For another YAML name the recipe with --recipe (a built-in name or a .py file), e.g.\n"
         "  tune validate ./my_config.yaml --recipe full_finetune_single_device",
@@ -44,6 +53,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         default=None,
         help="the recipe whose checks to run: a built-in recipe name or a recipe .py file "
         "(default: the recipe of a built-in config)",
+    )
+    parser.add_argument(
+        "--config-only",
+        action="store_true",
+        help="only the config checks: open no tokenizer, data or checkpoint file (e.g. before downloading them)",
     )
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides to check too")
     parser.set_defaults(func=validate_command, accepts_overrides=True)
@@ -74,7 +88,8 @@ def validate_command(args: argparse.Namespace) -> int:
         names = ", ".join(r.name for r in registry.get_all_recipes())
         print(
             "Config is well-formed (generic checks: YAML, overrides, components and their keys).\n"
-            f"Not run: a recipe's own checks (the keys it reads, value ranges, conflicting settings, dtype), "
+            "Not run: a recipe's own checks (the keys it reads, value ranges, conflicting settings, dtype) and "
+            "those of the input files (tokenizer, data, checkpoint headers), "
             f"because {args.config} is not a built-in config nor a copy made by `tune cp`. "
             "Name its recipe to run them: "
             f"--recipe NAME ({names}) or --recipe path/to/recipe.py."
@@ -83,10 +98,20 @@ def validate_command(args: argparse.Namespace) -> int:
     check = getattr(load_recipe_module(path), RECIPE_CHECK, None)
     if check is None:
         print(
-            f"Config is well-formed (generic checks). Not run: recipe checks, because the recipe {path} has no "
-            f"module-level {RECIPE_CHECK}(cfg) function."
+            f"Config is well-formed (generic checks). Not run: recipe checks and input checks, because the recipe "
+            f"{path} has no module-level {RECIPE_CHECK}(cfg) function."
         )
         return 0
     check(cfg)
     print(f"Config is well-formed, and passes the checks of the {name} recipe ({RECIPE_CHECK}).")
+    if args.config_only:
+        print("Not run (--config-only): the checks of the tokenizer, data and checkpoint files.")
+        return 0
+    from torchtune.training import check_inputs
+
+    sys.stdout.flush()  # the line above comes before any message of the input checks
+    done = check_inputs(cfg)
+    print("Inputs checked as `tune run` reads them before the weights (no tensor data read):")
+    for line in done:
+        print(f"  - {line}")
     return 0

@@ -13,13 +13,20 @@ directions are exact.
 from __future__ import annotations
 
 import re
-from typing import Dict, Iterable, List, Optional
+from typing import Dict, Iterable, List, Optional, Sequence
 
 import torch
 
 from torchtune._errors import TuneError
 from torchtune.models._hf_family import ModelShape
-from torchtune.models.llama2._convert_weights import _DERIVABLE_HF, _FROM_HF, _permute, _rename, _unpermute
+from torchtune.models.llama2._convert_weights import (
+    _DERIVABLE_HF,
+    _FROM_HF,
+    RowSource,
+    _permute,
+    _rename,
+    _rotary_reorder,
+)
 
 _FROM_HF_ALL = {
     **_FROM_HF,
@@ -60,21 +67,8 @@ def _rows(shape: ModelShape, tune_template: str) -> int:
     return shape.intermediate_dim  # w1 / w3
 
 
-def _to_tune_layout(key: str, t: torch.Tensor, shape: ModelShape) -> torch.Tensor:
-    """HF half-split -> torchtune interleaved order of the q/k channels of one tensor."""
-    if key.endswith(("attn.q_proj.weight", "attn.q_proj.bias")):
-        heads = shape.num_heads
-    elif key.endswith(("attn.k_proj.weight", "attn.k_proj.bias")):
-        heads = shape.num_kv_heads
-    elif key.endswith(("attn.q_norm.scale", "attn.k_norm.scale")):
-        heads = 1
-    else:
-        return t
-    return _reorder(t, heads, shape, _unpermute)
-
-
 def _to_hf_layout(key: str, t: torch.Tensor, shape: ModelShape) -> torch.Tensor:
-    """torchtune -> HF order of the q/k channels (inverse of :func:`_to_tune_layout`)."""
+    """torchtune -> HF order of the q/k channels (inverse of :meth:`RowSource.read`)."""
     if key.endswith(("attn.q_proj.weight", "attn.q_proj.bias")):
         heads = shape.num_heads
     elif key.endswith(("attn.k_proj.weight", "attn.k_proj.bias")):
@@ -83,20 +77,8 @@ def _to_hf_layout(key: str, t: torch.Tensor, shape: ModelShape) -> torch.Tensor:
         heads = 1
     else:
         return t
-    return _reorder(t, heads, shape, _permute)
-
-
-def _reorder(t: torch.Tensor, heads: int, shape: ModelShape, fn) -> torch.Tensor:
-    """``fn`` (HF's rotary permutation or its inverse) on the rotated channels of each head: all of them,
-    or the first ``rotary_dim`` (partial rotary: HF splits those in halves and leaves the rest in place)."""
     rows = t.unsqueeze(-1) if t.dim() == 1 else t
-    rotary = shape.rotary_dim or shape.head_dim
-    if rotary == shape.head_dim:
-        out = fn(rows, heads, shape.head_dim)
-    else:
-        per_head = rows.reshape(heads, shape.head_dim, rows.shape[-1])
-        turned = fn(per_head[:, :rotary].reshape(heads * rotary, -1), heads, rotary)
-        out = torch.cat([turned.view(heads, rotary, -1), per_head[:, rotary:]], dim=1).reshape(rows.shape)
+    out = _rotary_reorder(rows, heads, shape.head_dim, shape.rotary_dim, _permute)
     return out.squeeze(-1) if t.dim() == 1 else out
 
 
@@ -119,30 +101,41 @@ def _unknown(keys: List[str], source: str, family: str) -> TuneError:
     )
 
 
-def hf_to_tune(
-    state_dict: Dict[str, torch.Tensor], shape: ModelShape, *, fused: bool = False, family: str = "Llama"
-) -> Dict[str, torch.Tensor]:
-    """HF names and layout -> torchtune's (``fused``: the folder stores ``qkv_proj`` / ``gate_up_proj``).
+def _permuted_rows(tune_key: str, shape: ModelShape) -> Optional[int]:
+    """Rows of ``tune_key`` that HF stores in its rotary half-split order (``None``: not permuted)."""
+    if tune_key.endswith(("attn.q_proj.weight", "attn.q_proj.bias")):
+        return shape.num_heads * shape.head_dim
+    if tune_key.endswith(("attn.k_proj.weight", "attn.k_proj.bias")):
+        return shape.num_kv_heads * shape.head_dim
+    if tune_key.endswith(("attn.q_norm.scale", "attn.k_norm.scale")):
+        return shape.head_dim
+    return None
+
+
+def hf_sources(
+    hf_shapes: Dict[str, Sequence[int]], shape: ModelShape, *, fused: bool = False, family: str = "Llama"
+) -> Dict[str, RowSource]:
+    """``{torchtune name: where its rows are}`` for the HF tensors of ``hf_shapes`` (``{HF name: shape}``,
+    read from the files' headers: no weight is touched). ``fused``: the folder stores ``qkv_proj`` /
+    ``gate_up_proj``.
 
     Raises:
-        TuneError: names that belong to no checkpoint of the family; a fused tensor whose rows do not
-            add up to the sizes in config.json.
+        TuneError: names that belong to no checkpoint of the family; a q/k or fused tensor whose rows do
+            not fit the sizes in config.json.
     """
-    out: Dict[str, torch.Tensor] = {}
+    out: Dict[str, RowSource] = {}
     unknown = []
-    for key, tensor in state_dict.items():
+    for key, hf_shape in hf_shapes.items():
         template, layer = _template(key)
         if fused and template in _FUSED:
             parts = [p.format(layer) for p in _FUSED[template]]
             sizes = [_rows(shape, p) for p in _FUSED[template]]
-            if sum(sizes) != tensor.shape[0]:
-                raise TuneError(
-                    f"{key} has {tensor.shape[0]} rows, but config.json's sizes (num_attention_heads, "
-                    f"num_key_value_heads, head_dim, intermediate_size) make {' + '.join(map(str, sizes))}. Use "
-                    "the config.json that came with these weights."
-                )
-            for part, piece in zip(parts, torch.split(tensor, sizes, dim=0)):
-                out[part] = _to_tune_layout(part, piece, shape)
+            if sum(sizes) != hf_shape[0]:
+                raise _bad_rows(key, hf_shape[0], " + ".join(map(str, sizes)))
+            offset = 0
+            for part, rows in zip(parts, sizes):
+                out[part] = _source(key, part, offset, rows, shape)
+                offset += rows
             continue
         new_key = _rename(key, _FROM_HF_ALL)
         if new_key is not None and not _has_feature(new_key, shape):
@@ -151,10 +144,40 @@ def hf_to_tune(
             if not any(p.match(key) for p in _DERIVABLE_HF):
                 unknown.append(key)
             continue
-        out[new_key] = _to_tune_layout(new_key, tensor, shape)
+        out[new_key] = _source(key, new_key, 0, hf_shape[0] if len(hf_shape) else 1, shape)
     if unknown:
         raise _unknown(unknown, "Hugging Face", family)
     return out
+
+
+def _source(hf_key: str, tune_key: str, offset: int, rows: int, shape: ModelShape) -> RowSource:
+    permuted = _permuted_rows(tune_key, shape)
+    if permuted is not None and permuted != rows:
+        raise _bad_rows(hf_key, rows, str(permuted))
+    if permuted is None:
+        return RowSource(hf_key, offset, rows)
+    return RowSource(hf_key, offset, rows, shape.head_dim, shape.rotary_dim)
+
+
+def _bad_rows(hf_key: str, rows: int, expected: str) -> TuneError:
+    return TuneError(
+        f"{hf_key} has {rows} rows, but config.json's sizes (hidden_size, num_attention_heads, "
+        f"num_key_value_heads, head_dim, intermediate_size) make {expected}. Use the config.json that came with "
+        "these weights, or check checkpointer.checkpoint_files."
+    )
+
+
+def hf_to_tune(
+    state_dict: Dict[str, torch.Tensor], shape: ModelShape, *, fused: bool = False, family: str = "Llama"
+) -> Dict[str, torch.Tensor]:
+    """HF names and layout -> torchtune's (``fused``: the folder stores ``qkv_proj`` / ``gate_up_proj``);
+    each tensor converted as :func:`hf_sources` says, the way a sharded load converts its rows.
+
+    Raises:
+        TuneError: as :func:`hf_sources`.
+    """
+    sources = hf_sources({k: t.shape for k, t in state_dict.items()}, shape, fused=fused, family=family)
+    return {key: source.read(state_dict[source.hf_key]) for key, source in sources.items()}
 
 
 def tune_to_hf_plan(keys: Iterable[str], *, fused: bool = False, family: str = "Llama") -> Dict[str, List[str]]:

@@ -103,9 +103,9 @@ class HFFamily:
         folder: for a family whose folders do not convert like the Llama-shaped ones (Gemma 3: other
             weight names, post-norms, two config.json forms), a class built from ``(config, path)`` that
             does it all: ``check_model(model)``, ``hf_name(key)`` (a stored name as saves write it),
-            ``to_tune(state_dict)``, ``hf_names(keys)``, ``hf_tensor(key, tensor)``, ``saved_config()``,
-            ``tied``, and the classmethod ``config_json(model)``. ``shape`` and ``config_json`` are then
-            not used by the checkpointer.
+            ``to_tune(state_dict)``, ``sources(hf_shapes)`` (per-tensor reading), ``hf_names(keys)``,
+            ``hf_tensor(key, tensor)``, ``saved_config()``, ``tied``, and the classmethod
+            ``config_json(model)``. ``shape`` and ``config_json`` are then not used by the checkpointer.
     """
 
     model_type: str

@@ -33,7 +33,7 @@ from torchtune.training._checks import (
     check_value_types,
     positive_int,
 )
-from torchtune.training._data import TrainingData, build_dataloader, num_tokens, padding_id
+from torchtune.training._data import TrainingData, build_dataloader, check_data_head, num_tokens, padding_id
 from torchtune.training._loop_checks import check_loop_keys
 from torchtune.training._low_rank import check_low_rank_optimizer, is_low_rank
 from torchtune.training._metrics import (
@@ -61,7 +61,8 @@ from torchtune.training._optimizer import (
     step_optimizer,
     trainable_parameters,
 )
-from torchtune.training._output_dir import check_overwrite, prepare_output_dir
+from torchtune.training._output_dir import check_output_dir, check_overwrite, prepare_output_dir
+from torchtune.training._preflight import check_inputs
 from torchtune.training._resume import (
     RECIPE_STATE_NAME,
     ResumePlan,
@@ -104,12 +105,14 @@ _LAZY = {
     "backend_for_device": "torchtune.training._distributed",
     "check_same_config": "torchtune.training._distributed",
     "destroy_distributed": "torchtune.training._distributed",
-    "gather_full_state_dict": "torchtune.training._distributed",
     "get_world_size_and_rank": "torchtune.training._distributed",
     "init_distributed": "torchtune.training._distributed",
     "is_rank_zero": "torchtune.training._distributed",
     "launched_by_torchrun": "torchtune.training._distributed",
     "load_full_state_dict": "torchtune.training._distributed",
+    "load_sharded_weights": "torchtune.training._distributed",
+    "full_weights_writer": "torchtune.training._full_weights",
+    "save_full_weights": "torchtune.training._full_weights",
     "raise_if_any_rank_failed": "torchtune.training._distributed",
     "shard_model": "torchtune.training._distributed",
     "SHARDED_STATE_DIR": "torchtune.training._distributed_checkpoint",
@@ -117,6 +120,10 @@ _LAZY = {
     "ShardedCheckpointWriter": "torchtune.training._distributed_checkpoint",
     "load_sharded_checkpoint": "torchtune.training._distributed_checkpoint",
     "save_sharded_checkpoint": "torchtune.training._distributed_checkpoint",
+    "ShardedModelReader": "torchtune.training._sharded_read",
+    "holds_only_sharded_weights": "torchtune.training._sharded_read",
+    "load_sharded_model": "torchtune.training._sharded_read",
+    "export_hf_folder": "torchtune.training._hf_export",
 }
 
 
@@ -150,6 +157,7 @@ __all__ = [
     "SHARDED_STATE_DIR",
     "SHARDED_STATE_MARKER",
     "ShardedCheckpointWriter",
+    "ShardedModelReader",
     "StopSignals",
     "TrainStep",
     "TrainingData",
@@ -158,9 +166,15 @@ __all__ = [
     "WeightChangeTracker",
     "agree_on_seed",
     "any_rank",
+    "export_hf_folder",
+    "holds_only_sharded_weights",
+    "load_sharded_model",
     "backend_for_device",
     "build_checkpointer",
     "build_dataloader",
+    "check_data_head",
+    "check_inputs",
+    "check_output_dir",
     "build_lr_scheduler",
     "build_metric_logger",
     "build_model",
@@ -184,7 +198,6 @@ __all__ = [
     "destroy_distributed",
     "forward_backward",
     "forward_loss",
-    "gather_full_state_dict",
     "in_bwd_groups",
     "get_act_offloading_ctx_manager",
     "get_world_size_and_rank",
@@ -193,6 +206,9 @@ __all__ = [
     "label_positions",
     "launched_by_torchrun",
     "load_full_state_dict",
+    "load_sharded_weights",
+    "full_weights_writer",
+    "save_full_weights",
     "load_optimizer_state",
     "load_sharded_checkpoint",
     "memory",

@@ -18,7 +18,10 @@ from torchtune.training._sampler import ResumableSampler
 
 log = logging.getLogger("torchtune")
 
-__all__ = ["TrainingData", "build_dataloader", "num_tokens", "padding_id"]
+__all__ = ["TrainingData", "build_dataloader", "check_data_head", "num_tokens", "padding_id"]
+
+# Examples tokenized at set-up: enough to meet a template or row that does not fit, in milliseconds.
+HEAD_EXAMPLES = 8
 
 
 def padding_id(tokenizer: Any) -> int:
@@ -34,6 +37,7 @@ class TrainingData:
     dataloader: DataLoader
     sampler: ResumableSampler
     pad_id: int
+    head: str = ""  # the token lengths of the first examples (check_data_head), for tune validate's report
 
     @property
     def packed(self) -> bool:
@@ -78,6 +82,35 @@ def num_tokens(batch: Dict[str, torch.Tensor], pad_id: int) -> int:
     return int(batch["tokens"].ne(pad_id).sum())
 
 
+def check_data_head(dataset: Any, key: str = "dataset", examples: int = HEAD_EXAMPLES) -> str:
+    """Tokenize the first ``examples`` examples as the first steps will, so that a template that does not render
+    or a row that does not tokenize stops set-up before any weight is read; log and return their token lengths.
+
+    Raises:
+        TuneError: naming the example, ``key`` and the error.
+    """
+    lengths = []
+    count = min(examples, len(dataset))
+    for index in range(count):
+        try:
+            lengths.append(len(dataset[index]["tokens"]))
+        except TuneError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a user's row or template; the run would fail at its first step
+            raise TuneError(
+                f"Example {index} of {key} could not be tokenized: {type(exc).__name__}: {exc}. Check that "
+                f"{key}.template (or the dataset's template) fits the rows, {key}.column_map, and that example "
+                "in the data file."
+            ) from exc
+    if not lengths:
+        return ""
+    head = f"the first {count} examples are {min(lengths)} to {max(lengths)} tokens long"
+    if getattr(dataset, "max_seq_len", None) is not None:
+        head += f" (max_seq_len {dataset.max_seq_len})"
+    log.info("%s: %s", key, head)
+    return head
+
+
 def build_dataloader(
     cfg_dataset: Any,
     tokenizer: Any,
@@ -95,7 +128,7 @@ def build_dataloader(
     ranks, this rank's loader yields its share of that order in per-rank batches of ``batch_size``.
 
     Raises:
-        TuneError: the dataset has no examples.
+        TuneError: the dataset has no examples, or its first examples do not tokenize (``check_data_head``).
     """
     dataset = config.instantiate(cfg_dataset, tokenizer)
     if len(dataset) == 0:
@@ -103,6 +136,7 @@ def build_dataloader(
             f"The dataset ({cfg_dataset._component_}, source {cfg_dataset.get('source')}) has no "
             "examples. Check dataset.source / dataset.data_files and dataset.split."
         )
+    head = check_data_head(dataset, "dataset")
     pad_id = padding_id(tokenizer)
     sampler = ResumableSampler(len(dataset), shuffle=bool(shuffle), seed=seed, num_replicas=num_replicas, rank=rank)
     dataloader = DataLoader(
@@ -112,4 +146,4 @@ def build_dataloader(
         collate_fn=collate_for(dataset, padding_idx=pad_id, ignore_idx=CROSS_ENTROPY_IGNORE_IDX),
     )
     log.info("Dataset: %d examples, %d batches per epoch", len(dataset), len(dataloader))
-    return TrainingData(dataloader=dataloader, sampler=sampler, pad_id=pad_id)
+    return TrainingData(dataloader=dataloader, sampler=sampler, pad_id=pad_id, head=head)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Union
+from typing import TYPE_CHECKING, Any, Dict, Optional, Union
 
 import torch
 import torch.distributed as dist
@@ -27,6 +27,9 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 from torch.distributed.tensor import DTensor, Shard
 
 from torchtune._errors import TuneError
+
+if TYPE_CHECKING:
+    from torchtune.utils._checkpointing._weight_reader import WeightReader
 
 log = logging.getLogger("torchtune")
 
@@ -237,50 +240,59 @@ def shard_model(
     return model
 
 
-def load_full_state_dict(model: nn.Module, state_dict: Dict[str, torch.Tensor], *, device: torch.device) -> None:
-    """Load full (unsharded) weights into a model sharded by :func:`shard_model`, without communication.
+def _local_rows(rows: int, world_size: int, rank: int) -> tuple[int, int]:
+    """The dim-0 rows FSDP2 gives ``rank``: ``torch.chunk``'s split, the last ranks may get fewer or none."""
+    chunk = -(-rows // world_size)
+    start = min(rank * chunk, rows)
+    return start, min(start + chunk, rows)
 
-    Every rank holds ``state_dict`` (memory-mapped from the checkpoint files: the page cache is
-    shared by the processes of a node) and copies only its own dim-0 chunk to ``device`` in the
-    shard's dtype. ``device`` is where shards live: the rank's device, or the CPU with
-    ``cpu_offload`` (FSDP2 pins them at its first forward). The model may be on the meta device;
-    non-persistent buffers (RoPE) are rebuilt by the caller (``model.init_buffers(device)``).
+
+def load_sharded_weights(model: nn.Module, reader: "WeightReader", *, device: torch.device) -> None:
+    """Load a checkpoint into a model sharded by :func:`shard_model`, each rank reading only its rows.
+
+    Names and shapes are checked from ``reader.shapes`` before any weight is read. Then, tensor by
+    tensor, this rank's dim-0 rows are read (memory-mapped, converted to torchtune's layout by the
+    reader) and copied into a shard of the parameter's dtype on ``device``: the rank's host holds its
+    shards (with ``cpu_offload``) plus one tensor's rows in flight, never the whole model. ``device``
+    is the rank's device, or the CPU with ``cpu_offload`` (FSDP2 pins them at its first forward). The
+    model may be on the meta device; non-persistent buffers (RoPE) are rebuilt by the caller
+    (``model.init_buffers(device)``). No communication.
 
     Raises:
         TuneError: the weights do not fit the model (names and shapes are listed).
     """
     from torchtune.utils._checkpointing import validate_state_dict
 
-    validate_state_dict(model, state_dict)
+    validate_state_dict(model, {k: torch.empty(shape, device="meta") for k, shape in reader.shapes.items()})
     sharded: Dict[str, torch.Tensor] = {}
     for name, param in model.state_dict().items():
-        full = state_dict[name]
+        shape = reader.shapes[name]
         if not isinstance(param, DTensor):  # held by no FSDP unit: the whole tensor
-            sharded[name] = nn.Parameter(full.to(device, param.dtype), requires_grad=param.requires_grad)
+            local = torch.empty(shape, dtype=param.dtype, device=device)
+            local.copy_(reader.read(name))
+            sharded[name] = nn.Parameter(local, requires_grad=param.requires_grad)
             continue
         mesh, placements = param.device_mesh, param.placements
         if len(placements) != 1 or placements[0] != Shard(0):
-            raise ValueError(f"{name} is sharded as {placements}; load_full_state_dict handles FSDP2's Shard(0)")
-        chunks = full.chunk(mesh.size(), dim=0)  # FSDP2 shards as torch.chunk does: the last ranks may get less
-        rank = mesh.get_local_rank()
-        local = chunks[rank] if rank < len(chunks) else full.new_empty((0, *full.shape[1:]))
-        local = local.to(device=device, dtype=param.dtype).contiguous()
+            raise ValueError(f"{name} is sharded as {placements}; load_sharded_weights handles FSDP2's Shard(0)")
+        start, stop = _local_rows(shape[0], mesh.size(), mesh.get_local_rank())
+        # a fresh tensor of exactly the shard: never a view that keeps a mapped file or a wider read alive
+        local = torch.empty((stop - start, *shape[1:]), dtype=param.dtype, device=device)
+        if stop > start:
+            local.copy_(reader.read(name, start, stop))
+        stride = torch.empty(shape, device="meta").stride()
         sharded[name] = nn.Parameter(
-            DTensor.from_local(local, mesh, placements, shape=full.shape, stride=full.stride(), run_check=False),
+            DTensor.from_local(local, mesh, placements, shape=shape, stride=stride, run_check=False),
             requires_grad=param.requires_grad,
         )
     model.load_state_dict(sharded, strict=True, assign=True)
 
 
-def gather_full_state_dict(model: nn.Module) -> Dict[str, torch.Tensor]:
-    """The full weights of a sharded model, on rank 0's host; ``{}`` on the other ranks.
+def load_full_state_dict(model: nn.Module, state_dict: Dict[str, torch.Tensor], *, device: torch.device) -> None:
+    """:func:`load_sharded_weights` from a full state dict in torchtune names (in memory or memory-mapped)."""
+    from torchtune.utils._checkpointing._weight_reader import StateDictReader
 
-    A collective: every rank must call it. Each tensor is all-gathered and moved to the CPU on its
-    own, so rank 0's device never holds more than one gathered tensor beyond the model's shards.
-    """
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    load_sharded_weights(model, StateDictReader(state_dict), device=device)
 
 
 class RankErrors(TuneError):

@@ -147,7 +147,7 @@ class _Publish:
     step: int
     epoch: int
     intermediate: bool
-    write_rank0_files: Optional[Callable[[Path], Optional[Mapping[str, str]]]] = None
+    hashed: Optional[Mapping[str, str]] = None  # checksums of files written while hashing (rank 0)
     future: Optional[Future] = None  # an async save's background write
 
 
@@ -185,7 +185,7 @@ class ShardedCheckpointWriter:
         step: int,
         epoch: int,
         intermediate: bool,
-        write_rank0_files: Optional[Callable[[Path], Optional[Mapping[str, str]]]] = None,
+        write_weights: Optional[Callable[[Path], Optional[Mapping[str, str]]]] = None,
         background: bool = False,
     ) -> Path:
         """Save into ``destination``, published now, or by :meth:`finish` when ``background`` (and the
@@ -204,9 +204,7 @@ class ShardedCheckpointWriter:
             except OSError as exc:
                 error = exc
         raise_if_any_rank_failed(error, info, f"Creating the checkpoint folder {destination}")
-        job = _Publish(
-            Path(_broadcast(str(tmp), info)), destination, recipe_state, step, epoch, intermediate, write_rank0_files
-        )
+        job = _Publish(Path(_broadcast(str(tmp), info)), destination, recipe_state, step, epoch, intermediate)
         sharded = str(job.tmp / SHARDED_STATE_DIR)
         try:
             if background and self.async_save:
@@ -219,6 +217,8 @@ class ShardedCheckpointWriter:
         except _SAVE_LOAD_ERRORS as exc:  # every rank must learn of it, or the others wait forever
             error = TuneError(_cause(exc))
         raise_if_any_rank_failed(error, info, f"Writing the sharded checkpoint {destination}")
+        if write_weights is not None:
+            job.hashed = write_weights(job.tmp)  # every rank: the full tensors are gathered one at a time
         self._pending = job
         if job.future is None:
             self.finish()
@@ -259,7 +259,7 @@ def _publish(job: _Publish, gathered: List[Dict[str, Any]], world_size: int) -> 
     """Rank 0: recipe state and its own files into the folder, the manifest last, then the rename."""
     tmp = job.tmp
     torch.save(job.recipe_state, tmp / RECIPE_STATE_NAME)
-    hashed = dict((job.write_rank0_files(tmp) if job.write_rank0_files is not None else None) or {})
+    hashed = dict(job.hashed or {})
     files: Dict[str, Any] = {}
     for part in gathered:
         files.update(part)
@@ -295,7 +295,7 @@ def save_sharded_checkpoint(
     step: int,
     epoch: int,
     intermediate: bool,
-    write_rank0_files: Optional[Callable[[Path], Optional[Mapping[str, str]]]] = None,
+    write_weights: Optional[Callable[[Path], Optional[Mapping[str, str]]]] = None,
 ) -> Path:
     """Save the sharded model and optimizer state (all ranks, in parallel) with ``recipe_state`` into
     ``destination`` atomically; a collective. Returns ``destination``.
@@ -303,9 +303,10 @@ def save_sharded_checkpoint(
     Args:
         recipe_state: written by rank 0 as ``recipe_state.pt`` (its ``optimizer`` entry should be
             ``SHARDED_STATE_MARKER``: the state itself is in the DCP folder).
-        write_rank0_files: more files rank 0 writes into the folder before it is published (the
-            full HF weights of an epoch checkpoint); it may return ``{name: checksum}`` of the files it
-            hashed while writing, which are then not read again.
+        write_weights: called on every rank with the folder being assembled, after the sharded
+            state is written (``training.full_weights_writer``: the full HF weights of an epoch
+            checkpoint, gathered one tensor at a time and written by rank 0); it may return (on rank
+            0) ``{name: checksum}`` of the files it hashed while writing, which are then not read again.
 
     Raises:
         TuneError (``RankErrors``): on every rank when any rank failed; the previous checkpoint is kept.
@@ -318,7 +319,7 @@ def save_sharded_checkpoint(
         step=step,
         epoch=epoch,
         intermediate=intermediate,
-        write_rank0_files=write_rank0_files,
+        write_weights=write_weights,
     )
 
 

@@ -24,6 +24,7 @@ before their copy to the host) is in the device peak.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import Any, Callable, Iterator, Optional
 
 import torch
@@ -42,7 +43,14 @@ from torchtune.training._memory_estimator import (
     profile_memory,
 )
 
-__all__ = ["DISTRIBUTED_CATEGORIES", "estimate_distributed_memory", "fake_world", "parse_world_sizes"]
+__all__ = [
+    "DISTRIBUTED_CATEGORIES",
+    "HostMemory",
+    "estimate_distributed_memory",
+    "estimate_host_memory",
+    "fake_world",
+    "parse_world_sizes",
+]
 
 # "gathered weights": the unsharded parameters of the layers whose all-gather has landed (in
 # param_dtype), i.e. what FSDP2 adds on top of the local shards
@@ -192,7 +200,16 @@ def estimate_distributed_memory(
             model.to_empty(device=device)
         model.init_buffers(device)  # RoPE's cache is not offloaded
         tracker.sharded = list(model.parameters())
-        optimizer = training.build_optimizer(cfg.optimizer, model, optimizer_in_bwd=bool(cfg.optimizer_in_bwd))
+        # the recipe's rounding (each rank steps its shard in fp32 slices); CUDA's fused kernel allocates
+        # no noise chunk, so the target device decides which of the two is simulated
+        rounding = training.build_stochastic_rounding(
+            bool(cfg.get("bf16_stochastic_rounding", False)), dtype=dtype, seed=0, device=device, world_size=world_size
+        )
+        if rounding is not None:
+            rounding.fused = fake and _device_type(cfg) == "cuda"
+        optimizer = training.build_optimizer(
+            cfg.optimizer, model, optimizer_in_bwd=bool(cfg.optimizer_in_bwd), rounding=rounding
+        )
         if offload:
             for opt in getattr(optimizer, "optim_map", {"": optimizer}).values():
                 opt.step = _wrapped(opt.step, on_host)
@@ -203,6 +220,7 @@ def estimate_distributed_memory(
             device=device,
             activations_ctx=get_act_offloading_ctx_manager(model, bool(cfg.enable_activation_offloading)),
             clip_grad_norm=cfg.clip_grad_norm,
+            rounding=rounding,
             select_label_positions=False,  # every position labelled: the worst case, and fake labels say no more
         )
         vocab = model.tok_embeddings.num_embeddings
@@ -212,7 +230,11 @@ def estimate_distributed_memory(
         }
         return model, lambda: step(data)
 
-    with fake_world(world_size) as mesh, _simulated_cpu_offload(tracker) if offload else contextlib.nullcontext():
+    with (
+        fake_world(world_size) as mesh,
+        _simulated_cpu_offload(tracker) if offload else contextlib.nullcontext(),
+        _parameter_steps_on_host(on_host) if offload else contextlib.nullcontext(),
+    ):
         estimate = profile_memory(
             setup,
             steps=steps,
@@ -229,6 +251,21 @@ def estimate_distributed_memory(
         )
     estimate.notes = notes + estimate.notes
     return estimate
+
+
+@contextlib.contextmanager
+def _parameter_steps_on_host(on_host: Callable[[], Any]) -> Iterator[None]:
+    """With CPU offload every tensor of a parameter's step is a host tensor, those made around
+    ``optimizer.step()`` too (stochastic rounding's fp32 slices, the bf16 state its first step makes):
+    the hooks' ``step_parameter`` runs inside ``on_host`` for the estimate."""
+    from torchtune.training import _optimizer
+
+    original = _optimizer.step_parameter
+    _optimizer.step_parameter = _wrapped(original, on_host)
+    try:
+        yield
+    finally:
+        _optimizer.step_parameter = original
 
 
 def _wrapped(fn: Callable[..., Any], ctx: Callable[[], Any]) -> Callable[..., Any]:
@@ -322,4 +359,94 @@ def _describe(settings: dict[str, Any]) -> str:
         f"parameters gathered in {compute}, gradients reduced in {reduce}, "
         f"reshard_after_forward={settings['reshard_after_forward']}, "
         f"cpu_offload={settings['cpu_offload']}"
+    )
+
+
+# The parameters whose rows Hugging Face stores in its rotary half-split order: a sharded load reads
+# them widened to whole heads and un-permutes a copy.
+_PERMUTED = ("attn.q_proj.weight", "attn.k_proj.weight", "attn.q_proj.bias", "attn.k_proj.bias")
+
+
+@dataclasses.dataclass
+class HostMemory:
+    """Host RAM one process of the distributed recipe needs in each phase, in bytes (estimated from the
+    sharded parameter shapes and what each phase's code keeps alive)."""
+
+    world_size: int
+    load: int  # start from the base weights: its shards (with CPU offload) + one tensor's rows in flight
+    steps: int  # training steps: what the step estimate puts in host memory (CPU offload, offloaded activations)
+    step_save: int  # a step checkpoint (DCP): one shard staged at a time, or a full copy with async_checkpoint
+    full_save_rank0: int  # epoch/final HF folder on rank 0: one gathered full tensor + its converted copy
+    full_save_other: int  # the same save on the other ranks (they gather on the device)
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    def format(self) -> str:
+        gb = 1e9
+        lines = [
+            "Host RAM per process (estimated from the sharded parameter shapes; the process itself, CUDA context "
+            "and page cache not included):",
+            f"  {'load (base weights)':<32}{self.load / gb:>9.2f} GB",
+            f"  {'training steps':<32}{self.steps / gb:>9.2f} GB",
+            f"  {'step checkpoint save':<32}{self.step_save / gb:>9.2f} GB",
+            f"  {'epoch/final save, rank 0':<32}{self.full_save_rank0 / gb:>9.2f} GB",
+            f"  {'epoch/final save, other ranks':<32}{self.full_save_other / gb:>9.2f} GB",
+        ]
+        return "\n".join(lines + [f"Note: {note}" for note in self.notes])
+
+
+def estimate_host_memory(cfg: Any, world_size: int, estimate: Optional[MemoryEstimate] = None) -> HostMemory:
+    """Per-process host RAM of ``full_finetune_distributed`` on ``world_size`` processes for ``cfg``, from
+    the model's parameter shapes on the meta device (seconds, even for 70B) and, for the steps, the host
+    bytes of the step ``estimate`` (:func:`estimate_distributed_memory`; without one, none).
+
+    Each phase follows what its code holds at its peak: the load (``load_sharded_weights``) the
+    rank's shards when they live in host memory plus, for the one tensor in flight, its rows
+    memory-mapped and, for a q/k projection, the un-permuted copy of those rows widened to whole heads;
+    a step save (DCP) one local tensor staged to the host, or with ``async_checkpoint`` a host copy of
+    the rank's weights and optimizer state; an epoch/final save (``save_full_weights``) one gathered
+    full tensor on rank 0's host plus its permuted copy. The checkpoint files are taken to hold the
+    training dtype.
+    """
+    from torchtune import training
+    from torchtune.training._distributed import _local_rows
+    from torchtune.utils import get_dtype
+
+    dtype = get_dtype(cfg.dtype, torch.device("cpu"))
+    model = training.build_model(cfg.model, device=torch.device("meta"), dtype=dtype)
+    head_dim = next((m.head_dim for m in model.modules() if hasattr(m, "head_dim") and hasattr(m, "q_proj")), 1)
+    offload = bool(cfg.fsdp_cpu_offload)
+    local_weights = largest_local = load_in_flight = largest_full = 0
+    for name, p in model.named_parameters():
+        rows = p.shape[0] if p.dim() else 1
+        row_bytes = p.numel() // max(rows, 1) * p.element_size()
+        start, stop = _local_rows(rows, world_size, 0)  # rank 0 holds the largest chunk
+        local = (stop - start) * row_bytes
+        local_weights += local
+        largest_local = max(largest_local, local)
+        permuted = name.endswith(_PERMUTED)
+        # whole heads around the rows: at most one partial head at each end
+        widened = min(rows, -(-(stop - start) // head_dim) * head_dim + head_dim) * row_bytes if permuted else 0
+        load_in_flight = max(load_in_flight, 2 * widened if permuted else local)  # mapped rows (+ copy)
+        largest_full = max(largest_full, p.numel() * p.element_size() * (2 if permuted else 1))
+    steps = estimate.host_bytes_needed if estimate is not None else 0
+    resident = steps if offload else 0  # parameters, gradients and optimizer state in host memory
+    device_state = 0 if estimate is None or offload else estimate.breakdown.get("optimizer_state", 0)
+    async_copy = (local_weights + device_state if not offload else steps) if cfg.get("async_checkpoint", False) else 0
+    notes = [
+        f"load: the rank's rows of one tensor at a time ({load_in_flight / 1e9:.2f} GB at most), memory-mapped "
+        "from the checkpoint files"
+        + ("; the shards themselves live in host memory (fsdp_cpu_offload)" if offload else ""),
+        f"epoch/final save: rank 0 holds one gathered tensor and its converted copy ({largest_full / 1e9:.2f} GB at "
+        "most), never the whole model",
+    ]
+    if cfg.get("async_checkpoint", False):
+        notes.append("async_checkpoint=True: a step save keeps a host copy of the rank's weights and optimizer state")
+    return HostMemory(
+        world_size=world_size,
+        load=(local_weights if offload else 0) + load_in_flight,
+        steps=steps,
+        step_save=resident + max(largest_local, async_copy),
+        full_save_rank0=resident + largest_full,
+        full_save_other=resident,
+        notes=notes,
     )

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 from typing import Any, Dict, Optional
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from torchtune import config
 from torchtune._errors import TuneError
@@ -18,6 +20,35 @@ from torchtune.utils._checkpointing import validate_state_dict
 log = logging.getLogger("torchtune")
 
 __all__ = ["build_model", "check_model_matches_checkpoint", "check_tokenizer_fits_model", "model_fingerprint"]
+
+# In-place initialisers (nn.init.normal_, Tensor.uniform_, ...): on the meta device they have nothing to fill.
+_INITIALISERS = frozenset(
+    {getattr(nn.init, n) for n in dir(nn.init) if n.endswith("_") and not n.startswith("_")}
+    | {torch.Tensor.normal_, torch.Tensor.uniform_}
+)
+
+
+class _SkipMetaInit(TorchFunctionMode):
+    """Skip the initialisers of meta tensors: they hold no values, and a meta ``normal_`` alone imports torch's
+    compiler stack (torch._dynamo: 0.8 s of CPU), which a set-up check or a model about to get its weights
+    never needs."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _INITIALISERS:
+            tensor = args[0] if args else kwargs.get("tensor")
+            if isinstance(tensor, torch.Tensor) and tensor.is_meta:
+                return tensor
+        return func(*args, **kwargs)
+
+
+def _build_on_meta(cfg_model: Any, dtype: Optional[torch.dtype] = None) -> nn.Module:
+    with contextlib.ExitStack() as stack:
+        if dtype is not None:
+            stack.enter_context(set_default_dtype(dtype))
+        stack.enter_context(torch.device("meta"))
+        stack.enter_context(_SkipMetaInit())
+        return config.instantiate(cfg_model)
 
 
 def build_model(
@@ -45,8 +76,7 @@ def build_model(
         with set_default_dtype(dtype), device:
             model = config.instantiate(cfg_model)
     else:
-        with set_default_dtype(dtype), torch.device("meta"):
-            model = config.instantiate(cfg_model)
+        model = _build_on_meta(cfg_model, dtype)
         model.to_empty(device=device)
         validate_state_dict(model, state_dict)
         model.load_state_dict(state_dict)
@@ -71,8 +101,7 @@ def build_model(
 def model_skeleton(cfg_model: Any, *, dtype: torch.dtype) -> nn.Module:
     """The model of ``cfg_model`` on the meta device: its parameter names, shapes and config without any
     memory, to check the checkpoint and tokenizer against before the weights are read."""
-    with set_default_dtype(dtype), torch.device("meta"):
-        return config.instantiate(cfg_model)
+    return _build_on_meta(cfg_model, dtype)
 
 
 def check_model_matches_checkpoint(model: Any, checkpointer: Any) -> None:
@@ -92,8 +121,7 @@ def check_model_matches_checkpoint(model: Any, checkpointer: Any) -> None:
     if check_model is None:
         return
     if not isinstance(model, nn.Module):
-        with torch.device("meta"):
-            model = config.instantiate(model)
+        model = _build_on_meta(model)
     check_model(model)
 
 

@@ -13,7 +13,6 @@ when the layer's last gradient arrives, so at most one layer's gradients exist a
 from __future__ import annotations
 
 import math
-import sys
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional
 
 import torch
@@ -23,6 +22,7 @@ from torch.optim import Optimizer
 from torchtune import config
 from torchtune._errors import ConfigError, TuneError
 from torchtune.training._checks import IN_BWD_GROUPS
+from torchtune.training._dtensor import is_dtensor
 from torchtune.training._low_rank import StepAfterBackward, build_low_rank_optimizers, is_low_rank
 from torchtune.training._stochastic_rounding import StochasticRounding, WeightChangeTracker, step_parameter
 from torchtune.utils._checkpointing._checkpoint_utils import (
@@ -39,14 +39,6 @@ __all__ = [
     "register_optim_in_bwd_hooks",
     "step_optimizer",
 ]
-
-
-def is_dtensor(tensor: Any) -> bool:
-    """Whether ``tensor`` is a DTensor (sharded by FSDP2), without importing ``torch.distributed.tensor``:
-    that import takes a second of CPU, and no tensor can be a DTensor before something else imported it
-    (``tune validate`` and single-device runs never do)."""
-    module = sys.modules.get("torch.distributed.tensor")
-    return module is not None and isinstance(tensor, module.DTensor)
 
 
 class GradNormTracker:

@@ -28,7 +28,7 @@ from torchtune.utils._checkpointing._manifest import _CHECKPOINT_FOLDER, _saved_
 
 log = logging.getLogger("torchtune")
 
-__all__ = ["check_overwrite", "prepare_output_dir"]
+__all__ = ["check_output_dir", "check_overwrite", "prepare_output_dir"]
 
 
 def check_overwrite(cfg: Any) -> None:
@@ -104,7 +104,17 @@ def prepare_output_dir(cfg: Any, info: Any = None) -> None:
     raise_if_any_rank_failed(error, info, "Checking output_dir")
 
 
-def _prepare(cfg: Any) -> None:
+def check_output_dir(cfg: Any) -> str:
+    """What ``prepare_output_dir`` would decide, changing nothing (``tune validate``): the same errors, no
+    deletion for ``overwrite=True``, no metrics cut back for a resume. Returns the decision, in words.
+
+    Raises:
+        TuneError: as ``prepare_output_dir``.
+    """
+    return _prepare(cfg, change=False)
+
+
+def _prepare(cfg: Any, change: bool = True) -> str:
     check_overwrite(cfg)
     checkpoints_dir = Path(str(cfg.checkpointer.output_dir)).expanduser()
     metrics = metrics_path(cfg.output_dir)
@@ -115,10 +125,11 @@ def _prepare(cfg: Any) -> None:
         # of an earlier attempt at this resume, are cut back to the resumed step and continued).
         resumed = _resumed_folder(cfg)
         if resumed.parent == checkpoints_dir.resolve() or not folders:
-            _drop_metrics_after(metrics, _saved_step(resumed))
-            return
+            if change:
+                _drop_metrics_after(metrics, _saved_step(resumed))
+            return "the resumed run continues there"
     elif not (folders or steps):
-        return
+        return "free for this run"
     if cfg.overwrite:
         source = Path(str(cfg.checkpointer.checkpoint_dir)).expanduser().resolve()
         if any(source == f.resolve() or f.resolve() in source.parents for f in folders):
@@ -127,6 +138,8 @@ def _prepare(cfg: Any) -> None:
                 f"from (a checkpoint of the earlier run in {checkpoints_dir}). Keep overwrite=False and set "
                 "output_dir to another folder."
             )
+        if not change:
+            return "another run's checkpoints and metrics there would be deleted first (overwrite=True)"
         for folder in folders:
             shutil.rmtree(folder)
         clean_leftovers(checkpoints_dir)
@@ -137,7 +150,7 @@ def _prepare(cfg: Any) -> None:
             " and ".join(filter(None, [", ".join(f.name for f in folders), "logs/metrics.jsonl" if steps else ""])),
             checkpoints_dir,
         )
-        return
+        return "another run's checkpoints and metrics were deleted (overwrite=True)"
     raise TuneError(_occupied_message(cfg, checkpoints_dir, folders, metrics, steps))
 
 

@@ -25,7 +25,12 @@ from torchtune._errors import ConfigError, TuneError
 from torchtune.training._model import model_fingerprint
 from torchtune.utils import get_rng_state
 from torchtune.utils._checkpointing import RECIPE_STATE_NAME, load_recipe_state
-from torchtune.utils._checkpointing._manifest import ChecksumJob, check_checksums, verify_checkpoint_files
+from torchtune.utils._checkpointing._manifest import (
+    ChecksumJob,
+    check_checksums,
+    check_file_sizes,
+    verify_checkpoint_files,
+)
 
 log = logging.getLogger("torchtune")
 
@@ -211,8 +216,12 @@ def check_resume_keys(cfg: Any) -> None:
         )
 
 
-def resolve_resume(cfg: Any, settings: RunSettings) -> Optional[ResumePlan]:
+def resolve_resume(cfg: Any, settings: RunSettings, *, checksums: bool = True) -> Optional[ResumePlan]:
     """The resume plan of ``cfg``, or ``None`` for a new run.
+
+    The recipe state is memory-mapped: its metadata (settings, position, fingerprint) is read, its tensors
+    are not until used. ``checksums=False`` checks the file's size but not its checksum (which reads every
+    byte): ``tune validate`` reads no tensor data.
 
     Raises:
         ConfigError: ``resume_from_checkpoint`` and ``checkpointer.recipe_checkpoint`` disagree.
@@ -225,14 +234,16 @@ def resolve_resume(cfg: Any, settings: RunSettings) -> Optional[ResumePlan]:
         return None
     path = _recipe_state_path(cfg, cfg.checkpointer.get("recipe_checkpoint"))
     # The checkpointer's own key (its default when absent): the recipe state is checked like the weights.
-    checksums = verify_checkpoint_files(
-        path.parent, [path.name], cfg.checkpointer.get("verify_checksums", "before_load")
-    )
+    if checksums:
+        job = verify_checkpoint_files(path.parent, [path.name], cfg.checkpointer.get("verify_checksums", "before_load"))
+    else:
+        job = None
+        check_file_sizes(path.parent, [path.name])
     try:
         state = load_recipe_state(path)
     except TuneError:
-        if checksums is not None:
-            checksums.check(wait=True)  # a damaged file is better named by its checksum
+        if job is not None:
+            job.check(wait=True)  # a damaged file is better named by its checksum
         raise
     missing = [k for k in _REQUIRED if k not in state]
     if "model" in state or missing:
@@ -242,7 +253,7 @@ def resolve_resume(cfg: Any, settings: RunSettings) -> Optional[ResumePlan]:
             f"a {RECIPE_STATE_NAME} from a step or epoch folder."
         )
     _check_settings(state, settings)
-    return ResumePlan(recipe_state_path=path, state=state, checksums=checksums)
+    return ResumePlan(recipe_state_path=path, state=state, checksums=job)
 
 
 def check_loaded_checksums(resume: Optional[ResumePlan], checkpointer: Any, *, wait: bool = False) -> None:

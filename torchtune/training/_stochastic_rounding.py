@@ -38,10 +38,12 @@ from torch.optim import Optimizer
 from torchtune._errors import ConfigError
 from torchtune.config._instantiate import COMPONENT_KEY
 from torchtune.training._bnb_step import step_without_sync, supports_step_without_sync
+from torchtune.training._dtensor import is_dtensor, local_shard
 
 log = logging.getLogger("torchtune")
 
 __all__ = [
+    "ShardedStochasticRounding",
     "StochasticRounding",
     "WeightChangeTracker",
     "build_stochastic_rounding",
@@ -55,6 +57,8 @@ KEY = "bf16_stochastic_rounding"
 # apollo_torch/galore_torch: plain torch ops on the weight (their low-rank state is not parameter-shaped, so the
 # fp32 swap leaves it in the gradient's dtype, fp32 for a rounded step).
 _SUPPORTED = ("torch.optim.", "bitsandbytes.optim.", "torchao.optim.", "apollo_torch.", "galore_torch.")
+# The torch optimizers a rank can step on its own shard (``_ELEMENTWISE`` below, by name for config checks).
+_SHARDED_TORCH = ("torch.optim.AdamW", "torch.optim.Adam", "torch.optim.SGD")
 # The rounding noise is drawn in chunks, so its buffer (4 bytes an element) stays small next to a
 # large parameter; the chunk size is part of the random stream, so it never changes.
 _CHUNK = 1 << 22
@@ -62,10 +66,12 @@ _CHUNK = 1 << 22
 _SEED_OFFSET = 0x5352
 
 
-def check_stochastic_rounding(cfg: Any) -> None:
+def check_stochastic_rounding(cfg: Any, sharded: bool = False) -> None:
     """``bf16_stochastic_rounding`` is a bool, for an optimizer it supports, and agrees with a torchao
     optimizer's own ``bf16_stochastic_round``. With fp32 weights it is allowed and does nothing (fp32
     updates are not lost to rounding), so ``dtype=fp32`` alone switches a bf16 config to fp32.
+    ``sharded`` (FSDP2's parameters): a torch optimizer must be one whose update is elementwise (each
+    rank steps its own shard in fp32 slices), or a torchao one (it rounds itself).
 
     Raises:
         ConfigError: naming the key and the setting that works.
@@ -92,6 +98,13 @@ def check_stochastic_rounding(cfg: Any) -> None:
             f"{KEY}=True supports the optimizers of torch.optim, bitsandbytes.optim and torchao.optim, whose "
             f"state layout it knows; {component} is none of them. Set {KEY}=False, or "
             "use e.g. optimizer._component_=torch.optim.AdamW."
+        )
+    name = component.split("=", 1)[1]
+    if sharded and name.startswith("torch.optim.") and name not in _SHARDED_TORCH:
+        raise ConfigError(
+            f"{KEY}=True with sharded (FSDP2) parameters steps each rank's shard in fp32 slices, which needs an "
+            f"optimizer whose update of an element reads only that element; {component} is not one. Use "
+            f"{', '.join(_SHARDED_TORCH)} or a torchao.optim optimizer, or set {KEY}=False."
         )
 
 
@@ -261,6 +274,52 @@ class StochasticRounding:
         return {"bf16_stochastic_round": True} if component.startswith("torchao.optim.") else {}
 
 
+# Each rank's stream is seeded apart (a large odd stride): ranks round different shards, and the same
+# bits on every rank would tie the rounding of rows at the same offset of different shards together.
+_RANK_STRIDE = 0x9E3779B1
+
+
+class ShardedStochasticRounding(StochasticRounding):
+    """The rounding of a run over several ranks, each rounding its own shards with its own stream.
+
+    Its state dict holds every rank's stream (gathered when a checkpoint is saved, a collective), so a
+    resume on the same number of ranks draws the bits the uninterrupted run would have drawn. On another
+    number of ranks the shards differ and no saved stream fits them: each rank starts a new stream, seeded
+    from the saved ones so it never repeats the run's first steps (said once in the log).
+    """
+
+    def __init__(self, seed: int, device: torch.device, rank: int, world_size: int) -> None:
+        super().__init__(int(seed) + rank * _RANK_STRIDE, device)
+        self.rank, self.world_size, self._run_seed = rank, world_size, int(seed)
+
+    def state_dict(self) -> Dict[str, Any]:
+        own = super().state_dict()
+        if self.world_size == 1:
+            return {"per_rank": [own]}
+        import torch.distributed as dist
+
+        states: list = [None] * self.world_size
+        dist.all_gather_object(states, own)
+        return {"per_rank": states}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        per_rank = state.get("per_rank") or [state]
+        if len(per_rank) == self.world_size:
+            super().load_state_dict(per_rank[self.rank])
+            return
+        saved = per_rank[0]["generator"]
+        mixed = zlib.crc32(saved.numpy().tobytes()) if torch.is_tensor(saved) else zlib.crc32(repr(saved).encode())
+        StochasticRounding.__init__(self, self._run_seed + mixed + self.rank * _RANK_STRIDE, self.device)
+        if self.rank == 0:
+            log.info(
+                "%s: the checkpoint's rounding streams were saved on %d ranks and this run has %d; each rank's "
+                "stream starts anew (the weights and optimizer state resume exactly; the rounding bits differ).",
+                KEY,
+                len(per_rank),
+                self.world_size,
+            )
+
+
 # The fused rounding: the same arithmetic as ``StochasticRounding.round_``'s plain path (16 random
 # bits added below bf16's mantissa, then truncation), compiled into one kernel that reads the fp32
 # result once and writes the bf16 weight once. Its random bits are philox draws made inside the kernel
@@ -308,15 +367,22 @@ def build_stochastic_rounding(
     seed: int,
     device: torch.device,
     state: Optional[Mapping[str, Any]] = None,
+    rank: int = 0,
+    world_size: Optional[int] = None,
 ) -> Optional[StochasticRounding]:
     """The rounding of a run, continuing the saved stream ``state`` of a resumed run; ``None`` when off,
-    and when the weights are not bf16 (nothing to round: said once in the log)."""
+    and when the weights are not bf16 (nothing to round: said once in the log). ``world_size`` (the
+    distributed recipe): one stream per rank, ``ShardedStochasticRounding``."""
     if not enabled:
         return None
     if dtype != torch.bfloat16:
-        log.info("%s=True has no effect with %s weights: only bf16 updates are rounded.", KEY, dtype)
+        if rank == 0:
+            log.info("%s=True has no effect with %s weights: only bf16 updates are rounded.", KEY, dtype)
         return None
-    rounding = StochasticRounding(seed, device)
+    if world_size is None:
+        rounding = StochasticRounding(seed, device)
+    else:
+        rounding = ShardedStochasticRounding(seed, device, rank, world_size)
     if state is not None:
         rounding.load_state_dict(state)
     return rounding
@@ -393,10 +459,13 @@ def _step_in_fp32_slices(
     bf16 state becomes an fp32 stand-in parameter for the step; the weight slice and the bf16 state
     slices are written back stochastically rounded (the state in a bf16 run's dtype, and still decaying:
     see ``_stepped_in_fp32``)."""
-    low, n = param.dtype, param.numel()
+    low = param.dtype
     group = next(g for g in optimizer.param_groups if any(q is param for q in g["params"]))
     index = next(i for i, q in enumerate(group["params"]) if q is param)
-    flat_w, flat_g = param.data.view(-1), param.grad.reshape(-1)
+    # FSDP2's sharded parameter (a DTensor): the update is elementwise, so a rank steps its own shard
+    # of the weight, gradient and state; the state stays a DTensor for the sharded checkpoint.
+    flat_w, flat_g = local_shard(param.data).view(-1), local_shard(param.grad).reshape(-1)
+    n = flat_w.numel()
     param.grad = None
     state = optimizer.state[param]
     if not state and hasattr(optimizer, "init_state_for"):
@@ -410,7 +479,7 @@ def _step_in_fp32_slices(
             part_state = {}
             for key, value in before.items():
                 if torch.is_tensor(value) and value.shape == param.shape:
-                    view = value.view(-1)[start:end]  # state in another dtype is updated in place
+                    view = local_shard(value).view(-1)[start:end]  # state in another dtype is updated in place
                     part_state[key] = view.float() if view.dtype == low else view
                 elif torch.is_tensor(value) and value.dim() == 0:  # the step count: each slice starts from it
                     part_state[key] = value.clone()
@@ -433,8 +502,8 @@ def _step_in_fp32_slices(
                 if sliced or made_now:
                     if key not in saved:  # the first step made it: as a bf16 run has it, like the parameter
                         dtype = low if value.is_floating_point() else value.dtype
-                        saved[key] = torch.empty(param.shape, dtype=dtype, device=param.device)
-                    target = saved[key].view(-1)[start:end]
+                        saved[key] = torch.empty_like(param.data, dtype=dtype)  # sharded as the parameter is
+                    target = local_shard(saved[key]).view(-1)[start:end]
                     if target.dtype == low and value.dtype == torch.float32:
                         rounding.round_(target, value.reshape(-1), stream=key)
                     else:
@@ -547,9 +616,19 @@ def step_parameter(
     counting = changes is not None and changes.armed
     sr = rounding is not None and param.dtype == torch.bfloat16
     elementwise = type(optimizer) in _ELEMENTWISE or getattr(optimizer, "elementwise_step", False)
-    if sr and elementwise and param.is_contiguous():
+    local = local_shard(param.data)
+    if sr and local.numel() == 0:
+        sr = False  # this rank's shard is empty (a dimension smaller than the rank count): nothing to round
+    if sr and elementwise and local.is_contiguous():
         _step_in_fp32_slices(optimizer, param, rounding, changes)
         return
+    if sr and is_dtensor(param) and _family(optimizer) != "torchao":
+        raise ConfigError(
+            f"{KEY}=True steps a sharded (FSDP2) parameter slice by slice, which needs an optimizer whose update "
+            f"of an element reads only that element (torch.optim.AdamW, Adam or SGD) or a torchao optimizer, "
+            f"which rounds itself; {type(optimizer).__module__}.{type(optimizer).__name__} is neither. Use one of "
+            f"those, or set {KEY}=False."
+        )
     if sr and _bnb_sliceable(optimizer, param) and _step_bnb_in_fp32_slices(optimizer, param, rounding, changes):
         return
     step = step_without_sync if in_backward and supports_step_without_sync(optimizer) else _own_step

@@ -15,7 +15,7 @@ from torchtune._errors import ConfigError, TuneError
 from torchtune.datasets import collate_for
 from torchtune.modules.loss import CROSS_ENTROPY_IGNORE_IDX
 from torchtune.training._checks import positive_int
-from torchtune.training._data import padding_id
+from torchtune.training._data import check_data_head, padding_id
 from torchtune.training._step import forward_loss
 
 log = logging.getLogger("torchtune")
@@ -93,6 +93,7 @@ def build_validation(
     dataset = config.instantiate(cfg_dataset, tokenizer)
     if len(dataset) == 0:
         raise TuneError("validation_dataset has no examples. Check validation_dataset.data_files / source.")
+    check_data_head(dataset, "validation_dataset")
     dataloader = DataLoader(
         dataset,
         batch_size=batch_size,

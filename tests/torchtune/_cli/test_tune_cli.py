@@ -178,7 +178,7 @@ def test_argparse_errors_exit_2(files):
     assert result.returncode == 2 and "unrecognized arguments" in result.stderr
 
 
-@pytest.mark.parametrize("command", [[], ["run"], ["ls"], ["cp"], ["validate"], ["download"]])
+@pytest.mark.parametrize("command", [[], ["run"], ["ls"], ["cp"], ["validate"], ["download"], ["export"]])
 def test_help(files, command):
     result = tune(*command, "--help", cwd=files)
     assert result.returncode == 0 and result.stdout.startswith("usage: tune")

@@ -182,3 +182,23 @@ def test_torchao_8bit_state_is_counted_per_local_shard():
 def test_bitsandbytes_is_refused_as_the_recipe_does():
     with pytest.raises(Exception, match="torchao.optim.AdamW8bit"):
         estimate_distributed_memory(_cfg("optimizer._component_=bitsandbytes.optim.AdamW8bit"), 2, seq_len=SEQ)
+
+
+def test_host_memory_of_llama2_70b_on_8_ranks_is_one_tensor_not_the_model():
+    """Hand counts from the 70B shapes (bf16): the final save's largest tensor on rank 0 is the token
+    embedding (32000 x 8192), larger than a permuted q copy (2 x 8192 x 8192) or w1 (28672 x 8192); the
+    load's largest in-flight rows are rank 0's 4000 embedding rows; with CPU offload the shards add an
+    eighth of the model."""
+    from torchtune.training._distributed_memory import estimate_host_memory
+
+    cfg = load_config("llama2/70B_full_distributed")
+    host = estimate_host_memory(cfg, 8)
+    assert host.full_save_rank0 == 32000 * 8192 * 2
+    assert host.load == 4000 * 8192 * 2
+    assert host.full_save_other == host.steps == 0
+    # a step save stages one local tensor: rank 0's embedding (or output) rows
+    assert host.step_save == 4000 * 8192 * 2
+
+    offloaded = estimate_host_memory(load_config("llama2/70B_full_distributed", ["fsdp_cpu_offload=True"]), 8)
+    model_bytes = 68_976_648_192 * 2  # Llama2-70B's parameters in bf16
+    assert offloaded.load - host.load == pytest.approx(model_bytes / 8, rel=1e-3)

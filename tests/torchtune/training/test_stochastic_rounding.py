@@ -367,3 +367,22 @@ def test_adamw_on_bf16_weights_decays_exp_avg_sq_as_fp32_does():
     nearest = run(torch.bfloat16, None)
     assert sr == pytest.approx(fp32, rel=0.02), (sr, fp32)
     assert nearest > 2 * fp32, (nearest, fp32)
+
+
+def test_every_shipped_bf16_config_rounds_its_updates():
+    """The decaying path above is what the shipped configs train with: every config with bf16 weights and a
+    training recipe (single-device or distributed) sets bf16_stochastic_rounding: True."""
+    from omegaconf import OmegaConf
+
+    from torchtune import _recipe_registry as registry
+
+    checked = []
+    for recipe in registry.get_all_recipes():
+        for config in recipe.configs:
+            cfg = OmegaConf.load(config.path)
+            if "bf16_stochastic_rounding" not in cfg and "optimizer" not in cfg:
+                continue  # eval and generation configs train nothing
+            if cfg.get("dtype") == "bf16":
+                checked.append(config.name)
+                assert cfg.bf16_stochastic_rounding is True, config.name
+    assert "llama2/7B_full" in checked and "llama2/70B_full_distributed" in checked

@@ -15,12 +15,12 @@ on both sides, so their tensors are copied as they are.
 from __future__ import annotations
 
 import re
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Sequence
 
 import torch
 
 from torchtune._errors import TuneError
-from torchtune.models.llama2._convert_weights import _permute, _rename, _unpermute
+from torchtune.models.llama2._convert_weights import RowSource, _permute, _rename
 
 _FROM_HF = {
     "model.embed_tokens.weight": "tok_embeddings.weight",
@@ -76,19 +76,18 @@ def _permutation(key: str, num_heads: int, num_kv_heads: int):
     return None
 
 
-def hf_to_tune(
-    state_dict: dict[str, torch.Tensor], *, num_heads: int, num_kv_heads: int, head_dim: int
-) -> dict[str, torch.Tensor]:
-    """Hugging Face Gemma 3 names (either folder form) -> torchtune names, undoing HF's rotary layout.
-
-    Vision weights and RoPE buffers are left out.
+def hf_sources(
+    hf_shapes: dict[str, Sequence[int]], *, num_heads: int, num_kv_heads: int, head_dim: int
+) -> dict[str, RowSource]:
+    """``{torchtune name: where its rows are}`` for the HF tensors of ``hf_shapes`` (``{name as stored in
+    either folder form: shape}``, from the files' headers). Vision weights and RoPE buffers are left out.
 
     Raises:
         TuneError: listing the keys that belong to no Gemma 3 checkpoint.
     """
-    out: dict[str, torch.Tensor] = {}
+    out: dict[str, RowSource] = {}
     unknown = []
-    for key, tensor in state_dict.items():
+    for key, shape in hf_shapes.items():
         if is_vision(key):
             continue
         name = text_name(key)
@@ -97,11 +96,8 @@ def hf_to_tune(
             if not _DERIVABLE.match(name):
                 unknown.append(key)
             continue
-        heads = _permutation(new_key, num_heads, num_kv_heads)
-        if heads is not None:
-            tensor = _unpermute(tensor.unsqueeze(-1) if tensor.dim() == 1 else tensor, heads, head_dim)
-            tensor = tensor.squeeze(-1) if new_key.endswith("norm.scale") else tensor
-        out[new_key] = tensor
+        permuted = _permutation(new_key, num_heads, num_kv_heads) is not None
+        out[new_key] = RowSource(key, 0, shape[0], head_dim if permuted else None)
     if unknown:
         shown = ", ".join(unknown[:20]) + (f" (and {len(unknown) - 20} more)" if len(unknown) > 20 else "")
         raise TuneError(
@@ -110,6 +106,20 @@ def hf_to_tune(
             "checkpointer.model_type=GEMMA3 is meant."
         )
     return out
+
+
+def hf_to_tune(
+    state_dict: dict[str, torch.Tensor], *, num_heads: int, num_kv_heads: int, head_dim: int
+) -> dict[str, torch.Tensor]:
+    """Hugging Face Gemma 3 names (either folder form) -> torchtune names, undoing HF's rotary layout;
+    each tensor converted as :func:`hf_sources` says, the way a sharded load converts its rows.
+
+    Raises:
+        TuneError: listing the keys that belong to no Gemma 3 checkpoint.
+    """
+    shapes = {k: t.shape for k, t in state_dict.items()}
+    sources = hf_sources(shapes, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim)
+    return {key: source.read(state_dict[source.hf_key]) for key, source in sources.items()}
 
 
 def tune_to_hf_names(keys: Iterable[str]) -> dict[str, str]:

@@ -310,6 +310,13 @@ class Gemma3Folder:
 
         return hf_to_tune(state_dict, **self._shape)
 
+    def sources(self, hf_shapes: Dict[str, Any]) -> Dict[str, Any]:
+        """``{torchtune name: RowSource}`` of the stored tensors (``{stored name: shape}``), for a load
+        that reads one tensor, or one rank's rows of it, at a time."""
+        from torchtune.models.gemma3._convert_weights import hf_sources
+
+        return hf_sources(hf_shapes, **self._shape)
+
     def hf_names(self, keys) -> Dict[str, str]:
         from torchtune.models.gemma3._convert_weights import tune_to_hf_names
 

@@ -12,7 +12,8 @@ makes both directions exact (pure re-indexing, no arithmetic).
 from __future__ import annotations
 
 import re
-from typing import Iterable, Iterator, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 import torch
 
@@ -110,6 +111,49 @@ def _unpermute(w: torch.Tensor, n_heads: int, head_dim: int) -> torch.Tensor:
     """HF (half-split) -> Meta (interleaved); the inverse of :func:`_permute`."""
     dim_in = w.shape[1]
     return w.view(n_heads, 2, head_dim // 2, dim_in).transpose(1, 2).reshape(n_heads * head_dim, dim_in)
+
+
+@dataclass(frozen=True)
+class RowSource:
+    """Where one torchtune tensor's rows are in a Hugging Face tensor, so that a rank can read just the rows
+    of its shard: rows ``offset : offset + rows`` of ``hf_key`` (``offset`` > 0 for the parts of a fused
+    projection), in HF's half-split order of q/k channels when ``head_dim`` is set.
+
+    HF permutes rows only within each head, so any whole number of heads converts on its own: a row
+    range is read widened to whole heads (at most two heads more), converted, and cut to size.
+    """
+
+    hf_key: str
+    offset: int
+    rows: int
+    head_dim: Optional[int] = None
+    # Partial rotary (Phi-4-mini): only the first rotary_dim rows of each head are half-split; None: all.
+    rotary_dim: Optional[int] = None
+
+    def read(self, source: Any, start: int = 0, stop: Optional[int] = None) -> torch.Tensor:
+        """Rows ``start:stop`` (default: all) of the torchtune tensor, from ``source``: the HF tensor or
+        anything sliced like one along dim 0 (a safetensors ``get_slice``, a memory-mapped tensor)."""
+        stop = self.rows if stop is None else stop
+        block = self.head_dim or 1
+        lo, hi = start // block * block, -(-stop // block) * block
+        t = source[self.offset + lo : self.offset + hi]
+        if self.head_dim is not None:
+            flat = t.unsqueeze(-1) if t.dim() == 1 else t
+            heads = flat.shape[0] // self.head_dim
+            t = _rotary_reorder(flat, heads, self.head_dim, self.rotary_dim, _unpermute).reshape(t.shape)
+        return t[start - lo : stop - lo]
+
+
+def _rotary_reorder(
+    w: torch.Tensor, n_heads: int, head_dim: int, rotary_dim: Optional[int], fn: Callable
+) -> torch.Tensor:
+    """``fn`` (:func:`_permute` or :func:`_unpermute`) on the rotated rows of each head of ``w``: all of them,
+    or the first ``rotary_dim`` (partial rotary: HF splits only those in halves, the rest stay in place)."""
+    if rotary_dim is None or rotary_dim == head_dim:
+        return fn(w, n_heads, head_dim)
+    per_head = w.reshape(n_heads, head_dim, w.shape[-1])
+    turned = fn(per_head[:, :rotary_dim].reshape(n_heads * rotary_dim, -1), n_heads, rotary_dim)
+    return torch.cat([turned.view(n_heads, rotary_dim, -1), per_head[:, rotary_dim:]], dim=1).reshape(w.shape)
 
 
 def meta_to_tune(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -13,14 +13,14 @@ import logging
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Optional, Union
+from typing import Any, Callable, Iterator, Mapping, Optional, Tuple, Union
 
 import torch
 from torch import nn
 
 from torchtune._assets import missing_path_hint
 from torchtune._errors import ConfigError, TuneError
-from torchtune.models._hf_convert import hf_to_tune, tune_to_hf_plan, tune_to_hf_tensor
+from torchtune.models._hf_convert import hf_sources, hf_to_tune, tune_to_hf_plan, tune_to_hf_tensor
 from torchtune.models._hf_family import (
     canonical_model_type,
     check_shape,
@@ -38,8 +38,18 @@ from torchtune.utils._checkpointing._manifest import (
     check_checksum_mode,
     verify_checkpoint_files,
 )
-from torchtune.utils._checkpointing._safe_load import load_safetensors_weights, load_torch_weights
+from torchtune.utils._checkpointing._safe_load import (
+    load_safetensors_weights,
+    load_torch_weights,
+    safetensors_skeleton,
+)
 from torchtune.utils._checkpointing._streaming_write import safetensors_order, save_torch, write_safetensors
+from torchtune.utils._checkpointing._weight_reader import (
+    FileReader,
+    StateDictReader,
+    WeightReader,
+    safetensors_shapes,
+)
 
 log = logging.getLogger("torchtune")
 
@@ -72,11 +82,20 @@ def _save_torch_file(obj: Any, path: Path) -> str:
     return save_torch(obj, path).digest
 
 
-def _hf_spec(parts: dict[str, torch.Tensor]) -> tuple[torch.dtype, torch.Size]:
+# What a save needs to know of each tensor before its data: dtype and shape.
+TensorSpec = Tuple[torch.dtype, torch.Size]
+
+
+def _hf_spec(parts: list[TensorSpec]) -> TensorSpec:
     """Dtype and shape of the HF tensor stacked from ``parts`` (rows of each, in order)."""
-    first = next(iter(parts.values()))
-    rows = sum(t.shape[0] for t in parts.values())
-    return first.dtype, torch.Size((rows, *first.shape[1:])) if len(parts) > 1 else first.shape
+    dtype, first = parts[0]
+    rows = sum(shape[0] for _, shape in parts)
+    return dtype, torch.Size((rows, *first[1:])) if len(parts) > 1 else first
+
+
+def tensor_specs(state_dict: Mapping[str, torch.Tensor]) -> dict[str, TensorSpec]:
+    """``{name: (dtype, shape)}`` of a state dict (what :meth:`write_weights` announces before any data)."""
+    return {k: (t.dtype, t.shape) for k, t in state_dict.items()}
 
 
 def _shorten(items: list[str], limit: int = 20) -> str:
@@ -232,10 +251,32 @@ class _FullModelCheckpointer:
 
     def write_model(self, model_sd: dict[str, torch.Tensor], folder: Path) -> dict[str, str]:
         """Write the weight files (and the side files a save copies) into ``folder`` as a save does, but
-        not atomically: for a caller that assembles the folder and publishes it itself (the distributed
-        recipe adds its sharded training state next to the weights). Returns ``{name: sha256}`` of
-        the files hashed while writing."""
-        return self._write_model(model_sd, folder)
+        not atomically: for a caller that assembles the folder and publishes it itself. Returns
+        ``{name: checksum}`` of the files hashed while writing."""
+        return self.write_weights(tensor_specs(model_sd), model_sd.__getitem__, folder)
+
+    def write_weights(
+        self, specs: Mapping[str, TensorSpec], fetch: Callable[[str], torch.Tensor], folder: Path
+    ) -> dict[str, str]:
+        """:meth:`write_model` of tensors that exist only when asked for: ``specs`` gives every torchtune
+        name with its dtype and shape, ``fetch(name)`` the tensor, called once per name (the
+        distributed recipe gathers each parameter's full tensor there, so its host holds one at a time).
+        This format needs them all at once (``torch.save`` of one dict); Hugging Face folders stream."""
+        return self._write_model({k: fetch(k) for k in specs}, folder)
+
+    def save_weights(
+        self, specs: Mapping[str, TensorSpec], fetch: Callable[[str], torch.Tensor], epoch: int, step: int = 0
+    ) -> Path:
+        """An atomic ``output_dir/epoch_{epoch}`` of the weights alone, from :meth:`write_weights`'s
+        ``specs`` and ``fetch``; returns the folder."""
+        return self._save(
+            {MODEL_KEY: None}, epoch, step, False, lambda _, folder: self.write_weights(specs, fetch, folder)
+        )
+
+    def open_weights(self) -> WeightReader:
+        """The weights as a :class:`WeightReader`: names and shapes first, then any tensor's rows on
+        demand (a sharded load reads only its shards). This format is one memory-mapped file."""
+        return StateDictReader(self.load_checkpoint()[MODEL_KEY])
 
     def _save(
         self,
@@ -352,13 +393,31 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
     def check_model(self, model: nn.Module) -> None:
         """Raise ``TuneError`` if ``model`` differs from ``config.json`` in a way the weight shapes cannot
         show or before any weight is read: sizes, heads, RoPE, norm epsilon, tying, biases, q/k norm,
-        sliding window (each named with its config.json key and both values). Works on a meta-device model."""
+        sliding window (each named with its config.json key and both values); then the weight files'
+        headers against the model (``check_headers``). Works on a meta-device model and reads no weight."""
         if self._folder is not None:
             self._folder.check_model(model)
+        else:
+            if self._model_config is not None:
+                self._model_config.check_model(model)
+            check_shape(self._shape, model, self._config_path, self._family)
+        self.check_headers(model)
+
+    def check_headers(self, model: nn.Module) -> None:
+        """The safetensors headers (names, shapes, dtypes, file sizes) converted to torchtune names as
+        ``load_checkpoint`` converts the weights, and checked against ``model`` with the message a load
+        gives (``validate_state_dict``). No tensor data is read. ``.bin`` shards have no header to read
+        without unpickling: they are checked when loaded.
+
+        Raises:
+            TuneError: a truncated or non-float file, or names and shapes that do not fit the model.
+        """
+        if not self._safetensors:
             return
-        if self._model_config is not None:
-            self._model_config.check_model(model)
-        check_shape(self._shape, model, self._config_path, self._family)
+        merged: dict[str, torch.Tensor] = {}
+        for name in self._shard_names:
+            self._add_shard(merged, name, safetensors_skeleton(self._checkpoint_dir / name))
+        validate_state_dict(model, self._to_tune(merged))
 
     def load_checkpoint(self) -> dict[str, Any]:
         """Read the weights (memory-mapped) and return ``{"model": state_dict in torchtune names, ...recipe state}``."""
@@ -367,13 +426,20 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
         for name in self._shard_names:
             path = self._checkpoint_dir / name
             shard = self._read(load_safetensors_weights if self._safetensors else load_torch_weights, path)
-            for key, value in shard.items():
-                key = self._folder.hf_name(key) if self._folder is not None else key
-                merged[key] = value
-                self._key_to_file[key] = name
+            self._add_shard(merged, name, shard)
+        return self._finish_load(self._to_tune(merged))
+
+    def _add_shard(self, merged: dict[str, torch.Tensor], name: str, shard: dict[str, torch.Tensor]) -> None:
+        for key, value in shard.items():
+            key = self._folder.hf_name(key) if self._folder is not None else key
+            merged[key] = value
+            self._key_to_file[key] = name
+
+    def _to_tune(self, merged: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The HF state dict ``merged`` in torchtune names and layout (also of meta tensors: the header check)."""
         if self._tied and "lm_head.weight" in merged:
             lm_head, embed = merged.pop("lm_head.weight"), merged.get("model.embed_tokens.weight")
-            if embed is not None and not torch.equal(lm_head, embed):
+            if embed is not None and not lm_head.is_meta and not torch.equal(lm_head, embed):
                 log.warning(
                     "%s says tie_word_embeddings: true but lm_head.weight differs from model.embed_tokens.weight; "
                     "using model.embed_tokens.weight for both, as transformers does.",
@@ -381,9 +447,9 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
                 )
             self._key_to_file.pop("lm_head.weight", None)
         if self._folder is not None:
-            return self._finish_load(self._folder.to_tune(merged))
+            return self._folder.to_tune(merged)
         try:
-            model_sd = hf_to_tune(merged, self._shape, fused=self._family.fused_projections, family=self._family.name)
+            return hf_to_tune(merged, self._shape, fused=self._family.fused_projections, family=self._family.name)
         except RuntimeError as exc:  # q/k un-permutation: the shapes in config.json do not fit the weights
             shape = self._shape
             raise TuneError(
@@ -393,43 +459,100 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
                 f"head_dim={shape.head_dim}): {exc}. Use the config.json that came with these weights, or "
                 "check checkpointer.checkpoint_files."
             ) from exc
-        return self._finish_load(model_sd)
+
+    def _stored_shapes(self) -> dict[str, tuple[str, torch.Size]]:
+        """``{name as stored: (file, shape)}`` from the files' headers (safetensors) or their memory map
+        (``.bin``): no weight is read."""
+        found: dict[str, tuple[str, torch.Size]] = {}
+        for name in self._shard_names:
+            path = self._checkpoint_dir / name
+            if self._safetensors:
+                shapes = self._read(safetensors_shapes, path)
+            else:
+                shapes = {k: t.shape for k, t in self._read(load_torch_weights, path).items()}
+            found.update({key: (name, shape) for key, shape in shapes.items()})
+        return found
+
+    def _saved_name(self, stored: str) -> str:
+        return self._folder.hf_name(stored) if self._folder is not None else stored
+
+    def _learn_layout(self, stored: Mapping[str, tuple[str, torch.Size]]) -> None:
+        """Which file each tensor of a save goes to: the one it came from (a tied model's ``lm_head``
+        has none)."""
+        self._key_to_file = {self._saved_name(k): name for k, (name, _) in stored.items()}
+        if self._tied:
+            self._key_to_file.pop("lm_head.weight", None)
+
+    def open_weights(self) -> WeightReader:
+        """The weights as a :class:`WeightReader`: torchtune names and shapes from the files' headers,
+        then each tensor's rows (a sharded load's shards) read memory-mapped and converted on demand, so
+        no process holds more than its shards and one tensor. Files of our own earlier output are
+        checked against their manifest first, as :meth:`load_checkpoint` does."""
+        self._verify(self._shard_names + ["config.json"] + ([self._index_name] if self._index_name else []))
+        stored = self._stored_shapes()
+        self._learn_layout(stored)
+        hf_shapes = {k: shape for k, (_, shape) in stored.items()}
+        if self._tied:
+            # transformers uses the embedding for both; an lm_head.weight in the files is not read
+            hf_shapes = {k: v for k, v in hf_shapes.items() if self._saved_name(k) != "lm_head.weight"}
+        if self._folder is not None:
+            sources = self._folder.sources(hf_shapes)
+        else:
+            sources = hf_sources(hf_shapes, self._shape, fused=self._family.fused_projections, family=self._family.name)
+        on_error = (lambda exc: self.checksums.check(wait=True)) if self.checksums is not None else None
+        return FileReader(
+            self._checkpoint_dir,
+            {key: (stored[source.hf_key][0], source) for key, source in sources.items()},
+            hf_shapes,
+            load_file=None if self._safetensors else load_torch_weights,
+            on_error=on_error,
+        )
 
     def _write_model(self, model_sd: dict[str, torch.Tensor], folder: Path) -> dict[str, str]:
+        return self.write_model(model_sd, folder)
+
+    def write_weights(
+        self, specs: Mapping[str, TensorSpec], fetch: Callable[[str], torch.Tensor], folder: Path
+    ) -> dict[str, str]:
         """Write the weights in HF format, one tensor at a time; returns ``{file: checksum}``.
 
-        Each tensor is moved to the host, converted there (the q/k permutation copies) and written
-        before the next one is touched: a save needs one tensor's worth of extra host memory (two
-        for a permuted q/k weight) and no device memory. ``.bin`` shards go through ``torch.save``,
-        which needs the whole shard at once: one shard on the host at a time.
+        Each tensor is fetched, moved to the host, converted there (the q/k permutation copies) and
+        written before the next one is fetched: a save needs one tensor's worth of extra host memory
+        (two for a permuted q/k weight) and no device memory. ``.bin`` shards go through
+        ``torch.save``, which needs the whole shard at once: one shard on the host at a time. Each
+        tensor goes into the file it was read from; after a resume (nothing read) the files' headers
+        say which.
         """
+        if not self._key_to_file:
+            self._learn_layout(self._stored_shapes())
         if self._folder is not None:
-            plan = {hf_key: [key] for key, hf_key in self._folder.hf_names(model_sd).items()}
+            plan = {hf_key: [key] for key, hf_key in self._folder.hf_names(specs).items()}
 
-            def hf_tensor(hf_key: str, parts: dict[str, torch.Tensor]) -> torch.Tensor:
-                ((key, tensor),) = parts.items()
-                return self._folder.hf_tensor(key, tensor)
+            def hf_tensor(hf_key: str, parts: list[str]) -> torch.Tensor:
+                return self._folder.hf_tensor(parts[0], fetch(parts[0]))
 
         else:
-            plan = tune_to_hf_plan(model_sd, fused=self._family.fused_projections, family=self._family.name)
+            plan = tune_to_hf_plan(specs, fused=self._family.fused_projections, family=self._family.name)
 
-            def hf_tensor(hf_key: str, parts: dict[str, torch.Tensor]) -> torch.Tensor:
-                return tune_to_hf_tensor(hf_key, parts, self._shape)
+            def hf_tensor(hf_key: str, parts: list[str]) -> torch.Tensor:
+                return tune_to_hf_tensor(hf_key, {k: fetch(k) for k in parts}, self._shape)
 
         default_file = self._shard_names[-1]
-        by_file: dict[str, dict[str, dict[str, torch.Tensor]]] = {name: {} for name in self._shard_names}
+        by_file: dict[str, dict[str, list[str]]] = {name: {} for name in self._shard_names}
         for hf_key, parts in plan.items():
-            by_file[self._key_to_file.get(hf_key, default_file)][hf_key] = {k: model_sd[k] for k in parts}
+            by_file[self._key_to_file.get(hf_key, default_file)][hf_key] = parts
         weight_map = {hf_key: name for name, tensors in by_file.items() for hf_key in tensors}
-        total_size = sum(t.numel() * t.element_size() for t in model_sd.values())
+        total_size = sum(shape.numel() * torch.empty((), dtype=dtype).element_size() for dtype, shape in specs.values())
         hashed: dict[str, str] = {}
         for name, source in by_file.items():
             if self._safetensors:
-                specs = safetensors_order((k, *_hf_spec(p)) for k, p in source.items())
-                converted = (hf_tensor(k, source[k]) for k, _, _ in specs)
-                hashed[name] = _write_safetensors_file(folder / name, specs, converted)
+                specs_in_file = safetensors_order(
+                    (k, *_hf_spec([specs[p] for p in parts])) for k, parts in source.items()
+                )
+                converted = (hf_tensor(k, source[k]) for k, _, _ in specs_in_file)
+                hashed[name] = _write_safetensors_file(folder / name, specs_in_file, converted)
             else:
-                shard = {k: hf_tensor(k, p).contiguous() for k, p in source.items()}
+                shard = {k: hf_tensor(k, parts).contiguous() for k, parts in source.items()}
                 hashed[name] = _save_torch_file(shard, folder / name)
                 del shard
         if self._index_name or len(self._shard_names) > 1:
@@ -438,7 +561,7 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
             )
             index = {"metadata": {"total_size": total_size}, "weight_map": dict(sorted(weight_map.items()))}
             (folder / index_name).write_text(json.dumps(index, indent=2) + "\n")
-        written = next((t.dtype for t in model_sd.values() if t.is_floating_point()), None)
+        written = next((dtype for dtype, _ in specs.values() if dtype.is_floating_point), None)
         if self._folder is not None:
             config = self._folder.saved_config()
         else:

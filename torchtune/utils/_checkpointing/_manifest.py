@@ -300,22 +300,37 @@ def verify_checkpoint_files(
     Raises:
         TuneError: a file is missing, has another size, or (before_load) another sum.
     """
-    folder = Path(folder)
     check_checksum_mode(checksums)
-    manifest = read_manifest(folder)
-    if manifest is None:
+    entries = check_file_sizes(folder, names)
+    if not entries:
         return None
-    entries = _entries(manifest, names)
-    for name, entry in entries.items():
-        problem = _size_problem(folder / name, entry)
-        if problem is not None:
-            raise _damaged(folder, folder / name, problem)
+    folder = Path(folder)
     if checksums == "before_load":
         for name, entry in entries.items():
             if not _matches(folder / name, entry):
                 raise _damaged(folder, folder / name, _CORRUPTED)
         return None
     return ChecksumJob(folder, entries)
+
+
+def check_file_sizes(folder: Path, names: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """Check the sizes of the files ``names`` of ``folder`` against its manifest, reading none of them
+    (``tune validate``; the first step of ``verify_checkpoint_files``). Returns their manifest entries
+    (none for a folder without a manifest).
+
+    Raises:
+        TuneError: a file is missing or has another size than it was saved with.
+    """
+    folder = Path(folder)
+    manifest = read_manifest(folder)
+    if manifest is None:
+        return {}
+    entries = _entries(manifest, names)
+    for name, entry in entries.items():
+        problem = _size_problem(folder / name, entry)
+        if problem is not None:
+            raise _damaged(folder, folder / name, problem)
+    return entries
 
 
 def check_checksums(*jobs: Optional[ChecksumJob], wait: bool = False) -> None:

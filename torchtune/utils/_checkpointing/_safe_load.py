@@ -53,6 +53,37 @@ def load_safetensors_weights(path: Path) -> dict[str, torch.Tensor]:
         ) from exc
 
 
+# safetensors' dtype names of the floating-point weights a model loads (loading casts between them).
+_SAFETENSORS_FLOAT_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+
+def safetensors_skeleton(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a ``.safetensors`` file as meta-device tensors (name, shape, dtype), from its header
+    alone: no byte of tensor data is read, so a 13 GB checkpoint is checked against the model in
+    milliseconds. safetensors checks that the header's offsets cover the file (a truncated file fails here).
+
+    Raises:
+        TuneError: the file is not safetensors, is truncated, or holds a tensor that is not floating point
+            (a quantized checkpoint: int8, fp8, ...), which loading would silently cast into the weights.
+    """
+    from torchtune.utils._checkpointing._weight_reader import open_safetensors
+
+    with open_safetensors(path) as f:
+        specs = {name: (f.get_slice(name).get_dtype(), f.get_slice(name).get_shape()) for name in f.keys()}
+    other = {name: dtype for name, (dtype, _) in specs.items() if dtype not in _SAFETENSORS_FLOAT_DTYPES}
+    if other:
+        shown = ", ".join(f"{name} ({dtype})" for name, dtype in list(other.items())[:5])
+        raise TuneError(
+            f"{path} holds tensors that are not floating-point weights: {shown}"
+            f"{f' and {len(other) - 5} more' if len(other) > 5 else ''}. A quantized checkpoint (int8, fp8) cannot "
+            "be finetuned in full: point checkpointer.checkpoint_dir at the model's bf16/fp16/fp32 weights."
+        )
+    return {
+        name: torch.empty(shape, dtype=_SAFETENSORS_FLOAT_DTYPES[dtype], device="meta")
+        for name, (dtype, shape) in specs.items()
+    }
+
+
 def load_recipe_state(path: Path) -> dict[str, Any]:
     """Load ``recipe_state.pt`` memory-mapped, with ``weights_only=True``.
 
