@@ -15,6 +15,14 @@ CONFIGS = [
     "llama2/13B_full_distributed",
     "llama2/70B_full_distributed",
     "llama3_1/8B_full_distributed",
+    "qwen3/8B_full_distributed",
+    "qwen3/14B_full_distributed",
+    "qwen3/32B_full_distributed",
+    "qwen2_5/7B_full_distributed",
+    "qwen2_5/14B_full_distributed",
+    "qwen2_5/32B_full_distributed",
+    "mistral/7B_full_distributed",
+    "phi4/14B_full_distributed",
 ]
 
 

@@ -3,7 +3,8 @@ Phi-4): names, HF's rotary permutation, and the fused projections of Phi-3/Phi-4
 
 torchtune rotates channel pairs ``(2i, 2i+1)``; HF rotates halves, so every tensor whose rows (or
 entries) are query/key channels is re-indexed: the q/k projection weights, their biases (Qwen2.5) and
-the per-head q/k norm scales (Qwen3, one ``head_dim`` vector shared by the heads). A Phi-4 folder stores
+the per-head q/k norm scales (Qwen3, one ``head_dim`` vector shared by the heads); with partial rotary
+(Phi-4-mini) only the rotated first channels of each head. A Phi-4 folder stores
 ``qkv_proj`` (q, k, v rows stacked) and ``gate_up_proj`` (gate rows, then up rows): loading splits them
 into torchtune's separate projections and saving stacks them again. Every step is re-indexing, so both
 directions are exact.
@@ -18,7 +19,14 @@ import torch
 
 from torchtune._errors import TuneError
 from torchtune.models._hf_family import ModelShape
-from torchtune.models.llama2._convert_weights import _DERIVABLE_HF, _FROM_HF, RowSource, _permute, _rename
+from torchtune.models.llama2._convert_weights import (
+    _DERIVABLE_HF,
+    _FROM_HF,
+    RowSource,
+    _permute,
+    _rename,
+    _rotary_reorder,
+)
 
 _FROM_HF_ALL = {
     **_FROM_HF,
@@ -69,11 +77,9 @@ def _to_hf_layout(key: str, t: torch.Tensor, shape: ModelShape) -> torch.Tensor:
         heads = 1
     else:
         return t
-    return (
-        _permute(t.unsqueeze(-1), heads, shape.head_dim).squeeze(-1)
-        if t.dim() == 1
-        else _permute(t, heads, shape.head_dim)
-    )
+    rows = t.unsqueeze(-1) if t.dim() == 1 else t
+    out = _rotary_reorder(rows, heads, shape.head_dim, shape.rotary_dim, _permute)
+    return out.squeeze(-1) if t.dim() == 1 else out
 
 
 def _has_feature(tune_key: str, shape: ModelShape) -> bool:
@@ -148,7 +154,9 @@ def _source(hf_key: str, tune_key: str, offset: int, rows: int, shape: ModelShap
     permuted = _permuted_rows(tune_key, shape)
     if permuted is not None and permuted != rows:
         raise _bad_rows(hf_key, rows, str(permuted))
-    return RowSource(hf_key, offset, rows, shape.head_dim if permuted is not None else None)
+    if permuted is None:
+        return RowSource(hf_key, offset, rows)
+    return RowSource(hf_key, offset, rows, shape.head_dim, shape.rotary_dim)
 
 
 def _bad_rows(hf_key: str, rows: int, expected: str) -> TuneError:

@@ -16,7 +16,7 @@ import importlib
 from dataclasses import dataclass, fields
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from torch import nn
 
@@ -53,6 +53,10 @@ class ModelShape:
     output_bias: bool = False
     qk_norm: bool = False
     sliding_window: Optional[int] = None
+    # Channels of each head that RoPE rotates when fewer than head_dim (partial_rotary_factor); None: all.
+    rotary_dim: Optional[int] = None
+    # LongRoPE's settings as sorted (key, value) pairs (lists as tuples); None: no RoPE scaling.
+    rope_scaling: Optional[Tuple[Tuple[str, Any], ...]] = None
 
 
 # Fields a config.json may leave out (older converted Llama folders): then not compared.
@@ -74,6 +78,8 @@ CONFIG_KEYS = {
     "output_bias": ("attention_bias", "the builder"),
     "qk_norm": ("the family's q/k norm", "the builder"),
     "sliding_window": ("sliding_window", "sliding_window"),
+    "rotary_dim": ("partial_rotary_factor x head_dim", "rotary_dim"),
+    "rope_scaling": ("rope_scaling / rope_parameters", "rope_short_factor, rope_long_factor, ..."),
 }
 
 
@@ -243,6 +249,24 @@ def rope_theta(config: Dict[str, Any], path: Path, family: str, default: float =
     return float(params.get("rope_theta", config.get("rope_theta", default)))
 
 
+def longrope_scaling(
+    short_factor: Sequence[float],
+    long_factor: Sequence[float],
+    original_max_position_embeddings: int,
+    factor: float,
+    attention_factor: float,
+) -> Tuple[Tuple[str, Any], ...]:
+    """:attr:`ModelShape.rope_scaling` of LongRoPE, from config.json or from a model alike."""
+    return (
+        ("attention_factor", float(attention_factor)),
+        ("factor", float(factor)),
+        ("long_factor", tuple(float(f) for f in long_factor)),
+        ("original_max_position_embeddings", int(original_max_position_embeddings)),
+        ("rope_type", "longrope"),
+        ("short_factor", tuple(float(f) for f in short_factor)),
+    )
+
+
 def llama_like_shape(
     config: Dict[str, Any],
     path: Path,
@@ -303,10 +327,13 @@ def llama_like_config(shape: ModelShape, *, hf_model_type: str, architecture: st
 
 def shape_of_model(model: nn.Module) -> ModelShape:
     """The :class:`ModelShape` of a decoder built by one of the Llama-shaped builders (meta device is fine)."""
-    from torchtune.modules import TiedLinear
+    from torchtune.modules import LongRoPE, TiedLinear
 
     attn = model.layers[0].attn
     rms = model.layers[0].sa_norm
+    rope = attn.pos_embeddings
+    rotary_dim = getattr(rope, "dim", attn.head_dim)
+    inner = getattr(rope, "rope", rope)  # the RoPE of a PartialRotaryEmbeddings
     return ModelShape(
         vocab_size=model.tok_embeddings.num_embeddings,
         num_layers=len(model.layers),
@@ -322,6 +349,16 @@ def shape_of_model(model: nn.Module) -> ModelShape:
         output_bias=attn.output_proj.bias is not None,
         qk_norm=getattr(attn, "q_norm", None) is not None,
         sliding_window=getattr(attn, "sliding_window", None),
+        rotary_dim=None if rotary_dim == attn.head_dim else rotary_dim,
+        rope_scaling=longrope_scaling(
+            inner.short_factor,
+            inner.long_factor,
+            inner.original_max_seq_len,
+            inner.scale_factor,
+            inner.attention_factor,
+        )
+        if isinstance(inner, LongRoPE)
+        else None,
     )
 
 

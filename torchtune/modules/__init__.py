@@ -4,7 +4,13 @@ from torchtune.modules.attention import MultiHeadAttention
 from torchtune.modules.feed_forward import FeedForward
 from torchtune.modules.kv_cache import KVCache
 from torchtune.modules.loss import CrossEntropyLoss
-from torchtune.modules.position_embeddings import LinearScaledRoPE, Llama3ScaledRoPE, RotaryPositionalEmbeddings
+from torchtune.modules.position_embeddings import (
+    LinearScaledRoPE,
+    Llama3ScaledRoPE,
+    LongRoPE,
+    PartialRotaryEmbeddings,
+    RotaryPositionalEmbeddings,
+)
 from torchtune.modules.rms_norm import GemmaRMSNorm, RMSNorm
 from torchtune.modules.scaled_embedding import ScaledEmbedding
 from torchtune.modules.tied_linear import TiedLinear
@@ -17,7 +23,9 @@ __all__ = [
     "KVCache",
     "LinearScaledRoPE",
     "Llama3ScaledRoPE",
+    "LongRoPE",
     "MultiHeadAttention",
+    "PartialRotaryEmbeddings",
     "RMSNorm",
     "RotaryPositionalEmbeddings",
     "ScaledEmbedding",

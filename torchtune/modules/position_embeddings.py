@@ -1,9 +1,10 @@
-"""Rotary position embeddings (RoPE) in Meta's interleaved layout: Llama2's, and Llama 3.1's scaled one."""
+"""Rotary position embeddings (RoPE) in Meta's interleaved layout: Llama2's, Llama 3.1's scaled one, linear
+scaling (Gemma 3), LongRoPE (Phi-4-mini), and partial rotation of each head (Phi-4-mini)."""
 
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import torch
 from torch import nn
@@ -40,11 +41,14 @@ class RotaryPositionalEmbeddings(nn.Module):
         if device.type == "meta":
             self.cache = torch.empty(self.max_seq_len, self.dim // 2, 2, dtype=torch.float32, device=device)
             return
+        self.cache = self._cos_sin(self.inverse_frequencies(device))
+
+    def _cos_sin(self, theta: torch.Tensor) -> torch.Tensor:
+        """The ``[max_seq_len, dim // 2, 2]`` table of cos/sin of ``position * theta``."""
         # Computed in fp32 whatever the default dtype is: bf16 angles are wrong beyond a few hundred positions.
-        theta = self.inverse_frequencies(device)
-        positions = torch.arange(self.max_seq_len, device=device, dtype=torch.float32)
+        positions = torch.arange(self.max_seq_len, device=theta.device, dtype=torch.float32)
         angles = torch.outer(positions, theta)
-        self.cache = torch.stack([torch.cos(angles), torch.sin(angles)], dim=-1)
+        return torch.stack([torch.cos(angles), torch.sin(angles)], dim=-1)
 
     def inverse_frequencies(self, device: torch.device) -> torch.Tensor:
         """The ``dim // 2`` rotation frequencies ``base^(-2i/dim)`` in fp32 (subclasses rescale them)."""
@@ -71,13 +75,16 @@ class RotaryPositionalEmbeddings(nn.Module):
             input_pos: positions ``[b, s]`` (or ``[s]``); ``None`` means ``0..s-1``.
         """
         seq_len = x.size(1)
-        rope = self.cache[:seq_len] if input_pos is None else self.cache[input_pos]
-        rope = rope.view(-1, seq_len, 1, self.dim // 2, 2)
+        rope = self._table(seq_len, input_pos).view(-1, seq_len, 1, self.dim // 2, 2)
         x_pairs = x.float().reshape(*x.shape[:-1], self.dim // 2, 2)
         x0, x1 = x_pairs[..., 0], x_pairs[..., 1]
         cos, sin = rope[..., 0], rope[..., 1]
         out = torch.stack([x0 * cos - x1 * sin, x1 * cos + x0 * sin], dim=-1)
         return out.flatten(-2).type_as(x)
+
+    def _table(self, seq_len: int, input_pos: Optional[torch.Tensor]) -> torch.Tensor:
+        """The cos/sin rows of positions ``0..seq_len-1`` or of ``input_pos``."""
+        return self.cache[:seq_len] if input_pos is None else self.cache[input_pos]
 
 
 class Llama3ScaledRoPE(RotaryPositionalEmbeddings):
@@ -162,3 +169,112 @@ class LinearScaledRoPE(RotaryPositionalEmbeddings):
 
     def inverse_frequencies(self, device: torch.device) -> torch.Tensor:
         return super().inverse_frequencies(device) / self.scale_factor
+
+
+def longrope_attention_factor(scale_factor: float, original_max_seq_len: int) -> float:
+    """LongRoPE's default cos/sin scale, as transformers computes it when ``rope_scaling`` gives no
+    ``attention_factor``: ``sqrt(1 + ln(factor) / ln(original_max_position_embeddings))``, 1 without scaling."""
+    if scale_factor <= 1.0:
+        return 1.0
+    return math.sqrt(1 + math.log(scale_factor) / math.log(original_max_seq_len))
+
+
+class LongRoPE(RotaryPositionalEmbeddings):
+    """LongRoPE (``rope_type: longrope``, Phi-3.5 / Phi-4-mini): frequency ``i`` is divided by its own
+    rescale factor, ``short_factor[i]`` while the sequence fits the pretraining context
+    (``original_max_seq_len``) and ``long_factor[i]`` beyond it, and cos/sin are multiplied by
+    ``attention_factor``. As transformers does it, the choice is made per forward call from the largest
+    position in it (``max(input_pos) + 1``, or the sequence length), for every position of that call.
+
+    Both tables are cached (``max_seq_len * dim`` fp32 numbers each). With ``input_pos`` the choice is
+    made on the device (``torch.where``), so the step does not wait for the host.
+
+    Args:
+        dim: channels rotated per head (``head_dim * partial_rotary_factor``).
+        max_seq_len: number of positions cached.
+        base: the frequency base (``rope_theta``).
+        short_factor: ``dim // 2`` rescale factors up to ``original_max_seq_len`` tokens.
+        long_factor: ``dim // 2`` rescale factors beyond it.
+        original_max_seq_len: the pretraining context (``original_max_position_embeddings``).
+        scale_factor: the context extension (``factor``, else ``max_position_embeddings /
+            original_max_position_embeddings``); it sets the default ``attention_factor``.
+        attention_factor: cos/sin scale; ``None`` for :func:`longrope_attention_factor`.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        max_seq_len: int,
+        base: float,
+        short_factor: Sequence[float],
+        long_factor: Sequence[float],
+        original_max_seq_len: int,
+        scale_factor: float,
+        attention_factor: Optional[float] = None,
+    ) -> None:
+        for name, factors in (("short_factor", short_factor), ("long_factor", long_factor)):
+            if len(factors) != dim // 2:
+                raise ValueError(f"{name} needs {dim // 2} values (one per rotated channel pair), got {len(factors)}")
+        # Set before the base class builds the tables, which reads them.
+        self.short_factor = tuple(float(f) for f in short_factor)
+        self.long_factor = tuple(float(f) for f in long_factor)
+        self.original_max_seq_len = int(original_max_seq_len)
+        self.scale_factor = float(scale_factor)
+        self.attention_factor = float(
+            attention_factor
+            if attention_factor is not None
+            else longrope_attention_factor(self.scale_factor, self.original_max_seq_len)
+        )
+        super().__init__(dim=dim, max_seq_len=max_seq_len, base=base)
+
+    def rope_init(self, device: Optional[torch.device] = None) -> None:
+        device = self.cache.device if device is None else torch.device(device)
+        if device.type == "meta":
+            short = torch.empty(self.max_seq_len, self.dim // 2, 2, dtype=torch.float32, device=device)
+            long = torch.empty_like(short)
+        else:
+            freqs = self.inverse_frequencies(device)
+            short = self._cos_sin(freqs / torch.tensor(self.short_factor, device=device)) * self.attention_factor
+            long = self._cos_sin(freqs / torch.tensor(self.long_factor, device=device)) * self.attention_factor
+        self.cache = short
+        if "long_cache" in self._buffers:
+            self.long_cache = long
+        else:
+            self.register_buffer("long_cache", long, persistent=False)
+
+    def _table(self, seq_len: int, input_pos: Optional[torch.Tensor]) -> torch.Tensor:
+        if input_pos is None:
+            return (self.long_cache if seq_len > self.original_max_seq_len else self.cache)[:seq_len]
+        long = input_pos.max() + 1 > self.original_max_seq_len
+        return torch.where(long, self.long_cache[input_pos], self.cache[input_pos])
+
+
+class PartialRotaryEmbeddings(nn.Module):
+    """Rotates the first ``rope.dim`` channels of each head with ``rope`` and passes the others through
+    unchanged (``partial_rotary_factor`` of Phi-4-mini: 96 of 128 channels), as transformers'
+    ``apply_rotary_pos_emb`` does with a ``cos`` narrower than the head.
+
+    Args:
+        rope: the rotary embeddings of the rotated channels (its ``dim`` is their number).
+        head_dim: channels per head.
+    """
+
+    def __init__(self, rope: RotaryPositionalEmbeddings, head_dim: int) -> None:
+        super().__init__()
+        if not 0 < rope.dim < head_dim:
+            raise ValueError(f"the rotated channels ({rope.dim}) must be fewer than the head's ({head_dim})")
+        self.rope = rope
+        self.head_dim = head_dim
+
+    @property
+    def dim(self) -> int:
+        return self.rope.dim
+
+    @property
+    def base(self) -> float:
+        return self.rope.base
+
+    def forward(self, x: torch.Tensor, *, input_pos: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Rotate the first ``dim`` channels of ``x`` (``[b, s, n_heads, head_dim]``)."""
+        rotated = self.rope(x[..., : self.dim], input_pos=input_pos)
+        return torch.cat([rotated, x[..., self.dim :]], dim=-1)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 import torch
 
@@ -127,6 +127,8 @@ class RowSource:
     offset: int
     rows: int
     head_dim: Optional[int] = None
+    # Partial rotary (Phi-4-mini): only the first rotary_dim rows of each head are half-split; None: all.
+    rotary_dim: Optional[int] = None
 
     def read(self, source: Any, start: int = 0, stop: Optional[int] = None) -> torch.Tensor:
         """Rows ``start:stop`` (default: all) of the torchtune tensor, from ``source``: the HF tensor or
@@ -137,8 +139,21 @@ class RowSource:
         t = source[self.offset + lo : self.offset + hi]
         if self.head_dim is not None:
             flat = t.unsqueeze(-1) if t.dim() == 1 else t
-            t = _unpermute(flat, flat.shape[0] // self.head_dim, self.head_dim).reshape(t.shape)
+            heads = flat.shape[0] // self.head_dim
+            t = _rotary_reorder(flat, heads, self.head_dim, self.rotary_dim, _unpermute).reshape(t.shape)
         return t[start - lo : stop - lo]
+
+
+def _rotary_reorder(
+    w: torch.Tensor, n_heads: int, head_dim: int, rotary_dim: Optional[int], fn: Callable
+) -> torch.Tensor:
+    """``fn`` (:func:`_permute` or :func:`_unpermute`) on the rotated rows of each head of ``w``: all of them,
+    or the first ``rotary_dim`` (partial rotary: HF splits only those in halves, the rest stay in place)."""
+    if rotary_dim is None or rotary_dim == head_dim:
+        return fn(w, n_heads, head_dim)
+    per_head = w.reshape(n_heads, head_dim, w.shape[-1])
+    turned = fn(per_head[:, :rotary_dim].reshape(n_heads * rotary_dim, -1), n_heads, rotary_dim)
+    return torch.cat([turned.view(n_heads, rotary_dim, -1), per_head[:, rotary_dim:]], dim=1).reshape(w.shape)
 
 
 def meta_to_tune(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -1,14 +1,16 @@
-"""Phi-4 (14B): builders and tokenizer; Hugging Face folders are read and written by
+"""Phi-4 (14B) and Phi-4-mini (3.8B): builders and tokenizer; Hugging Face folders are read and written by
 ``torchtune.utils.FullModelHFCheckpointer`` through this family's ``_hf.py`` registration."""
 
 from torchtune.models.phi4._component_builders import phi4
 from torchtune.models.phi4._model_builders import (
     phi4_14b,
+    phi4_mini,
     phi4_tokenizer,
 )
 
 __all__ = [
     "phi4",
     "phi4_14b",
+    "phi4_mini",
     "phi4_tokenizer",
 ]

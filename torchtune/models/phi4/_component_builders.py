@@ -1,13 +1,13 @@
 """The generic Phi-4 builder: Llama's decoder (transformers' ``modeling_phi3.py``). The checkpoint's fused
 ``qkv_proj`` and ``gate_up_proj`` are split by the converter (``torchtune.models._hf_convert``), so the
-model has Llama's separate projections."""
+model has Llama's separate projections. Phi-4-mini rotates part of each head, with LongRoPE."""
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 from torchtune.models.llama2._component_builders import llama_decoder
-from torchtune.modules import RotaryPositionalEmbeddings, TransformerDecoder
+from torchtune.modules import LongRoPE, PartialRotaryEmbeddings, RotaryPositionalEmbeddings, TransformerDecoder
 
 
 def phi4(
@@ -24,6 +24,12 @@ def phi4(
     rope_base: float = 250_000.0,
     tie_word_embeddings: bool = False,
     sliding_window: Optional[int] = None,
+    rotary_dim: Optional[int] = None,
+    rope_short_factor: Optional[Sequence[float]] = None,
+    rope_long_factor: Optional[Sequence[float]] = None,
+    rope_original_max_seq_len: Optional[int] = None,
+    rope_scale_factor: Optional[float] = None,
+    rope_attention_factor: Optional[float] = None,
 ) -> TransformerDecoder:
     """Build a Phi-4 decoder.
 
@@ -42,8 +48,39 @@ def phi4(
         tie_word_embeddings: output projection shares the embedding.
         sliding_window: attention window (``sliding_window``): a token sees the last ``sliding_window``
             tokens, itself included; ``None`` for full causal attention.
+        rotary_dim: channels of each head that RoPE rotates, the first ones (``partial_rotary_factor *
+            head_dim``); ``None`` for all.
+        rope_short_factor: LongRoPE's ``rotary_dim // 2`` rescale factors up to
+            ``rope_original_max_seq_len`` tokens (``rope_scaling.short_factor``); ``None`` for plain RoPE.
+        rope_long_factor: its factors beyond that (``rope_scaling.long_factor``).
+        rope_original_max_seq_len: the pretraining context (``original_max_position_embeddings``).
+        rope_scale_factor: the context extension (``max_position_embeddings /
+            original_max_position_embeddings``), which sets the default cos/sin scale.
+        rope_attention_factor: the cos/sin scale (``rope_scaling.attention_factor``); ``None`` for LongRoPE's
+            default.
     """
     head_dim = head_dim if head_dim is not None else embed_dim // num_heads
+    rotary_dim = rotary_dim if rotary_dim is not None else head_dim
+    if rope_short_factor is None:
+        rope = RotaryPositionalEmbeddings(dim=rotary_dim, max_seq_len=max_seq_len, base=rope_base)
+    else:
+        if rope_long_factor is None or rope_original_max_seq_len is None or rope_scale_factor is None:
+            raise ValueError(
+                "LongRoPE needs rope_long_factor, rope_original_max_seq_len and rope_scale_factor besides "
+                "rope_short_factor (config.json's rope_scaling and original_max_position_embeddings)"
+            )
+        rope = LongRoPE(
+            dim=rotary_dim,
+            max_seq_len=max_seq_len,
+            base=rope_base,
+            short_factor=rope_short_factor,
+            long_factor=rope_long_factor,
+            original_max_seq_len=rope_original_max_seq_len,
+            scale_factor=rope_scale_factor,
+            attention_factor=rope_attention_factor,
+        )
+    if rotary_dim != head_dim:
+        rope = PartialRotaryEmbeddings(rope, head_dim=head_dim)
     return llama_decoder(
         vocab_size=vocab_size,
         num_layers=num_layers,
@@ -54,7 +91,7 @@ def phi4(
         intermediate_dim=intermediate_dim,
         attn_dropout=attn_dropout,
         norm_eps=norm_eps,
-        rope=RotaryPositionalEmbeddings(dim=head_dim, max_seq_len=max_seq_len, base=rope_base),
+        rope=rope,
         tie_word_embeddings=tie_word_embeddings,
         head_dim=head_dim,
         sliding_window=sliding_window,

@@ -18,6 +18,9 @@ TOKENIZER_CONFIG = "tokenizer_config.json"
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
 GENERATION_CONFIG = "generation_config.json"
 _SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")
+# Put before a text encoded with trim_leading_whitespace=True and stripped again: a newline is a byte
+# token of SentencePiece-style vocabularies that never merges with what follows.
+_TRIM_PREFIX = "\n"
 
 
 def _token_text(value: Any) -> Optional[str]:
@@ -104,6 +107,11 @@ class HFModelTokenizer:
         start = next((i for i in range(len(full)) if full[i : i + len(bare)] == bare), 0)
         self._prefix: List[int] = full[:start]
         self._suffix: List[int] = full[start + len(bare) :]
+        # A SentencePiece-style tokenizer.json (Mistral's Metaspace, prepend_scheme "first") starts every
+        # text with a word-start marker that the same words lack in the middle of a text; a byte-level one
+        # (Qwen, Phi-4) adds nothing. See encode(trim_leading_whitespace=True).
+        self._trim_prefix: List[int] = self._tokenizer.encode(_TRIM_PREFIX, add_special_tokens=False).ids
+        self._marks_text_start = self._encode_after_prefix("a") not in (None, bare)
         bos = self.special_tokens_map.get("bos_token")
         self.bos_id: Optional[int] = self._prefix[0] if self._prefix else (self._id(bos) if bos else None)
         eos = self.special_tokens_map.get("eos_token")
@@ -165,15 +173,31 @@ class HFModelTokenizer:
         self, text: str, add_bos: bool = True, add_eos: bool = True, trim_leading_whitespace: bool = False
     ) -> List[int]:
         """Token ids of ``text``; ``add_bos`` adds what ``AutoTokenizer`` adds around a text (its
-        post-processor's tokens), ``add_eos`` appends ``eos_token``. ``trim_leading_whitespace`` is
-        accepted for the datasets' sake and changes nothing."""
-        del trim_leading_whitespace
-        ids = self._backend.encode(text)
+        post-processor's tokens), ``add_eos`` appends ``eos_token``.
+
+        ``trim_leading_whitespace=True`` encodes ``text`` as the continuation of a text (an Alpaca
+        response after its prompt): a SentencePiece-style tokenizer (Mistral) otherwise starts it with a
+        ``▁`` that the joined text does not have there, so ``encode(prompt) + encode(response,
+        trim_leading_whitespace=True)`` equals ``AutoTokenizer``'s ids of ``prompt + response`` whenever the
+        prompt ends at a token boundary (after a newline). Byte-level tokenizers (Qwen, Phi-4) mark no text
+        start and encode as without it."""
+        ids = None
+        if trim_leading_whitespace and self._marks_text_start:
+            ids = self._encode_after_prefix(text)
+        if ids is None:
+            ids = self._backend.encode(text)
         if add_bos:
             ids = self._prefix + ids + self._suffix
         if add_eos and (not ids or ids[-1] != self.eos_id):
             ids = ids + [self.eos_id]
         return ids
+
+    def _encode_after_prefix(self, text: str) -> Optional[List[int]]:
+        """Ids of ``text`` encoded after ``_TRIM_PREFIX``, the prefix's own ids removed; ``None`` where the
+        prefix merged with the text (then it cannot be cut off)."""
+        ids = self._tokenizer.encode(_TRIM_PREFIX + text, add_special_tokens=False).ids
+        n = len(self._trim_prefix)
+        return ids[n:] if ids[:n] == self._trim_prefix else None
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """Text of ``ids``; special tokens, -100 and out-of-range ids are left out unless asked for."""

@@ -163,3 +163,84 @@ def test_builder_that_does_not_fit_config_is_named_before_loading(tmp_path):
         model = qwen3(**args)
     with pytest.raises(TuneError, match=r"head_dim: config.json 32, model 16 \(builder argument head_dim\)"):
         checkpointer.check_model(model)
+
+
+# Phi-4-mini's features on a tiny Phi-3: RoPE on half of each 16-channel head, LongRoPE past 16 tokens.
+SHORT, LONG = [1.0, 1.1, 1.3, 1.6], [1.5, 3.0, 7.0, 11.0]
+PHI4_MINI = dict(
+    tie_word_embeddings=True,
+    sliding_window=None,
+    partial_rotary_factor=0.5,
+    original_max_position_embeddings=16,
+    rope_scaling={"type": "longrope", "short_factor": SHORT, "long_factor": LONG},
+)
+
+
+@pytest.mark.parametrize("hub_spelling", [False, True], ids=["transformers5", "hub"])
+def test_phi4_mini_partial_rotary_and_longrope_match_transformers(tmp_path, hub_spelling):
+    """Both tables (short within the pretraining context, long past it, chosen per call from the largest
+    position as transformers does), the cos/sin scale, the unrotated channels, and their weight layout;
+    config.json as transformers 5 saves it (rope_parameters) and as the hub has it (rope_scaling)."""
+    from torchtune.models.phi4 import phi4
+
+    hf_model = make_hf_folder(tmp_path / "hf", "Phi3Config", PHI4_MINI)
+    config_path = tmp_path / "hf" / "config.json"
+    if hub_spelling:
+        config = json.loads(config_path.read_text())
+        config.pop("rope_parameters", None)
+        config.update(rope_theta=BASE["rope_theta"], **PHI4_MINI)
+        config_path.write_text(json.dumps(config))
+    checkpointer = FullModelHFCheckpointer(
+        tmp_path / "hf", ["model.safetensors"], model_type="PHI4", output_dir=tmp_path / "out"
+    )
+    args = _builder_args({**BASE, "tie_word_embeddings": True})
+    longrope = dict(rope_short_factor=SHORT, rope_long_factor=LONG, rope_original_max_seq_len=16, rope_scale_factor=4.0)
+    model = phi4(**args, rotary_dim=8, **longrope)
+    checkpointer.check_model(model)
+    model.load_state_dict(checkpointer.load_checkpoint()["model"])
+    model.eval()
+    tokens = torch.randint(0, BASE["vocab_size"], (2, SEQ), generator=torch.Generator().manual_seed(1))
+    for n in (12, SEQ):  # short factors, then long ones
+        expected = _logits_hf(hf_model, tokens[:, :n])
+        with torch.no_grad():
+            torch.testing.assert_close(model(tokens[:, :n]), expected, atol=1e-5, rtol=1e-5)
+            positions = torch.arange(n).expand(2, n)  # the table picked on the device, as with packed data
+            torch.testing.assert_close(model(tokens[:, :n], input_pos=positions), expected, atol=1e-5, rtol=1e-5)
+
+    saved = checkpointer.save_checkpoint({"model": model.state_dict()}, epoch=0)
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(saved, attn_implementation="sdpa").float().eval()
+    torch.testing.assert_close(_logits_hf(reloaded, tokens), _logits_hf(hf_model, tokens), atol=1e-5, rtol=1e-5)
+
+    # a builder without the scaling, or rotating whole heads, is named before any weight is read
+    with torch.device("meta"):
+        plain = phi4(**args, rotary_dim=8)
+        full = phi4(**args, **{**longrope, "rope_short_factor": [1.0] * 8, "rope_long_factor": [2.0] * 8})
+    with pytest.raises(TuneError, match=r"rope_scaling / rope_parameters: config.json"):
+        checkpointer.check_model(plain)
+    with pytest.raises(TuneError, match=r"partial_rotary_factor x head_dim: config.json 8, model none"):
+        checkpointer.check_model(full)
+
+
+def test_phi4_mini_rope_tables_survive_meta_construction():
+    """Built on the meta device and given weights with assign=True (as the recipes load), both LongRoPE
+    tables are rebuilt by init_buffers: the model computes what one built on the CPU computes."""
+    from torchtune.models.phi4 import phi4
+
+    args = dict(
+        _builder_args({**BASE, "tie_word_embeddings": True}),
+        rotary_dim=8,
+        rope_short_factor=SHORT,
+        rope_long_factor=LONG,
+        rope_original_max_seq_len=16,
+        rope_scale_factor=4.0,
+    )
+    torch.manual_seed(0)
+    eager = phi4(**args).eval()
+    with torch.device("meta"):
+        lazy = phi4(**args)
+    lazy.load_state_dict(eager.state_dict(), assign=True)
+    lazy.init_buffers(torch.device("cpu"))
+    lazy.eval()
+    tokens = torch.randint(0, BASE["vocab_size"], (1, SEQ))
+    with torch.no_grad():
+        assert torch.equal(lazy(tokens), eager(tokens))

@@ -4,6 +4,8 @@ the assistant writes."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests._helpers.hf_tokenizers import FAMILIES, make_hf_tokenizer_folder
@@ -51,6 +53,33 @@ def test_ids_equal_autotokenizer(folder):
     assert ours.eos_id == theirs.eos_token_id
     assert ours.vocab_size == len(theirs)
     assert (ours.bos_id is not None) == (family == "mistral")
+
+
+def test_alpaca_example_equals_autotokenizer_on_the_joined_text(folder):
+    """An instruction dataset encodes prompt and response apart; joined they are the ids of the joined text,
+    without the word-start marker a SentencePiece-style tokenizer (Mistral) puts before a text's start."""
+    from torchtune.datasets import alpaca_dataset
+
+    family, path = folder
+    ours = HFModelTokenizer(path / "tokenizer.json")
+    theirs = transformers.AutoTokenizer.from_pretrained(str(path))
+    rows = [
+        {"instruction": "Reverse the word stone.", "input": "", "output": "The word reversed is enots."},
+        {"instruction": "Add the numbers.", "input": "2 and 3", "output": "\nFive"},
+    ]
+    data = path.parent / f"{family}_alpaca.json"
+    data.write_text(json.dumps(rows))
+    dataset = alpaca_dataset(ours, source="json", data_files=str(data), train_on_input=False)
+    for i, row in enumerate(rows):
+        prompt = dataset.template.format(row)
+        expected = theirs(prompt + row["output"])["input_ids"] + [theirs.eos_token_id]
+        assert dataset[i]["tokens"] == expected, (family, row["output"])
+        prompt_len = len(theirs(prompt)["input_ids"])
+        assert dataset[i]["labels"][prompt_len:] == expected[prompt_len:]
+    if family == "mistral":  # encoded alone, a text starts with the marker
+        assert ours.encode("Five", add_bos=False, add_eos=False) != ours.encode(
+            "Five", add_bos=False, add_eos=False, trim_leading_whitespace=True
+        )
 
 
 def test_chat_equals_apply_chat_template_with_labels_on_assistant_only(folder):
