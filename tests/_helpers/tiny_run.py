@@ -209,3 +209,27 @@ def run_recipe(config: Any, **overrides: Any):
     finally:
         recipe.cleanup()
     return recipe
+
+
+# The distributed recipe's own keys, set so that it trains exactly what the single-device recipe trains.
+DIST_KEYS = {
+    "dist_backend": None,
+    "fsdp_cpu_offload": False,
+    "fsdp_reshard_after_forward": True,
+    "fsdp_param_dtype": None,
+    "fsdp_reduce_dtype": None,
+    "async_checkpoint": False,
+}
+
+
+def distributed_config(single: Path, path: Path) -> Path:
+    """The single-device config ``single`` as a full_finetune_distributed config written to ``path``: the
+    keys only the single-device recipe reads (eval_after_training settings aside) dropped, DIST_KEYS added."""
+    from recipes.full_finetune_distributed import RECIPE_KEYS
+
+    cfg = OmegaConf.load(single)
+    for key in [k for k in cfg if k not in RECIPE_KEYS]:
+        cfg.pop(key)
+    cfg.update(DIST_KEYS)
+    OmegaConf.save(cfg, path)
+    return path

@@ -92,25 +92,10 @@ def test_offloaded_step_matches_the_device_run_and_its_peak_matches_the_estimate
 def test_tune_run_with_cpu_offload_on_one_gpu_matches_and_resumes_exactly(tmp_path):
     """The recipe itself, one process (plain `tune run`): fsdp_cpu_offload=True gives the losses of the run
     without offload, and a resume from its step checkpoint continues with exactly the same losses."""
-    from recipes.full_finetune_distributed import RECIPE_KEYS
-    from tests._helpers.tiny_run import make_tiny_run, read_losses, run_tune
+    from tests._helpers.tiny_run import distributed_config, make_tiny_run, read_losses, run_tune
 
     single = make_tiny_run(tmp_path, max_steps_per_epoch=3, save_every_n_steps=2)
-    cfg = OmegaConf.load(single)
-    for key in [k for k in cfg if k not in RECIPE_KEYS]:
-        cfg.pop(key)
-    cfg.update(
-        {
-            "dist_backend": None,
-            "fsdp_cpu_offload": False,
-            "fsdp_reshard_after_forward": True,
-            "fsdp_param_dtype": None,
-            "fsdp_reduce_dtype": None,
-            "async_checkpoint": False,
-        }
-    )
-    config = tmp_path / "dist.yaml"
-    OmegaConf.save(cfg, config)
+    config = distributed_config(single, tmp_path / "dist.yaml")
     common = ["device=cuda", "dtype=fp32", "optimizer_in_bwd=True", "optimizer._component_=torch.optim.AdamW"]
 
     def tune(out, *extra):

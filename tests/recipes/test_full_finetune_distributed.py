@@ -22,17 +22,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from tests._helpers.tiny_run import TUNE, alpaca_examples, make_tiny_run, read_losses, run_tune
+from tests._helpers.tiny_run import TUNE, alpaca_examples, distributed_config, make_tiny_run, read_losses, run_tune
 from tests._helpers.tiny_run import run_recipe as run_single_device
 
-DIST_KEYS = {
-    "dist_backend": None,
-    "fsdp_cpu_offload": False,
-    "fsdp_reshard_after_forward": True,
-    "fsdp_param_dtype": None,
-    "fsdp_reduce_dtype": None,
-    "async_checkpoint": False,
-}
 # 24 examples, global batch 4: 3 steps per epoch (capped), 2 epochs; step checkpoints every 2 steps.
 RUN = dict(max_steps_per_epoch=3, save_every_n_steps=2)
 NPROC = ["--standalone", "--nproc_per_node", "2"]
@@ -47,8 +39,6 @@ def configs(tmp_path_factory):
     """(single-device config, distributed config): the same run, the second with the FSDP keys."""
     root = tmp_path_factory.mktemp("dist")
     single = make_tiny_run(root, **RUN)
-    from recipes.full_finetune_distributed import RECIPE_KEYS
-
     cfg = OmegaConf.load(single)
     # 5 held-out examples, 2 per rank's batch: rank 0 gets 3 (2 batches), rank 1 gets 2 (1 batch, then a
     # forward pass that does not count, so that both ranks run the same FSDP collectives)
@@ -56,12 +46,7 @@ def configs(tmp_path_factory):
     heldout.write_text(json.dumps(alpaca_examples(29)[24:]))
     cfg.validation_dataset = {**OmegaConf.to_container(cfg.dataset), "data_files": str(heldout)}
     OmegaConf.save(cfg, single)
-    for key in [k for k in cfg if k not in RECIPE_KEYS]:
-        cfg.pop(key)  # the single-device recipe's own keys (eval_after_training, ...)
-    cfg.update(DIST_KEYS)
-    dist = root / "dist.yaml"
-    OmegaConf.save(cfg, dist)
-    return single, dist
+    return single, distributed_config(single, root / "dist.yaml")
 
 
 def _tune_dist(config: Path, out: Path, *extra: str, nproc: bool = True, timeout: float = 300):

@@ -10,22 +10,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
 from tests._helpers.hf_tiny_run import make_tiny_family_run
-from tests._helpers.tiny_run import read_losses, run_recipe, run_tune
+from tests._helpers.tiny_run import distributed_config, read_losses, run_recipe, run_tune
 
 pytest.importorskip("transformers")
 
-DIST_KEYS = {
-    "dist_backend": None,
-    "fsdp_cpu_offload": False,
-    "fsdp_reshard_after_forward": True,
-    "fsdp_param_dtype": None,
-    "fsdp_reduce_dtype": None,
-    "async_checkpoint": False,
-}
 # 3 steps of a global batch of 4 (2 per rank), a step checkpoint after the second.
 RUN = dict(epochs=1, max_steps_per_epoch=3, save_every_n_steps=2)
 # Both optimizer modes across the families; the shipped tiny configs step in backward.
@@ -40,15 +31,8 @@ def _tune_dist(config, out, *extra: str):
 
 @pytest.mark.parametrize("family, optimizer_in_bwd", CASES)
 def test_two_processes_train_save_and_resume_what_one_process_trains(tmp_path, family, optimizer_in_bwd):
-    from recipes.full_finetune_distributed import RECIPE_KEYS
-
     single = make_tiny_family_run(tmp_path / "run", family, optimizer_in_bwd=optimizer_in_bwd, **RUN)
-    cfg = OmegaConf.load(single)
-    for key in [k for k in cfg if k not in RECIPE_KEYS]:
-        cfg.pop(key)  # the single-device recipe's own keys
-    cfg.update(DIST_KEYS)
-    dist = tmp_path / "dist.yaml"
-    OmegaConf.save(cfg, dist)
+    dist = distributed_config(single, tmp_path / "dist.yaml")
 
     _tune_dist(dist, tmp_path / "dist")
     run_recipe(single, output_dir=str(tmp_path / "single"))

@@ -18,15 +18,6 @@ from torchtune.modules.loss import ChunkedCrossEntropyLoss
 TINY = dict(vocab_size=64, num_layers=2, num_heads=4, num_kv_heads=2, embed_dim=32, max_seq_len=32)
 
 
-@pytest.fixture
-def world_of_one(monkeypatch):
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(name, raising=False)
-    info = training.init_distributed("cpu")
-    yield info
-    training.destroy_distributed()
-
-
 def _tiny_model(seed: int = 0) -> torch.nn.Module:
     torch.manual_seed(seed)
     return llama2(**TINY)
