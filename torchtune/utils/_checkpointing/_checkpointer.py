@@ -36,6 +36,7 @@ from torchtune.utils._checkpointing._manifest import (
     RECIPE_STATE_NAME,
     ChecksumJob,
     check_checksum_mode,
+    check_file_sizes,
     verify_checkpoint_files,
 )
 from torchtune.utils._checkpointing._safe_load import (
@@ -414,6 +415,9 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
         """
         if not self._safetensors:
             return
+        # A folder of our own output first against its manifest (sizes only): a truncated file is named
+        # with the checkpoint to fall back to, not as a header that does not parse.
+        check_file_sizes(self._checkpoint_dir, self._shard_names)
         merged: dict[str, torch.Tensor] = {}
         for name in self._shard_names:
             self._add_shard(merged, name, safetensors_skeleton(self._checkpoint_dir / name))
