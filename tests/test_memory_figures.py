@@ -12,10 +12,14 @@ printed with its two decimals. Each figure is tied to the command that prints it
 - in a config header (the comment lines that open a recipes/configs YAML), by the header's own
   ``#   tune estimate-memory ARGS`` lines: every figure of the header must be printed by one of them.
 
-``test_every_figure_names_its_command`` (cheap) checks that every figure of every page and every
-config (new ones too) is tied to a command or listed as not estimated, and that each command parses.
-``test_figures_are_what_the_estimator_prints`` runs each distinct command once, in this process
-(``tests/_helpers/estimate_memory.py``), and finds each figure among the GB figures it printed.
+``test_every_figure_names_its_command`` (cheap, in ``make test``) checks that every figure of every page
+and every config (new ones too) is tied to a command or listed as not estimated, that each command
+parses and that its config takes its overrides. ``test_figures_are_what_the_estimator_prints`` (marked
+``estimates``: ``make test-estimates``) runs each distinct command once, in this process
+(``tests/_helpers/estimate_memory.py``), and finds each figure of a block among the GB figures its
+commands printed. About sixty full-size estimates take tens of minutes of CPU, which is why they are
+not part of ``make test``; the config tests there (tests/recipes/test_*_configs.py) compare a sample of
+headline figures.
 """
 
 from __future__ import annotations
