@@ -45,7 +45,7 @@ test-gpu: $(STAMP)
 	$(PY) -m pytest -q -rs -m gpu tests/gpu
 
 # Every memory figure the docs and config headers quote, against `tune estimate-memory` (tests marked
-# `estimates`): each distinct command once, in one process; many minutes of CPU, so not part of `make test`.
+# `estimates`): each distinct command once, in one process; about 10 minutes of CPU, so not part of `make test`.
 test-estimates: $(STAMP)
 	TUNE_TEST_ESTIMATES=1 $(PY) -m pytest -q -m estimates tests/test_memory_figures.py
 
