@@ -16,7 +16,7 @@ TORCH_VERSION ?= 2.13.0
 TORCH_INDEX ?=
 TORCH_INDEX_ARGS := $(if $(strip $(TORCH_INDEX)),--index-url $(TORCH_INDEX),)
 
-.PHONY: test test-gpu lint demo setup clean
+.PHONY: test test-gpu test-estimates lint demo setup clean
 
 setup: $(STAMP)
 
@@ -43,6 +43,11 @@ test: lint
 # Where PyTorch sees no GPU each is skipped with the reason.
 test-gpu: $(STAMP)
 	$(PY) -m pytest -q -rs -m gpu tests/gpu
+
+# Every memory figure the docs and config headers quote, against `tune estimate-memory` (tests marked
+# `estimates`): each distinct command once, in one process; about 10 minutes of CPU, so not part of `make test`.
+test-estimates: $(STAMP)
+	TUNE_TEST_ESTIMATES=1 $(PY) -m pytest -q -m estimates tests/test_memory_figures.py
 
 demo: $(STAMP)
 	$(PY) scripts/demo.py

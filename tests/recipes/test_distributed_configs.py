@@ -3,11 +3,10 @@ in one format, and the headline one -- Llama2-7B on ONE GPU with fsdp_cpu_offloa
 `tune estimate-memory` prints today and is under 8 GB."""
 
 import re
-import subprocess
 
 import pytest
 
-from tests._helpers.tiny_run import REPO_ROOT, TUNE
+from tests._helpers.estimate_memory import printed
 from torchtune import _recipe_registry as registry
 
 CONFIGS = [
@@ -44,18 +43,11 @@ def test_header_states_per_gpu_figures_and_the_command(name):
 
 def test_llama2_7b_on_one_gpu_with_cpu_offload_is_under_8_gb():
     name = "llama2/7B_full_distributed"
-    stated = float(re.search(r"fsdp_cpu_offload=True on 1 GPU: ([\d.]+) GB", _header(name)).group(1))
-    proc = subprocess.run(
-        [TUNE, "estimate-memory", "--config", name, "fsdp_cpu_offload=True"],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stderr
-    printed = float(re.search(r"on 1 GPU: +([\d.]+) GB per GPU", proc.stdout).group(1))
-    assert stated == pytest.approx(printed, abs=0.011)
-    assert printed < 8
+    stated = re.search(r"fsdp_cpu_offload=True on 1 GPU: ([\d.]+) GB", _header(name)).group(1)
+    stdout = printed(f"tune estimate-memory --config {name} fsdp_cpu_offload=True")  # once per session
+    per_gpu = re.search(r"on 1 GPU: +([\d.]+) GB per GPU", stdout).group(1)
+    assert stated == per_gpu
+    assert float(per_gpu) < 8
 
 
 @pytest.mark.parametrize("name", ["llama3_1/8B_full_16gb", "qwen3/8B_full_16gb"])

@@ -12,10 +12,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -366,17 +364,26 @@ def test_missing_data_column_stops_every_rank_with_one_message_before_any_weight
     assert "has no column(s) 'output'" in message and "Sharded over" not in message  # no rank loaded weights
 
 
-def _rank_pid(launcher: subprocess.Popen, rank: int) -> int | None:
-    """The pid of the worker torchrun started for ``rank`` (read from each child's environment)."""
-    children = subprocess.run(["pgrep", "-P", str(launcher.pid)], capture_output=True, text=True).stdout.split()
-    for pid in children:
-        try:
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if f"RANK={rank}".encode() in env:
-            return int(pid)
-    return None
+# Started by every Python process that has its folder first on PYTHONPATH: in the worker of rank 1 it
+# makes the process SIGKILL itself once its shard of the named step checkpoint is written and before
+# the folder is published (``_own_files`` runs between the two), so the kill lands inside that window
+# on every run, however loaded the machine, where a test polling the folder from outside can miss it.
+_KILL_RANK_1_MID_SAVE = """
+import os
+import signal
+
+if os.environ.get("RANK") == "1" and os.environ.get("KILL_RANK_1_AFTER_SHARD_OF"):
+    import torchtune.training._distributed_checkpoint as _checkpoint
+
+    _own_files = _checkpoint._own_files
+
+    def _kill_after_shard(folder, rank):
+        if os.environ["KILL_RANK_1_AFTER_SHARD_OF"] in folder.name:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return _own_files(folder, rank)
+
+    _checkpoint._own_files = _kill_after_shard
+"""
 
 
 def test_kill_of_a_rank_during_a_step_save_leaves_the_previous_checkpoint(configs, tmp_path):
@@ -384,27 +391,24 @@ def test_kill_of_a_rank_during_a_step_save_leaves_the_previous_checkpoint(config
 
     _, dist = configs
     out = tmp_path / "out"
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(_KILL_RANK_1_MID_SAVE)
     cmd = [TUNE, "run", *NPROC, "full_finetune_distributed", "--config", str(dist), f"output_dir={out}"]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
-    launcher = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    killed_mid_save = False
-    deadline = time.monotonic() + 240
-    try:
-        while time.monotonic() < deadline and launcher.poll() is None:
-            # rank 1 has written its shard of step_4 but the folder is not published yet
-            if any(out.glob(".tmp-step_4-*/sharded_state/__1_*.distcp")) and not (out / "step_4").exists():
-                pid = _rank_pid(launcher, 1)
-                if pid is not None:
-                    os.kill(pid, signal.SIGKILL)
-                    killed_mid_save = not (out / "step_4").exists()
-                    break
-            time.sleep(0.002)
-        output, _ = launcher.communicate(timeout=120)
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
+    pythonpath = os.pathsep.join(p for p in (str(inject), os.environ.get("PYTHONPATH")) if p)
+    env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONPATH": pythonpath,
+        "KILL_RANK_1_AFTER_SHARD_OF": "step_4",
+    }
+    launcher = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, timeout=600)
+    output = launcher.stdout
+    # rank 1 died with its shard of step_4 written and the folder unpublished
+    assert list(out.glob(".tmp-step_4-*/sharded_state/__1_*.distcp")), output[-3000:]
     assert launcher.returncode != 0, output[-3000:]
-    assert killed_mid_save, "the kill came too late (step_4 was already published); " + output[-2000:]
     assert not (out / "step_4").exists()
     verify_manifest(out / "step_2")  # complete and intact: sizes and checksums of every file
     import torch.distributed.checkpoint as dcp

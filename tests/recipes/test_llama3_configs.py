@@ -2,12 +2,11 @@
 their model, tokenizer and checkpointer belong together."""
 
 import re
-import subprocess
 
 import pytest
 from omegaconf import OmegaConf
 
-from tests._helpers.tiny_run import REPO_ROOT, TUNE
+from tests._helpers.estimate_memory import printed
 from torchtune import _recipe_registry as registry
 
 # config -> the header's phrase stating the estimate at 512 tokens
@@ -18,32 +17,19 @@ CONFIGS = {
 }
 
 
-@pytest.fixture(scope="module")
-def estimates():
-    """`tune estimate-memory --seq-len 512` of every config, started together (each takes 10-20 s)."""
-    procs = {
-        name: subprocess.Popen(
-            [TUNE, "estimate-memory", "--config", name, "--seq-len", "512", "--steps-only"],
-            cwd=REPO_ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for name in CONFIGS
+def _estimate(name):
+    """`tune estimate-memory --seq-len 512 --steps-only`, run in this process once per session (the docs
+    figure test runs the same command: tests/test_memory_figures.py)."""
+    stdout = printed(f"tune estimate-memory --config {name} --seq-len 512 --steps-only")
+    return {
+        "total": re.search(r"total \(device peak\)\s+([\d.]+) GB", stdout).group(1),
+        "weights": re.search(r"^\s*weights\s+([\d.]+) GB", stdout, re.M).group(1),
     }
-    out = {}
-    for name, proc in procs.items():
-        stdout, stderr = proc.communicate(timeout=600)
-        assert proc.returncode == 0, stderr
-        out[name] = {
-            "total": re.search(r"total \(device peak\)\s+([\d.]+) GB", stdout).group(1),
-            "weights": re.search(r"^\s*weights\s+([\d.]+) GB", stdout, re.M).group(1),
-        }
-    return out
 
 
 @pytest.mark.parametrize("name", CONFIGS)
-def test_header_states_the_estimate(name, estimates):
+def test_header_states_the_estimate(name):
+    estimates = {name: _estimate(name)}
     header = registry.get_config(name).path.read_text()
     stated = re.search(CONFIGS[name], header.replace("\n#", "")).group(1)
     # as printed, to the last digit: a header 0.01 GB off has gone stale

@@ -58,7 +58,9 @@ def tune(*args, cwd, debug=False):
     env = {k: v for k, v in os.environ.items() if k != "TUNE_DEBUG"}
     if debug:
         env["TUNE_DEBUG"] = "1"
-    return subprocess.run([str(TUNE), *map(str, args)], cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
+    # a guard against a hung command, not a speed check: torch's import alone can take tens of seconds
+    # on a loaded 2-core machine
+    return subprocess.run([str(TUNE), *map(str, args)], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
 @pytest.fixture
