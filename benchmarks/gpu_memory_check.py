@@ -311,7 +311,7 @@ def _train(
         if isinstance(v, torch.Tensor)
     )
     source = work / "source"
-    phases_code.write_hf_folder(model, source)  # config.json + an empty weights file: the checkpointer's input
+    phases_code.write_hf_folder(model, source)  # config.json + a header-only weights file: the checkpointer's input
     _point_checkpointer_at(cfg, work)
     _check_disk(work, weights + state_bytes)
     checkpointer = training.build_checkpointer(cfg.checkpointer, None)

@@ -454,7 +454,7 @@ def worker_checkpoint(args: argparse.Namespace) -> None:
         model = llama2(**SIZES[args.model])
     attn = model.layers[0].attn
     out = Path(args.out)
-    write_hf_folder(model, out)  # config.json (and an empty weights file, replaced below)
+    write_hf_folder(model, out)  # config.json (and a header-only weights file, replaced below)
     hf = tune_to_hf(
         model.state_dict(),
         num_heads=attn.num_heads,

@@ -18,6 +18,7 @@ from torchtune import config, training
 from torchtune._assets import asset_path
 from torchtune._cli.tune import main
 from torchtune._errors import TuneError
+from torchtune.training._checkpoint_memory import write_hf_folder
 from torchtune.utils import FullModelHFCheckpointer
 
 READS: list[str] = []
@@ -74,37 +75,15 @@ def _resident_bytes(path) -> int:
     return sum(p & 1 for p in pages) * mmap.PAGESIZE
 
 
-def _sparse_hf_checkpoint(folder, cfg_model, model_type: str):
-    """A Hugging Face folder of the model's real size whose weights are a hole: config.json and a safetensors
-    header with every tensor's name, shape and dtype (bf16), the file extended to its full size without
-    writing it (a sparse file: no disk used). Reading its weights would bring gigabytes into the page cache."""
-    from torchtune.models._hf_convert import tune_to_hf_plan
-    from torchtune.training._checkpoint_memory import _hf_config  # the estimator's config.json of a model
-
-    skeleton = training.model_skeleton(cfg_model, dtype=torch.bfloat16)
-    state = skeleton.state_dict()
-    header, offset = {}, 0
-    for hf_key, (key,) in sorted(tune_to_hf_plan(state).items()):
-        size = state[key].numel() * state[key].element_size()
-        header[hf_key] = {"dtype": "BF16", "shape": list(state[key].shape), "data_offsets": [offset, offset + size]}
-        offset += size
-    text = json.dumps(header).encode()
-    text += b" " * (-len(text) % 8)
-    folder.mkdir()
-    path = folder / "model.safetensors"
-    with open(path, "wb") as f:
-        f.write(len(text).to_bytes(8, "little") + text)
-        f.truncate(8 + len(text) + offset)
-    (folder / "config.json").write_text(json.dumps(_hf_config(skeleton, model_type)))
-    return path
-
-
 def test_1b_checkpoint_missing_column_before_any_read_and_validate_reads_headers_only(tmp_path):
     """Llama 3.2 1B's shapes (2.5 GB of bf16 weights, as a hole): the run's set-up reports a missing data column
     without opening the weights; `tune validate` with the column checks all 1B headers against the model
     and reads none of the 2.5 GB (measured in the page cache)."""
     cfg = config.load_config("llama3_2/1B_full_single_device")
-    weights = _sparse_hf_checkpoint(tmp_path / "Llama-3.2-1B", cfg.model, "LLAMA3_2")
+    # a Hugging Face folder of the 1B's real size whose weights are a hole (a sparse file: no disk used);
+    # reading its weights would bring gigabytes into the page cache
+    skeleton = training.model_skeleton(cfg.model, dtype=torch.bfloat16)
+    weights = write_hf_folder(skeleton, tmp_path / "Llama-3.2-1B", "LLAMA3_2")
     assert os.path.getsize(weights) > 2_400_000_000
     rows = [{"instruction": f"Say {i}", "input": "", "output": f"{i}"} for i in range(40)]
     data = tmp_path / "data.json"

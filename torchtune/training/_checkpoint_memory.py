@@ -30,6 +30,7 @@ import copy
 import dataclasses
 import gc
 import json
+import math
 import tempfile
 import warnings
 from pathlib import Path
@@ -269,12 +270,35 @@ def _hf_config(model: nn.Module, model_type: str = "LLAMA2") -> dict[str, Any]:
     return config
 
 
-def write_hf_folder(model: nn.Module, folder: Path) -> None:
-    """A Hugging Face folder for ``model`` whose weights are never read: its config.json and an empty
-    ``model.safetensors`` (the checkpointer needs its input folder to save; a resume reads the saved one)."""
+_SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
+
+
+def write_hf_folder(model: nn.Module, folder: Path, model_type: str = "LLAMA2") -> Path:
+    """A Hugging Face folder for ``model`` whose weights are never read: its config.json and a
+    ``model.safetensors`` whose header names every weight with its shape and dtype while its data is a
+    hole (the file extended to its full size without writing it: a sparse file, no disk used). The
+    checkpointer needs its input folder to save, and checks the header against the model before a run
+    (a resume reads the saved weights, a fresh run builds its own). Returns the weights file."""
+    from torchtune.models._hf_convert import tune_to_hf_plan
+
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(_hf_config(model), indent=2))
-    (folder / "model.safetensors").write_bytes(b"")
+    (folder / "config.json").write_text(json.dumps(_hf_config(model, model_type), indent=2))
+    state = model.state_dict()
+    header, offset = {}, 0
+    for hf_key, keys in sorted(tune_to_hf_plan(state).items()):
+        parts = [state[key] for key in keys]  # a fused tensor's parts are stacked along dim 0
+        shape = [sum(p.shape[0] for p in parts), *parts[0].shape[1:]]
+        size = math.prod(shape) * parts[0].element_size()
+        dtype = _SAFETENSORS_DTYPES[parts[0].dtype]
+        header[hf_key] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + size]}
+        offset += size
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned
+    path = folder / "model.safetensors"
+    with open(path, "wb") as f:
+        f.write(len(text).to_bytes(8, "little") + text)
+        f.truncate(8 + len(text) + offset)
+    return path
 
 
 def _write_source_checkpoint(cfg: Any, folder: Path, files: _FakeFiles, dtype: torch.dtype) -> None:
