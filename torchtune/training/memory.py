@@ -226,9 +226,15 @@ class DeviceMemoryPeak:
 
 
 def _host_peak_rss_bytes() -> int:
-    # ru_maxrss is kilobytes on Linux and bytes on macOS
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    peak = peak if sys.platform == "darwin" else peak * 1024
+    # Linux: VmHWM, this process's own peak. ru_maxrss also keeps the peak of the process before exec,
+    # which for a run started from a large Python process (a notebook, pytest) is that process's.
+    try:
+        with open("/proc/self/status") as status:
+            line = next(line for line in status if line.startswith("VmHWM:"))
+        peak = int(line.split()[1]) * 1024
+    except (OSError, StopIteration, ValueError):  # not Linux: ru_maxrss, bytes on macOS
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        peak = peak if sys.platform == "darwin" else peak * 1024
     try:
         import psutil
 
