@@ -1,13 +1,18 @@
 """Held-out loss after N training steps, per optimizer, on the same model, data and LR schedule.
 
     .venv/bin/python benchmarks/bench_optimizers.py                        # the mini model (168M), 200 steps
-    .venv/bin/python benchmarks/bench_optimizers.py --steps 100 --layers 2 --dim 256   # what fits a slow CPU
+    .venv/bin/python benchmarks/bench_optimizers.py --steps 100 --layers 2 --dim 256 --vocab-size 1024
+    .venv/bin/python benchmarks/bench_optimizers.py --optimizers apollo_mini --set apollo_mini.scale=128
+
+On a slow machine run one process per optimizer, each with ``--optimizers NAME --json DIR/NAME.json``
+and the same other arguments, then ``--table DIR/*.json`` prints their table (docs/optimizers.md).
 
 Every optimizer runs the recipe's real training step (``torchtune.training.TrainStep``, built from a
 config as ``benchmarks/bench_step.py`` builds it) with optimizer in backward, from identical random
 weights, on identical batches. The data is learnable without any download: token sequences drawn from a
 fixed random Markov chain over ``--active-vocab`` token ids (each id has ``--successors`` equally likely
-next ids, so the best possible loss is ln(successors)); the model keeps its full vocabulary (32000). The
+next ids, so the best possible loss is ln(successors)); the model keeps its vocabulary (32000 unless
+``--vocab-size``). The
 held-out loss is the mean cross-entropy of the trained model on batches the chain draws from another
 seed. The LR schedule is the recipes' cosine schedule with warm-up, the same for every optimizer.
 
@@ -45,16 +50,16 @@ _APOLLO = {
     "proj_type": "std",
     "rest": _REST,
 }
-# name -> optimizer node (lr and weight_decay are added), each with its authors' settings for training
-# comparable to full-rank AdamW (their pre-training scripts): APOLLO rank a quarter of the width, random
-# projection, channel-wise scaling, scale 1; APOLLO-Mini rank 1, tensor-wise, scale a quarter of the width
-# (its 130M script; 128 in the 1B/7B ones); GaLore rank a quarter of the width, SVD projection, scale
-# 0.25; a new projection every 200 steps. The authors run all three at an LR 10x AdamW's (0.01 against
-# 0.001). Here every optimizer has AdamW's LR schedule, so that factor moves into ``scale``, which
-# multiplies the update (APOLLO: its square root does, so x100; GaLore: x10). Measured on a small model
-# (docs/optimizers.md), the authors' scale at AdamW's LR leaves them 24-41% behind; with the factor
-# folded in APOLLO and APOLLO-Mini end ahead of AdamW.
-# "dim" and "dim/4" are the model width and a quarter of it; "25*dim" is 100 x a quarter of it.
+# name -> optimizer node (lr and weight_decay are added). Rank, projection and scaling as the authors'
+# pre-training scripts set them: APOLLO rank a quarter of the width, random projection, channel-wise
+# scaling, scale 1; APOLLO-Mini rank 1, tensor-wise, scale a quarter of the width (its 130M script; 128
+# in the 1B/7B ones); GaLore rank a quarter of the width, SVD projection, scale 0.25; a new projection
+# every 200 steps. Those scripts pair these scales with LR 0.01, 10x this benchmark's 1e-3. Here every
+# optimizer has the same LR schedule, so the 10x moves into ``scale``, which multiplies the update
+# (APOLLO: its square root does, so scale x100; GaLore: x10). Measured on a small model
+# (docs/optimizers.md), the scripts' scales at LR 1e-3 leave the three 41-73% behind AdamW; with the 10x
+# folded in, APOLLO and APOLLO-Mini end ahead of AdamW and GaLore 18% behind.
+# "dim/4" is a quarter of the model width, "25*dim" 100 times that.
 OPTIMIZERS: Dict[str, Any] = {
     "adamw": {"_component_": "torch.optim.AdamW"},
     "bnb_adamw8bit": {"_component_": "bitsandbytes.optim.AdamW8bit"},
