@@ -16,7 +16,7 @@ next ids, so the best possible loss is ln(successors)); the model keeps its voca
 held-out loss is the mean cross-entropy of the trained model on batches the chain draws from another
 seed. The LR schedule is the recipes' cosine schedule with warm-up, the same for every optimizer.
 
-Reported per optimizer: held-out loss, its ratio to AdamW's, and the optimizer state bytes (every tensor
+Reported per optimizer: held-out loss, its ratio to AdamW's, wall seconds and the optimizer state bytes (every tensor
 in the per-parameter optimizers' state after the run, projectors included).
 """
 
