@@ -75,7 +75,7 @@ _REFUSED = {
     "apollo_torch.QAPOLLOAdamW": "the quantized-weight APOLLO variant keeps int8 weights this recipe does not hold",
 }
 _INSTEAD = (
-    "Use apollo_torch.APOLLOAdamW (rank: 1 with scale_type: tensor is APOLLO-Mini), galore_torch.GaLoreAdamW, "
+    "Use apollo_torch.APOLLOAdamW (rank: 1, scale_type: tensor, scale: 128 is APOLLO-Mini), galore_torch.GaLoreAdamW, "
     "or an 8-bit AdamW (bitsandbytes.optim.AdamW8bit, torchao.optim.AdamW8bit)"
 )
 # Default targets: the attention and MLP projections of every decoder here (torchtune.modules names).
