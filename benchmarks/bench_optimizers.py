@@ -58,7 +58,8 @@ _APOLLO = {
 # optimizer has the same LR schedule, so the 10x moves into ``scale``, which multiplies the update
 # (APOLLO: its square root does, so scale x100; GaLore: x10). Measured on a small model
 # (docs/optimizers.md), the scripts' scales at LR 1e-3 leave the three 41-73% behind AdamW; with the 10x
-# folded in, APOLLO and APOLLO-Mini end ahead of AdamW and GaLore 18% behind.
+# folded in, APOLLO and APOLLO-Mini end ahead of AdamW and GaLore 18% behind. (On the 168M model with
+# 16-token steps the scripts' scales did better still: docs/optimizers.md.)
 # "dim/4" is a quarter of the model width, "25*dim" 100 times that.
 OPTIMIZERS: Dict[str, Any] = {
     "adamw": {"_component_": "torch.optim.AdamW"},
