@@ -416,9 +416,9 @@ class FullFinetuneRecipeDistributed:
         score = partial(self._eval.score, step=self.global_step, checkpoint=self._checkpoints.last_folder)
         return self._on_every_rank("Scoring the final model", score, self._model, self._tokenizer, self._metrics)
 
-    def cleanup(self) -> None:
+    def cleanup(self, every_rank_done: bool = False) -> None:
         self._metrics.close()
-        training.destroy_distributed()
+        training.destroy_distributed(self._dist if every_rank_done else None)
 
 
 @config.parse
@@ -432,6 +432,8 @@ def recipe_main(cfg: DictConfig) -> None:
         recipe.setup()
         recipe.train()
         recipe.evaluate()  # eval_after_training: null does nothing
+        recipe.cleanup(every_rank_done=True)  # a barrier first: no rank leaves while another is in a collective
+        recipe = None
     except training.RankErrors as exc:
         if exc.quiet:  # rank 0 prints the one message for all ranks
             raise SystemExit(exc.exit_code) from None

@@ -143,9 +143,14 @@ def init_distributed(device: Union[str, torch.device], backend: Optional[str] = 
     return DistributedInfo(rank, world_size, local_rank, device, backend, mesh, cpu_group)
 
 
-def destroy_distributed() -> None:
-    """Leave the process group (at the end of a run; a no-op when none was joined)."""
+def destroy_distributed(info: Optional[DistributedInfo] = None) -> None:
+    """Leave the process group (at the end of a run; a no-op when none was joined). ``info``, after a run
+    that ended on every rank: first a barrier, so no rank tears its connections down while another is
+    still in a collective (a gloo peer closing mid-collective can abort the other process at exit). Not
+    after a failure: the other ranks may be gone, and a barrier would wait for them."""
     if dist.is_available() and dist.is_initialized():
+        if info is not None and info.world_size > 1:
+            dist.barrier(group=info.cpu_group)
         dist.destroy_process_group()
 
 
