@@ -270,9 +270,6 @@ def _hf_config(model: nn.Module, model_type: str = "LLAMA2") -> dict[str, Any]:
     return config
 
 
-_SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
-
-
 def write_hf_folder(model: nn.Module, folder: Path, model_type: str = "LLAMA2") -> Path:
     """A Hugging Face folder for ``model`` whose weights are never read: its config.json and a
     ``model.safetensors`` whose header names every weight with its shape and dtype while its data is a
@@ -280,6 +277,7 @@ def write_hf_folder(model: nn.Module, folder: Path, model_type: str = "LLAMA2") 
     checkpointer needs its input folder to save, and checks the header against the model before a run
     (a resume reads the saved weights, a fresh run builds its own). Returns the weights file."""
     from torchtune.models._hf_convert import tune_to_hf_plan
+    from torchtune.utils._checkpointing._streaming_write import _SAFETENSORS_DTYPES
 
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(_hf_config(model, model_type), indent=2))

@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -36,9 +34,9 @@ from torchtune._assets import missing_path_hint
 from torchtune._errors import TuneError, UsageError
 from torchtune.models._hf_family import HFFamily, detect_family
 from torchtune.training._sharded_read import ShardedModelReader, check_checkpoint_files, holds_only_sharded_weights
-from torchtune.utils._checkpointing._atomic import fsync_dir, fsync_file
+from torchtune.utils._checkpointing._atomic import write_folder_atomically
 from torchtune.utils._checkpointing._hf_side_files import write_hf_side_files
-from torchtune.utils._checkpointing._manifest import MANIFEST_NAME, build_manifest, find_latest_checkpoint
+from torchtune.utils._checkpointing._manifest import MANIFEST_NAME, find_latest_checkpoint
 from torchtune.utils._checkpointing._streaming_write import _SAFETENSORS_DTYPES, safetensors_order, write_safetensors
 
 log = logging.getLogger("torchtune")
@@ -391,39 +389,15 @@ def export_hf_folder(
 def _write_atomically(
     destination: Path, write: Callable[[Path], Dict[str, str]], *, step: int, epoch: int, what: str
 ) -> None:
-    """Write into ``.tmp-<name>-<pid>`` beside ``destination``, manifest last, fsync, then rename; an
-    existing ``destination`` is renamed aside and deleted once the new folder is in place."""
-    parent = destination.parent
-    tmp = parent / f".tmp-{destination.name}-{os.getpid()}"
-    old = parent / f".old-{destination.name}-{os.getpid()}"
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-        # what an export to the same folder left when it was killed (never anything of another name)
-        for leftover in [*parent.glob(f".tmp-{destination.name}-*"), *parent.glob(f".old-{destination.name}-*")]:
-            if leftover.is_dir() and leftover.name.rsplit("-", 1)[-1].isdigit():
-                shutil.rmtree(leftover, ignore_errors=True)
-        tmp.mkdir()
-        hashed = write(tmp)
-        for path in tmp.rglob("*"):
-            if path.is_file():
-                fsync_file(path)
-        manifest = build_manifest(tmp, step=step, epoch=epoch, intermediate=False, hashed=hashed)
-        (tmp / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2))
-        fsync_file(tmp / MANIFEST_NAME)
-        fsync_dir(tmp)
-        if destination.exists():
-            os.rename(destination, old)
-        os.rename(tmp, destination)
-        fsync_dir(parent)
-    except OSError as exc:
-        if old.exists() and not destination.exists():
-            os.rename(old, destination)  # the folder that was there stays
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise TuneError(
+    """The checkpoints' atomic write (temporary folder, manifest last, fsync, rename; an existing
+    ``destination`` replaced only once the new one is in place), cleaning only this folder's leftovers."""
+
+    def failure(exc: OSError, tmp: Path) -> str:
+        return (
             f"Writing the export of {what} to {destination} failed: {exc.strerror or exc} ({exc.filename or tmp}). "
             f"Nothing was left behind. Free space or fix the permissions there, or pass another --output-dir."
-        ) from exc
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
+        )
+
+    write_folder_atomically(
+        destination, write, step=step, epoch=epoch, intermediate=False, own_leftovers_only=True, failure=failure
+    )

@@ -49,12 +49,16 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def clean_leftovers(parent: Path) -> None:
-    """Remove ``.tmp-*`` and ``.old-*`` folders that a crashed save left in ``parent``."""
+def clean_leftovers(parent: Path, name: Optional[str] = None) -> None:
+    """Remove ``.tmp-*`` and ``.old-*`` folders that a crashed save left in ``parent``; with ``name``,
+    only those of a folder of that name (``.tmp-<name>-<pid>``: a folder shared with other things)."""
     if not parent.is_dir():
         return
     for path in parent.iterdir():
-        if path.is_dir() and path.name.startswith((TMP_PREFIX, OLD_PREFIX)):
+        if not (path.is_dir() and path.name.startswith((TMP_PREFIX, OLD_PREFIX))):
+            continue
+        stem, _, pid = path.name.rpartition("-")
+        if name is None or (stem in (f"{TMP_PREFIX}{name}", f"{OLD_PREFIX}{name}") and pid.isdigit()):
             shutil.rmtree(path, ignore_errors=True)
 
 
@@ -65,6 +69,8 @@ def write_folder_atomically(
     step: int,
     epoch: int,
     intermediate: bool,
+    own_leftovers_only: bool = False,
+    failure: Optional[Callable[[OSError, Path], str]] = None,
 ) -> Path:
     """Create ``destination`` with the files ``write_contents(tmp_folder)`` writes, atomically.
 
@@ -72,7 +78,10 @@ def write_folder_atomically(
     ``manifest.json`` last, fsync the folder, then rename. An existing ``destination`` (a re-save of
     the same step) is renamed aside first and deleted only once the new folder is in place.
     ``write_contents`` may return ``{name: checksum}`` of the files it hashed while writing them; the
-    manifest takes those sums instead of reading the files again.
+    manifest takes those sums instead of reading the files again. ``own_leftovers_only``: clean only
+    the leftovers of a folder of this name (``tune export`` into a folder of other things).
+    ``failure(exc, tmp)``: the message of a write that failed (default: a checkpoint's, naming
+    ``checkpointer.output_dir``). On any error the temporary folder is removed.
 
     Raises:
         TuneError: on any ``OSError`` (full disk, permissions); the temporary folder is removed and
@@ -83,7 +92,7 @@ def write_folder_atomically(
     tmp = parent / f"{TMP_PREFIX}{destination.name}-{os.getpid()}"
     try:
         parent.mkdir(parents=True, exist_ok=True)
-        clean_leftovers(parent)
+        clean_leftovers(parent, destination.name if own_leftovers_only else None)
         tmp.mkdir()
         hashed = write_contents(tmp)
         for path in tmp.rglob("*"):
@@ -98,6 +107,8 @@ def write_folder_atomically(
         fsync_dir(tmp)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        if failure is not None:
+            raise TuneError(failure(exc, tmp)) from exc
         reason = (
             "the disk is full"
             if exc.errno in (errno.ENOSPC, errno.EDQUOT)
@@ -119,6 +130,9 @@ def write_folder_atomically(
             f"{kept}. Free space (or fix the problem) in checkpointer.output_dir={parent}, or point "
             f"checkpointer.output_dir at another disk{resume}."
         ) from exc
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
     return move_into_place(tmp, destination)
 
