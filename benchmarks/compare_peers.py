@@ -18,7 +18,8 @@ does it best:
   (greedy packs), its chunked loss, optimizer in backward;
 - ``trl``: TRL's ``SFTTrainer`` (on transformers' ``Trainer``) with ``packing=True`` (best-fit
   decreasing, padding-free batches) and its completion-only loss on prompt/completion rows rendered
-  with the same Alpaca template; a standard optimizer step (TRL has no optimizer in backward).
+  with the same Alpaca template; a standard optimizer step (TRL has no optimizer in backward). Its fused LM head projects only the labelled positions on
+  CUDA/XPU (Triton), every position elsewhere, a CPU included.
 
 ``--compile`` turns on compile for ours and torchtune (TRL's ``torch_compile``): on a CPU it costs
 minutes of compiling per run, which the whole-epoch figure then includes.
@@ -32,6 +33,23 @@ time. Padding: the share of positions in the trained batches that hold no real t
 dtype ``auto`` is bf16 on CUDA or on a CPU with native bf16 matmuls (AVX512-BF16/AMX), else fp32: on
 an AVX2-only CPU a bf16 matmul runs ~70x slower than fp32, so a bf16 comparison there would measure the
 emulation, not the recipes. The dtype run is printed with the reason.
+
+A second table profiles the same runs step by step (``benchmarks/step_profile.py``): forward, loss
+(output projection and cross-entropy forward), backward (less the optimizer steps inside it),
+optimizer, data (fetching the next batch) and other (logging, metrics, the loop), as the median per
+step and the total over the epoch, wall and CPU time, from hooks that work alike in every peer: forward
+hooks on the model, on where its output projection starts (ours: in its loss module, on the labelled
+rows; torchtune: the model's chunked output projection; TRL: after the decoder stack, where its fused
+LM head scores every position on a CPU) and on the loss module, torch.optim's global step hooks, and
+wrappers of ``Tensor.backward`` and of the data loader's ``next()``. A few dozen timestamps per step:
+``--variant "unprofiled:env:COMPARE_PEERS_PROFILE=0"`` measures what they cost, ``--no-profile`` leaves
+them out everywhere.
+
+``--variant NAME:SPEC`` (repeatable) adds a variant of our recipe to the same interleaved runs, with
+``compare_torchtune.py``'s ``--extra`` grammar: SPEC is ``;``-separated ``tune run`` overrides and
+``env:VAR=value`` settings, e.g. ``--variant "glibc malloc default:env:GLIBC_TUNABLES=glibc.malloc.tcache_count=7"``
+(a malloc setting of the user's leaves the recipe's host allocator change off; see docs/recipe.md,
+``device``) or ``--variant "no stochastic rounding:bf16_stochastic_rounding=False"``.
 """
 
 from __future__ import annotations
@@ -55,8 +73,14 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.append(str(REPO_ROOT))
 
 from benchmarks import compare_torchtune as tt  # noqa: E402  (data, tokenizer and recipe configs)
+from benchmarks.step_profile import PHASES, StepProfile, split_steps  # noqa: E402
 
 PEERS = ("ours", "torchtune", "trl")
+PROFILE_ENV = "COMPARE_PEERS_PROFILE"  # "0": a worker runs without the step profile's hooks
+
+
+def _profiling() -> bool:
+    return os.environ.get(PROFILE_ENV, "1") != "0"
 
 
 def resolve_dtype(dtype: str, device: str) -> tuple[str, str]:
@@ -106,6 +130,17 @@ def _recipe_worker(impl: str, config_path: Path, result_path: Path) -> None:
     loader = recipe._data.dataloader if impl == "ours" else recipe._dataloader
     marks: List[tuple] = []
     model.register_forward_pre_hook(lambda module, a: marks.append((time.perf_counter(), time.process_time())))
+    profile = None
+    if _profiling():
+        # ours computes the output projection in its loss, on the labelled rows; torchtune in the model's
+        # forward, one call of model.output per chunk, then its loss module on the chunks
+        head = model.output if impl == "torchtune" else None
+        calls = []
+        if impl == "ours":  # a bf16 step with stochastic rounding: fp32 copies, step(), rounding: all optimizer
+            from torchtune.training import _optimizer
+
+            calls.append((_optimizer, "step_parameter"))
+        profile = StepProfile().attach(model, head=head, loss=recipe._loss_fn, optimizer_calls=calls)
     end: List[tuple] = []
     save = recipe.save_checkpoint
 
@@ -116,10 +151,12 @@ def _recipe_worker(impl: str, config_path: Path, result_path: Path) -> None:
 
     recipe.save_checkpoint = timed_save
     recipe.train()
+    if profile is not None:
+        profile.detach()
     recipe.cleanup()
     loader.sampler.set_epoch(0)  # the epoch's batches again, in the run's order (seed, epoch)
     batches = list(loader)[: len(marks)]
-    _write_result(result_path, started, marks, end[0], batches)
+    _write_result(result_path, started, marks, end[0], batches, profile)
 
 
 def _trl_worker(config_path: Path, result_path: Path) -> None:
@@ -161,6 +198,9 @@ def _trl_worker(config_path: Path, result_path: Path) -> None:
     model.register_forward_pre_hook(
         lambda module, a, k: marks.append((time.perf_counter(), time.process_time())), with_kwargs=True
     )
+    # SFTTrainer's fused LM head projects after the decoder stack (model.base_model) without calling
+    # lm_head as a module, and computes the loss inside the model's forward
+    profile = StepProfile().attach(model, head=model.base_model, head_event="post") if _profiling() else None
 
     class StepEnd(TrainerCallback):
         def on_step_end(self, *a: Any, **k: Any) -> None:
@@ -199,33 +239,36 @@ def _trl_worker(config_path: Path, result_path: Path) -> None:
 
     trainer.data_collator = recording_collate
     trainer.train()
+    if profile is not None:
+        profile.detach()
     # The model shifts the labels inside its loss: the targets trained are labels[:, 1:] != -100.
     trained = [int((b["labels"][:, 1:] != -100).sum()) for b in batches]
     positions = [int(b["input_ids"].numel()) for b in batches]
-    _dump(result_path, started, marks, steps_done[-1], trained, positions, positions)
+    _dump(result_path, started, marks, steps_done[-1], trained, positions, positions, profile)
 
 
-def _write_result(path: Path, started: float, marks: List[tuple], end: tuple, batches: List[Any]) -> None:
+def _write_result(
+    path: Path, started: float, marks: List[tuple], end: tuple, batches: List[Any], profile: StepProfile | None
+) -> None:
     trained = [int((b["labels"] != -100).sum()) for b in batches]  # our and torchtune's labels are shifted
     positions = [int(b["tokens"].numel()) for b in batches]
     real = [int((b["tokens"] != 0).sum()) for b in batches]  # both pad with id 0 (the Llama2 tokenizer's pad)
-    _dump(path, started, marks, end, trained, positions, real)
+    _dump(path, started, marks, end, trained, positions, real, profile)
 
 
-def _dump(path: Path, started: float, marks, end, trained, positions, real) -> None:
-    path.write_text(
-        json.dumps(
-            {
-                "setup_s": marks[0][0] - started,
-                "epoch_wall_s": end[0] - marks[0][0],
-                "epoch_cpu_s": end[1] - marks[0][1],
-                "steps": len(trained),
-                "trained": trained,
-                "positions": positions,
-                "real": real,
-            }
-        )
-    )
+def _dump(path: Path, started: float, marks, end, trained, positions, real, profile: StepProfile | None) -> None:
+    result = {
+        "setup_s": marks[0][0] - started,
+        "epoch_wall_s": end[0] - marks[0][0],
+        "epoch_cpu_s": end[1] - marks[0][1],
+        "steps": len(trained),
+        "trained": trained,
+        "positions": positions,
+        "real": real,
+    }
+    if profile is not None:
+        result["profile"] = split_steps(profile.events, end)
+    path.write_text(json.dumps(result))
 
 
 # --- orchestration ----------------------------------------------------------------------------------
@@ -249,6 +292,58 @@ def summarize(runs: List[Dict[str, Any]]) -> Dict[str, float]:
     return {k: statistics.median(p[k] for p in per) for k in per[0]}
 
 
+def summarize_profile(runs: List[Dict[str, Any]]) -> Dict[str, Dict[str, float]] | None:
+    """``{phase: {"step_wall_s", "step_cpu_s", "epoch_wall_s", "epoch_cpu_s"}}``: each run's median per
+    step and total over the epoch, then the median over the repeats; None for runs without a profile."""
+    if not runs or any("profile" not in r for r in runs):
+        return None
+    out: Dict[str, Dict[str, float]] = {}
+    for phase in (*PHASES, "step"):
+        out[phase] = {}
+        for clock in ("wall", "cpu"):
+            per_step = [r["profile"][phase][clock] for r in runs]
+            out[phase][f"step_{clock}_s"] = statistics.median(statistics.median(p) for p in per_step)
+            out[phase][f"epoch_{clock}_s"] = statistics.median(sum(p) for p in per_step)
+    return out
+
+
+def print_profile(profiles: Dict[str, Dict[str, Dict[str, float]]]) -> None:
+    """The per-step profile tables (median per step; totals over the epoch) of the peers that have one."""
+    if not profiles:
+        return
+    header = "| peer | " + " | ".join(PHASES) + " | {} |\n|---|" + "---|" * (len(PHASES) + 1)
+    print(
+        "\nWhere a step's time goes, from the same runs (benchmarks/step_profile.py): median per step, ms, "
+        "wall / CPU (the medians need not add up to the step's)\n"
+    )
+    print(header.format("step"))
+    for name, p in profiles.items():
+        cells = [f"{1e3 * p[k]['step_wall_s']:.1f} / {1e3 * p[k]['step_cpu_s']:.1f}" for k in (*PHASES, "step")]
+        print(f"| {name} | " + " | ".join(cells) + " |")
+    print("\nTotal over the epoch, s, wall / CPU (share of the epoch's wall time)\n")
+    print(header.format("epoch"))
+    for name, p in profiles.items():
+        epoch = p["step"]["epoch_wall_s"]
+        cells = [
+            f"{p[k]['epoch_wall_s']:.2f} / {p[k]['epoch_cpu_s']:.2f} ({100 * p[k]['epoch_wall_s'] / epoch:.0f}%)"
+            for k in PHASES
+        ]
+        cells.append(f"{epoch:.2f} / {p['step']['epoch_cpu_s']:.2f}")
+        print(f"| {name} | " + " | ".join(cells) + " |")
+
+
+def run_plan(peers: List[str], variant_specs: List[str]) -> List[Dict[str, Any]]:
+    """The runs of one repeat: each peer, then each ``--variant`` of ours (``compare_torchtune.parse_extra``)."""
+    plan = [{"name": p, "impl": p, "label": p, "overrides": [], "env": {}} for p in peers]
+    for spec in variant_specs:
+        variant = tt.parse_extra(spec)
+        plan.append({**variant, "impl": "ours", "label": f"ours, {variant['name']}"})
+    names = [r["name"] for r in plan]
+    if len(set(names)) != len(names):
+        raise SystemExit(f"--variant: every run needs its own name, got {names} (peers included)")
+    return plan
+
+
 def main(argv: List[str] | None = None) -> Dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--peers", default=",".join(PEERS), help="any of ours, torchtune, trl (comma-separated)")
@@ -262,6 +357,16 @@ def main(argv: List[str] | None = None) -> Dict[str, Any]:
     parser.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16"])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--compile", action="store_true", help="compile for every peer (minutes per run on a CPU)")
+    parser.add_argument(
+        "--variant",
+        "--extra",
+        action="append",
+        default=[],
+        metavar="NAME:SPEC",
+        help="a variant of our recipe in the same interleaved runs: key=value overrides and env:VAR=value, "
+        "';'-separated (see the docstring)",
+    )
+    parser.add_argument("--no-profile", action="store_true", help="run every peer without the step profile's hooks")
     parser.add_argument("--json", dest="json_out", type=Path)
     parser.add_argument("--worker", choices=PEERS, help=argparse.SUPPRESS)
     parser.add_argument("--config", help=argparse.SUPPRESS)
@@ -281,10 +386,11 @@ def main(argv: List[str] | None = None) -> Dict[str, Any]:
     unknown = sorted(set(peers) - set(PEERS))
     if unknown:
         raise SystemExit(f"--peers: unknown {unknown}; choose from {list(PEERS)}")
+    plan = run_plan(peers, args.variant)
     pythons = {"ours": sys.executable, "torchtune": args.tt_python, "trl": args.trl_python}
-    for peer in peers:
-        if not Path(pythons[peer]).exists():
-            raise SystemExit(f"{peer}: {pythons[peer]} does not exist; make its venv (see the module docstring)")
+    for impl in {r["impl"] for r in plan}:
+        if not Path(pythons[impl]).exists():
+            raise SystemExit(f"{impl}: {pythons[impl]} does not exist; make its venv (see the module docstring)")
     work = Path(tempfile.mkdtemp(prefix="compare_peers_"))
     assets = prepare(work, args)
     env = {
@@ -295,15 +401,18 @@ def main(argv: List[str] | None = None) -> Dict[str, Any]:
         "TORCHINDUCTOR_CACHE_DIR": str(work / "inductor"),
         "PYTHONPATH": str(REPO_ROOT),  # the workers import benchmarks.compare_torchtune (not our package)
     }
-    runs: Dict[str, List[Dict[str, Any]]] = {p: [] for p in peers}
+    if args.no_profile:
+        env[PROFILE_ENV] = "0"
+    runs: Dict[str, List[Dict[str, Any]]] = {r["name"]: [] for r in plan}
     started = time.perf_counter()
     for repeat in range(args.repeats):
-        shift = repeat % len(peers)
-        for index, peer in enumerate(peers[shift:] + peers[:shift]):
+        shift = repeat % len(plan)  # each run takes each place in the order in turn: drift hits all alike
+        for index, entry in enumerate(plan[shift:] + plan[:shift]):
+            name, impl = entry["name"], entry["impl"]
             out = work / f"run{repeat}_{index}"
             out.mkdir()
             cfg_path, res_path = out / "config.yaml", out / "result.json"
-            if peer == "trl":
+            if impl == "trl":
                 cfg = {
                     "data": str(assets["data"]),
                     "tokenizer": str(assets["tokenizer"]),
@@ -317,15 +426,20 @@ def main(argv: List[str] | None = None) -> Dict[str, Any]:
                 }
                 cfg_path.write_text(json.dumps(cfg))
             else:
-                cfg_path.write_text(yaml.safe_dump(recipe_config(peer, assets, out, args)))
-            print(f"repeat {repeat + 1}: {peer} ...", file=sys.stderr, flush=True)
-            worker_env = env if peer != "torchtune" else {k: v for k, v in env.items() if k != "PYTHONPATH"}
-            cmd = [pythons[peer], __file__, "--worker", peer, "--config", str(cfg_path), "--result", str(res_path)]
-            proc = subprocess.run(cmd, cwd=str(work), env=worker_env, capture_output=True, text=True)
+                recipe_cfg = recipe_config(impl, assets, out, args)
+                if entry["overrides"]:
+                    recipe_cfg = tt.our_config(recipe_cfg, entry["overrides"])
+                cfg_path.write_text(yaml.safe_dump(recipe_cfg))
+            print(f"repeat {repeat + 1}: {entry['label']} ...", file=sys.stderr, flush=True)
+            worker_env = env if impl != "torchtune" else {k: v for k, v in env.items() if k != "PYTHONPATH"}
+            cmd = [pythons[impl], __file__, "--worker", impl, "--config", str(cfg_path), "--result", str(res_path)]
+            proc = subprocess.run(
+                cmd, cwd=str(work), env={**worker_env, **entry["env"]}, capture_output=True, text=True
+            )
             if proc.returncode != 0:
-                raise SystemExit(f"{peer} failed:\n{proc.stderr[-4000:]}")
+                raise SystemExit(f"{entry['label']} failed:\n{proc.stderr[-4000:]}")
             res = json.loads(res_path.read_text())
-            runs[peer].append(res)
+            runs[name].append(res)
             print(
                 f"  epoch {res['epoch_wall_s']:.1f}s wall, {res['epoch_cpu_s']:.1f}s CPU, {res['steps']} steps, "
                 f"{sum(res['trained'])} trained tokens",
@@ -337,7 +451,9 @@ def main(argv: List[str] | None = None) -> Dict[str, Any]:
             if args.json_out:
                 args.json_out.write_text(json.dumps({"args": vars(args) | {"json_out": None}, "runs": runs}))
     shutil.rmtree(work, ignore_errors=True)
-    summaries = {p: summarize(runs[p]) for p in peers}
+    labels = {r["name"]: r["label"] for r in plan}
+    summaries = {name: summarize(runs[name]) for name in runs}
+    profiles = {name: p for name in runs if (p := summarize_profile(runs[name])) is not None}
     print(
         f"\nOne epoch of {args.examples} Alpaca-like rows, Llama2 {tt.SIZES[args.size]}, {args.dtype} ({why}) on "
         f"{args.device}, batch {args.batch_size} x {args.seq_len}, prompts masked, compile "
@@ -349,19 +465,29 @@ def main(argv: List[str] | None = None) -> Dict[str, Any]:
         "| peer | steps | trained tokens | padding | epoch wall (s) | epoch CPU (s) | trained tokens/s (wall) | "
         "trained tokens/s (CPU) | ours vs peer (wall, CPU) | set-up (s) |\n|---|---|---|---|---|---|---|---|---|---|"
     )
-    for peer, s in summaries.items():
+    for name, s in summaries.items():
         ratio = (
             ""
-            if base is None or peer == "ours"
+            if base is None or name == "ours"
             else (f"{base['tok_s'] / s['tok_s']:.2f}x, {base['tok_cpu_s'] / s['tok_cpu_s']:.2f}x")
         )
         print(
-            f"| {peer} | {s['steps']:.0f} | {s['trained']:.0f} | {100 * s['padding']:.1f}% | {s['epoch_wall_s']:.1f} | "
-            f"{s['epoch_cpu_s']:.1f} | {s['tok_s']:.1f} | {s['tok_cpu_s']:.1f} | {ratio} | {s['setup_s']:.1f} |"
+            f"| {labels[name]} | {s['steps']:.0f} | {s['trained']:.0f} | {100 * s['padding']:.1f}% | "
+            f"{s['epoch_wall_s']:.1f} | {s['epoch_cpu_s']:.1f} | {s['tok_s']:.1f} | {s['tok_cpu_s']:.1f} | {ratio} | "
+            f"{s['setup_s']:.1f} |"
         )
+    print_profile({labels[name]: p for name, p in profiles.items()})
     if args.json_out:
         args.json_out.write_text(
-            json.dumps({"args": vars(args) | {"json_out": None}, "runs": runs, "summary": summaries})
+            json.dumps(
+                {
+                    "args": vars(args) | {"json_out": None},
+                    "runs": runs,
+                    "summary": summaries,
+                    "profile": profiles,
+                    "labels": labels,
+                }
+            )
         )
     return summaries
 

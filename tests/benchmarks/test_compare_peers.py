@@ -2,6 +2,7 @@
 why), the whole-epoch summary, and our side of the comparison's config."""
 
 import argparse
+import json
 
 import pytest
 
@@ -39,3 +40,47 @@ def test_our_config_runs_a_whole_epoch_with_the_best_settings(tmp_path):
     assert cfg["dataset"]["packed"] is True and cfg["dataset"]["train_on_input"] is False
     assert cfg["optimizer_in_bwd"] is True and cfg["optimizer_in_bwd_group"] == "layer"
     assert cfg["loss"]["_component_"].endswith("ChunkedCrossEntropyLoss")
+
+
+def test_variants_of_ours_join_the_peers_with_their_overrides_and_environment():
+    plan = compare_peers.run_plan(
+        ["ours", "trl"], ["glibc malloc default:env:GLIBC_TUNABLES=glibc.malloc.tcache_count=7", "no sr:a.b=False"]
+    )
+    assert [(r["name"], r["impl"], r["label"]) for r in plan] == [
+        ("ours", "ours", "ours"),
+        ("trl", "trl", "trl"),
+        ("glibc malloc default", "ours", "ours, glibc malloc default"),
+        ("no sr", "ours", "ours, no sr"),
+    ]
+    assert plan[2]["env"] == {"GLIBC_TUNABLES": "glibc.malloc.tcache_count=7"} and plan[2]["overrides"] == []
+    assert plan[3]["overrides"] == ["a.b=False"] and plan[3]["env"] == {}
+    with pytest.raises(SystemExit, match="own name"):
+        compare_peers.run_plan(["ours", "trl"], ["trl:seed=1"])
+
+
+def test_profile_summary_is_the_median_run_of_per_step_medians_and_epoch_totals():
+    def run(scale):
+        phase = {"wall": [scale * 1.0, scale * 3.0, scale * 2.0], "cpu": [scale * 2.0, scale * 2.0, scale * 8.0]}
+        return {"profile": {p: phase for p in (*compare_peers.PHASES, "step")}}
+
+    s = compare_peers.summarize_profile([run(1.0), run(10.0), run(2.0)])
+    assert s["forward"] == {"step_wall_s": 4.0, "step_cpu_s": 4.0, "epoch_wall_s": 12.0, "epoch_cpu_s": 24.0}
+    assert compare_peers.summarize_profile([run(1.0), {}]) is None  # a run without a profile: no table
+
+
+def test_ours_and_a_variant_run_end_to_end_with_the_profile(tmp_path, capsys):
+    """The real worker on the tiny model: every step profiled (the hooks found the recipe's loss and
+    optimizer), and a variant's environment reaches its process (here: no profile)."""
+    out = tmp_path / "result.json"
+    argv = ["--peers", "ours", "--size", "tiny", "--examples", "8", "--batch-size", "2", "--seq-len", "128"]
+    argv += ["--repeats", "1", "--dtype", "fp32", "--variant", "unprofiled:env:COMPARE_PEERS_PROFILE=0"]
+    compare_peers.main(argv + ["--json", str(out)])
+    result = json.loads(out.read_text())
+    ours, unprofiled = result["runs"]["ours"][0], result["runs"]["unprofiled"][0]
+    assert "profile" not in unprofiled and list(result["profile"]) == ["ours"]
+    profile = ours["profile"]
+    assert len(profile["step"]["wall"]) == ours["steps"] > 1
+    assert sum(profile["step"]["wall"]) == pytest.approx(ours["epoch_wall_s"], abs=1e-3)  # two hooks, two clocks
+    for phase in ("forward", "loss", "backward", "optimizer", "data"):
+        assert all(t > 0 for t in profile[phase]["wall"][:-1]), phase  # the last step fetches no batch
+    assert "| ours | " in capsys.readouterr().out
