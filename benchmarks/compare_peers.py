@@ -18,7 +18,9 @@ does it best:
   (greedy packs), its chunked loss, optimizer in backward;
 - ``trl``: TRL's ``SFTTrainer`` (on transformers' ``Trainer``) with ``packing=True`` (best-fit
   decreasing, padding-free batches) and its completion-only loss on prompt/completion rows rendered
-  with the same Alpaca template; a standard optimizer step (TRL has no optimizer in backward). Its fused LM head projects only the labelled positions on
+  with the same Alpaca template; a standard optimizer step (TRL has no optimizer in backward), no
+  gradient clipping (``max_grad_norm=0``, as for the other two; ``Trainer`` still computes the
+  gradient norm every step for its log). Its fused LM head projects only the labelled positions on
   CUDA/XPU (Triton), every position elsewhere, a CPU included.
 
 ``--compile`` turns on compile for ours and torchtune (TRL's ``torch_compile``): on a CPU it costs
@@ -217,6 +219,7 @@ def _trl_worker(config_path: Path, result_path: Path) -> None:
         lr_scheduler_type="constant",
         warmup_steps=0,
         weight_decay=0.0,
+        max_grad_norm=0.0,  # no clipping, as ours and torchtune here (the default 1.0 clips every step)
         optim="adamw_torch_fused",
         logging_steps=10,
         save_strategy="no",
