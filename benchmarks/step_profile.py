@@ -57,10 +57,11 @@ class StepProfile:
     inside the model's forward: ``head_event="pre"`` marks its first call (torchtune's output projection,
     called once per chunk), ``"post"`` the end of a backbone the projection follows (TRL's fused LM
     head, which runs after the decoder stack without calling ``lm_head`` as a module). ``loss`` is a
-    loss module called outside the model (ours, which computes the projection in it; torchtune's).
-    ``optimizer_calls``: ``(owner, name)`` of further functions whose calls are optimizer time, such as
-    a step that casts to fp32 around ``Optimizer.step()`` and rounds back (ours with bf16 stochastic
-    rounding); without them that work would count as backward.
+    loss module called outside the model (ours, which computes the projection in it; torchtune's);
+    ``loss_calls`` are ``(owner, name)`` of loss functions called outside it (litgpt's).
+    ``optimizer_calls`` are ``(owner, name)`` of further functions whose calls are optimizer time, such
+    as a step that casts to fp32 around ``Optimizer.step()`` and rounds back (ours with bf16 stochastic
+    rounding); without them that work would count as backward. Forwards in eval mode are no steps.
     """
 
     def __init__(self) -> None:
@@ -78,22 +79,30 @@ class StepProfile:
         head: Optional[nn.Module] = None,
         head_event: str = "pre",
         loss: Optional[nn.Module] = None,
+        loss_calls: Sequence[Tuple[Any, str]] = (),
         optimizer_calls: Sequence[Tuple[Any, str]] = (),
     ) -> "StepProfile":
         if head_event not in ("pre", "post"):
             raise ValueError(f"head_event must be 'pre' or 'post', not {head_event!r}")
+
+        def training(kind: str) -> Callable[..., None]:
+            # a forward in eval mode (a trainer's validation, litgpt's sanity check) is no training step
+            return lambda module, *a: self.mark(kind) if module.training else None
+
         handles = [
-            model.register_forward_pre_hook(lambda *a: self.mark("forward0")),
-            model.register_forward_hook(lambda *a: self.mark("forward1")),
+            model.register_forward_pre_hook(training("forward0")),
+            model.register_forward_hook(training("forward1")),
         ]
         if head is not None:
             register = head.register_forward_pre_hook if head_event == "pre" else head.register_forward_hook
-            handles.append(register(lambda *a: self.mark("head")))
+            handles.append(register(training("head")))
         if loss is not None:
             handles += [
                 loss.register_forward_pre_hook(lambda *a: self.mark("loss0")),
                 loss.register_forward_hook(lambda *a: self.mark("loss1")),
             ]
+        for owner, name in loss_calls:
+            self._patch(owner, name, lambda: self.mark("loss0"), lambda: self.mark("loss1"))
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
         handles.append(register_optimizer_step_pre_hook(lambda *a: self._optimizer_start()))

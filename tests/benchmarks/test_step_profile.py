@@ -126,27 +126,34 @@ def test_loss_inside_the_model_after_its_backbone():
     torch.manual_seed(0)
     model = _Net()
     profile = StepProfile().attach(model, head=model.body, head_event="post")
+    model.eval()  # a validation forward (litgpt checks its settings so) is no step
+    with torch.no_grad():
+        model(torch.zeros(1, 4, dtype=torch.long))
+    model.train()
     end = _train(profile, model, None)
     steps = split_steps(profile.events, end)
     assert "loss0" not in [k for k, _, _ in profile.events]  # the loss is only the in-model part here
     _check(steps, profile, model)
 
 
-def test_extra_optimizer_calls_count_as_optimizer_time():
-    """A function wrapping ``Optimizer.step()`` (ours: fp32 copies, step, stochastic rounding) is
-    optimizer time as a whole, inside backward too; its own ``step()`` inside it is not counted twice."""
+def test_loss_and_optimizer_functions_count_as_their_phase():
+    """A loss function called outside the model (litgpt's) is loss time; a function wrapping
+    ``Optimizer.step()`` (ours: fp32 copies, step, stochastic rounding) is optimizer time as a whole,
+    its own ``step()`` inside it not counted twice."""
     torch.manual_seed(0)
     model = _Net()
-    owner = types.SimpleNamespace(step=lambda opt: opt.step())
+    owner = types.SimpleNamespace(step=lambda opt: opt.step(), loss=lambda logits, y: _Loss()(logits, y))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    profile = StepProfile().attach(model, optimizer_calls=[(owner, "step")])
-    model(torch.zeros(1, 4, dtype=torch.long), labels=torch.zeros(1, 4, dtype=torch.long)).backward()
+    profile = StepProfile().attach(model, loss_calls=[(owner, "loss")], optimizer_calls=[(owner, "step")])
+    tokens = torch.zeros(1, 4, dtype=torch.long)
+    owner.loss(model(tokens), tokens).backward()
     owner.step(opt)
     end = (profile.events[-1][1], profile.events[-1][2])
     profile.detach()
     kinds = [k for k, _, _ in profile.events]
+    assert kinds[2:4] == ["loss0", "loss1"]
     assert kinds[-4:] == ["optimizer0", "optimizer0", "optimizer1", "optimizer1"]
     steps = split_steps(profile.events, end)
-    outer = profile.events[-1][1] - profile.events[-4][1]
-    assert steps["optimizer"]["wall"] == [outer]
-    assert not hasattr(owner.step, "__wrapped__")
+    assert steps["loss"]["wall"] == [profile.events[3][1] - profile.events[2][1]]
+    assert steps["optimizer"]["wall"] == [profile.events[-1][1] - profile.events[-4][1]]
+    assert not hasattr(owner.step, "__wrapped__") and not hasattr(owner.loss, "__wrapped__")
