@@ -77,7 +77,7 @@ if str(REPO_ROOT) not in sys.path:
 from benchmarks import compare_torchtune as tt  # noqa: E402  (data, tokenizer and recipe configs)
 from benchmarks.step_profile import PHASES, StepProfile, split_steps  # noqa: E402
 
-PEERS = ("ours", "torchtune", "trl")
+PEERS = ("ours", "torchtune", "trl", "litgpt")
 PROFILE_ENV = "COMPARE_PEERS_PROFILE"  # "0": a worker runs without the step profile's hooks
 
 
@@ -250,6 +250,133 @@ def _trl_worker(config_path: Path, result_path: Path) -> None:
     _dump(result_path, started, marks, steps_done[-1], trained, positions, positions, profile)
 
 
+def _litgpt_worker(config_path: Path, result_path: Path) -> None:
+    import shutil
+
+    import litgpt.finetune.full as full
+    from litgpt import config as lit_config
+    from litgpt.args import EvalArgs, TrainArgs
+    from litgpt.data import JSON
+    from litgpt.scripts.convert_hf_checkpoint import convert_hf_checkpoint
+
+    cfg = json.loads(config_path.read_text())
+    work = Path(cfg["output_dir"]) / "litgpt"
+    converting = time.perf_counter()
+    checkpoint = _litgpt_checkpoint(work / "checkpoint", cfg, lit_config, convert_hf_checkpoint)
+    started = _PROCESS_START + (time.perf_counter() - converting)  # a user converts once: not set-up
+    # litgpt's JSON data reads train.json and val.json from a folder; the validation rows feed only the
+    # sanity check it runs before training (2 batches in eval mode, before the epoch's first forward)
+    rows = json.loads(Path(cfg["data"]).read_text())
+    data_dir = work / "data"
+    data_dir.mkdir()
+    (data_dir / "train.json").write_text(json.dumps(rows))
+    (data_dir / "val.json").write_text(json.dumps(rows[:2]))
+
+    marks: List[tuple] = []
+    batches: List[Dict[str, Any]] = []
+    end: List[tuple] = []
+    profile = StepProfile() if _profiling() else None
+    fit = full.fit
+
+    def timed_fit(**kwargs: Any) -> Any:  # litgpt calls fit with keywords only
+        model = kwargs["state"]["model"].module  # the GPT inside Fabric's wrapper
+        model.register_forward_pre_hook(
+            lambda module, a: marks.append((time.perf_counter(), time.process_time())) if module.training else None
+        )
+        if profile is not None:
+            # the output projection is the model's last module (logits at every position); the loss, a
+            # function on them, follows outside the model
+            profile.attach(model, head=model.lm_head, loss_calls=[(full, "chunked_cross_entropy")])
+        loader = kwargs["train_dataloader"]
+        loader = getattr(loader, "_dataloader", loader)  # Fabric's wrapper
+        collate = loader.collate_fn
+
+        def recording_collate(samples: Any) -> Any:
+            batch = collate(samples)
+            real = int(batch["token_counts"]["raw_plus_prompt_template"].sum())
+            batches.append({"input_ids": batch["input_ids"].clone(), "labels": batch["labels"].clone(), "real": real})
+            return batch
+
+        loader.collate_fn = recording_collate
+        try:
+            return fit(**kwargs)
+        finally:
+            end.append((time.perf_counter(), time.process_time()))
+            if profile is not None:
+                profile.detach()
+
+    full.fit = timed_fit
+    # after the epoch, litgpt saves its hyperparameters by parsing sys.argv as its own command line, which
+    # this worker's is not
+    full.save_hyperparameters = lambda *a, **k: None
+    full.setup(
+        checkpoint,
+        out_dir=work / "out",
+        precision={"bf16": "bf16-true", "fp32": "32-true"}[cfg["dtype"]],
+        data=JSON(json_path=data_dir, mask_prompt=True, prompt_style="alpaca", num_workers=0),
+        train=TrainArgs(
+            save_interval=None,
+            log_interval=10,
+            global_batch_size=cfg["batch_size"],
+            micro_batch_size=cfg["batch_size"],
+            # litgpt's schedule is a linear warm-up (at least one step) then a cosine decay to min_lr:
+            # with min_lr = lr it is constant after the first step, which runs at LR 0
+            lr_warmup_steps=1,
+            min_lr=2e-5,
+            epochs=1,
+            max_seq_length=cfg["seq_len"],
+        ),
+        eval=EvalArgs(interval=10**9, max_new_tokens=100, initial_validation=False, final_validation=False),
+        optimizer={"class_path": "torch.optim.AdamW", "init_args": {"lr": 2e-5, "weight_decay": 0.0, "fused": True}},
+        logger_name="csv",
+        seed=0,
+    )
+    # The epoch ends when the next batch comes from the next epoch: that batch was collated, not trained.
+    batches = batches[: len(marks)]
+    # The model predicts labels[:, 1:] (the loss shifts them): those not -100 are trained.
+    trained = [int((b["labels"][:, 1:] != -100).sum()) for b in batches]
+    positions = [int(b["input_ids"].numel()) for b in batches]
+    _dump(result_path, started, marks, end[0], trained, positions, [b["real"] for b in batches], profile)
+    shutil.rmtree(work, ignore_errors=True)  # a converted checkpoint and the final save per run
+
+
+def _litgpt_checkpoint(folder: Path, cfg: Dict[str, Any], lit_config: Any, convert: Any) -> Path:
+    """The shared HF checkpoint and tokenizer as a litgpt checkpoint folder. litgpt converts checkpoints
+    of models it knows by name: this Llama2 is registered under a name of its own, Llama-2-7b-hf's
+    architecture with the checkpoint's sizes."""
+    import shutil
+
+    folder.mkdir(parents=True)
+    for f in Path(cfg["checkpoint"]).iterdir():
+        shutil.copy(f, folder / f.name)
+    shutil.copy(cfg["tokenizer"], folder / "tokenizer.model")
+    # litgpt's Tokenizer reads whether to add BOS from here (it does for Llama2, as ours and TRL do)
+    tokenizer = {"add_bos_token": True, "bos_token": "<s>", "eos_token": "</s>", "tokenizer_class": "LlamaTokenizer"}
+    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer))
+    hf = json.loads((folder / "config.json").read_text())
+    name = "compare-peers-llama2"
+    if name not in lit_config.name_to_config:
+        arch = dict(lit_config.name_to_config["Llama-2-7b-hf"])
+        arch.update(
+            name=name,
+            block_size=hf["max_position_embeddings"],
+            vocab_size=hf["vocab_size"],
+            padded_vocab_size=hf["vocab_size"],
+            n_layer=hf["num_hidden_layers"],
+            n_head=hf["num_attention_heads"],
+            n_query_groups=hf["num_key_value_heads"],
+            n_embd=hf["hidden_size"],
+            intermediate_size=hf["intermediate_size"],
+            norm_eps=hf["rms_norm_eps"],
+            rope_base=int(hf["rope_theta"]),
+        )
+        lit_config.configs.append(arch)
+        lit_config.name_to_config[name] = arch
+    convert(folder, model_name=name)
+    (folder / "model.safetensors").unlink()  # converted into lit_model.pth
+    return folder
+
+
 def _write_result(
     path: Path, started: float, marks: List[tuple], end: tuple, batches: List[Any], profile: StepProfile | None
 ) -> None:
@@ -349,9 +476,12 @@ def run_plan(peers: List[str], variant_specs: List[str]) -> List[Dict[str, Any]]
 
 def main(argv: List[str] | None = None) -> Dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--peers", default=",".join(PEERS), help="any of ours, torchtune, trl (comma-separated)")
+    parser.add_argument(
+        "--peers", default=",".join(PEERS), help="any of ours, torchtune, trl, litgpt (comma-separated)"
+    )
     parser.add_argument("--tt-python", default="/tmp/tt061/bin/python", help="python of the torchtune 0.6.1 venv")
     parser.add_argument("--trl-python", default="/tmp/trlenv/bin/python", help="python of the TRL venv")
+    parser.add_argument("--litgpt-python", default="/tmp/litenv/bin/python", help="python of the litgpt venv")
     parser.add_argument("--size", default="168m", choices=sorted(tt.SIZES))
     parser.add_argument("--examples", type=int, default=300)
     parser.add_argument("--batch-size", type=int, default=4)
@@ -377,6 +507,8 @@ def main(argv: List[str] | None = None) -> Dict[str, Any]:
     args = parser.parse_args(argv)
     if args.worker == "trl":
         return _trl_worker(Path(args.config), Path(args.result))
+    if args.worker == "litgpt":
+        return _litgpt_worker(Path(args.config), Path(args.result))
     if args.worker:
         return _recipe_worker(args.worker, Path(args.config), Path(args.result))
 
@@ -390,7 +522,12 @@ def main(argv: List[str] | None = None) -> Dict[str, Any]:
     if unknown:
         raise SystemExit(f"--peers: unknown {unknown}; choose from {list(PEERS)}")
     plan = run_plan(peers, args.variant)
-    pythons = {"ours": sys.executable, "torchtune": args.tt_python, "trl": args.trl_python}
+    pythons = {
+        "ours": sys.executable,
+        "torchtune": args.tt_python,
+        "trl": args.trl_python,
+        "litgpt": args.litgpt_python,
+    }
     for impl in {r["impl"] for r in plan}:
         if not Path(pythons[impl]).exists():
             raise SystemExit(f"{impl}: {pythons[impl]} does not exist; make its venv (see the module docstring)")
@@ -415,7 +552,7 @@ def main(argv: List[str] | None = None) -> Dict[str, Any]:
             out = work / f"run{repeat}_{index}"
             out.mkdir()
             cfg_path, res_path = out / "config.yaml", out / "result.json"
-            if impl == "trl":
+            if impl in ("trl", "litgpt"):
                 cfg = {
                     "data": str(assets["data"]),
                     "tokenizer": str(assets["tokenizer"]),
