@@ -2,15 +2,17 @@
 
     python3 -m venv /tmp/tt061 && /tmp/tt061/bin/pip install torch==2.13.0 torchtune==0.6.1 torchao==0.11.0
     python3 -m venv /tmp/trlenv && /tmp/trlenv/bin/pip install torch==2.13.0 trl datasets sentencepiece protobuf
-    .venv/bin/python benchmarks/compare_peers.py --tt-python /tmp/tt061/bin/python --trl-python /tmp/trlenv/bin/python
+    python3 -m venv /tmp/litenv && /tmp/litenv/bin/pip install torch==2.13.0 litgpt sentencepiece
+    .venv/bin/python benchmarks/compare_peers.py --tt-python /tmp/tt061/bin/python --trl-python /tmp/trlenv/bin/python \
+        --litgpt-python /tmp/litenv/bin/python
 
 The figure is **trained (label) tokens per second over one whole epoch** of an Alpaca-like data set
 of ``--examples`` rows (prompts masked: only the answers carry labels), not a few steps: data order,
 packing, padding, the first step's warm-up (and compile) and every step of the epoch are in it. Each
 peer runs in its own process and virtual environment on the same random-weight Llama2 in Hugging Face
 format (``--size``), the same SentencePiece tokenizer and the same rows, with the same optimizer
-(fused AdamW, lr 2e-5, no weight decay, constant LR), batch size and sequence length, packing as each
-does it best:
+(fused AdamW, lr 2e-5, no weight decay, constant LR, no gradient clipping), batch size and sequence
+length, packing as each does it best:
 
 - ``ours``: ``full_finetune_single_device``, ``dataset.packed: True`` (best-fit packs), the
   chunked loss over labelled positions only, optimizer in backward grouped by layer;
@@ -19,18 +21,25 @@ does it best:
 - ``trl``: TRL's ``SFTTrainer`` (on transformers' ``Trainer``) with ``packing=True`` (best-fit
   decreasing, padding-free batches) and its completion-only loss on prompt/completion rows rendered
   with the same Alpaca template; a standard optimizer step (TRL has no optimizer in backward), no
-  gradient clipping (``max_grad_norm=0``, as for the other two; ``Trainer`` still computes the
-  gradient norm every step for its log). Its fused LM head projects only the labelled positions on
-  CUDA/XPU (Triton), every position elsewhere, a CPU included.
+  gradient clipping (``max_grad_norm=0``; ``Trainer`` still computes the gradient norm every step for
+  its log). Its fused LM head projects only the labelled positions on CUDA/XPU (Triton), every
+  position elsewhere, a CPU included;
+- ``litgpt``: litgpt's ``finetune_full`` (on Lightning Fabric) with its ``JSON`` data, the Alpaca
+  prompt style and ``mask_prompt``, from the same checkpoint converted by litgpt's own converter (once
+  per run, left out of set-up); no packing (each batch padded to its longest row), logits at every
+  position, a standard optimizer step, precision ``bf16-true`` or ``32-true``. Its LR schedule is a
+  warm-up of at least one step (the first step runs at LR 0), then constant (``min_lr`` = LR). It
+  picks its device itself and has no compile switch.
 
 ``--compile`` turns on compile for ours and torchtune (TRL's ``torch_compile``): on a CPU it costs
 minutes of compiling per run, which the whole-epoch figure then includes.
 
-The epoch's time runs from its first forward to the end of its last optimizer step (ours and
-torchtune: the start of the epoch-end save, which TRL does not do); set-up (model load, data
-preparation, packing) is reported apart. Runs alternate between the peers, ``--repeats`` times, the
-starting peer rotating; the table shows medians over the repeats, wall time beside the process's CPU
-time. Padding: the share of positions in the trained batches that hold no real token.
+The epoch's time runs from its first forward to the end of its last step (ours and torchtune: the
+start of the epoch-end save; TRL: its last step's end; litgpt: its training loop's end, which comes
+once it has fetched the next epoch's first batch); set-up (imports, model load, data preparation,
+packing) is reported apart. Runs alternate between the peers, ``--repeats``
+times, the starting peer rotating; the table shows medians over the repeats, wall time beside the
+process's CPU time. Padding: the share of positions in the trained batches that hold no real token.
 
 dtype ``auto`` is bf16 on CUDA or on a CPU with native bf16 matmuls (AVX512-BF16/AMX), else fp32: on
 an AVX2-only CPU a bf16 matmul runs ~70x slower than fp32, so a bf16 comparison there would measure the
@@ -42,16 +51,18 @@ optimizer, data (fetching the next batch) and other (logging, metrics, the loop)
 step and the total over the epoch, wall and CPU time, from hooks that work alike in every peer: forward
 hooks on the model, on where its output projection starts (ours: in its loss module, on the labelled
 rows; torchtune: the model's chunked output projection; TRL: after the decoder stack, where its fused
-LM head scores every position on a CPU) and on the loss module, torch.optim's global step hooks, and
-wrappers of ``Tensor.backward`` and of the data loader's ``next()``. A few dozen timestamps per step:
-``--variant "unprofiled:env:COMPARE_PEERS_PROFILE=0"`` measures what they cost, ``--no-profile`` leaves
-them out everywhere.
+LM head takes over; litgpt: its ``lm_head``) and on the loss module or function, torch.optim's global
+step hooks, and wrappers of ``Tensor.backward`` and of the data loader's ``next()``. Ours' optimizer
+time is its whole update (``step_parameter``: with bf16 stochastic rounding, the fp32 copies and the
+rounding around ``step()``). The table's footer gives the timestamps taken per step (a few microseconds
+each); ``--variant "unprofiled:env:COMPARE_PEERS_PROFILE=0"`` measures what they cost, ``--no-profile``
+leaves them out everywhere.
 
-``--variant NAME:SPEC`` (repeatable) adds a variant of our recipe to the same interleaved runs, with
-``compare_torchtune.py``'s ``--extra`` grammar: SPEC is ``;``-separated ``tune run`` overrides and
-``env:VAR=value`` settings, e.g. ``--variant "glibc malloc default:env:GLIBC_TUNABLES=glibc.malloc.tcache_count=7"``
-(a malloc setting of the user's leaves the recipe's host allocator change off; see docs/recipe.md,
-``device``) or ``--variant "no stochastic rounding:bf16_stochastic_rounding=False"``.
+``--variant NAME:SPEC`` (repeatable; ``--extra`` as in ``compare_torchtune.py``) adds a variant of our
+recipe to the same interleaved runs: SPEC is ``;``-separated ``tune run`` overrides and ``env:VAR=value``
+settings, e.g. ``--variant "glibc malloc default:env:GLIBC_TUNABLES=glibc.malloc.tcache_count=7"`` (a
+malloc setting of the user's leaves the recipe's host allocator change off; docs/recipe.md, ``device``)
+or ``--variant "no stochastic rounding:bf16_stochastic_rounding=False"``.
 """
 
 from __future__ import annotations
@@ -398,6 +409,7 @@ def _dump(path: Path, started: float, marks, end, trained, positions, real, prof
     }
     if profile is not None:
         result["profile"] = split_steps(profile.events, end)
+        result["profile_timestamps"] = len(profile.events)  # what the hooks cost: a few microseconds each
     path.write_text(json.dumps(result))
 
 
@@ -434,6 +446,7 @@ def summarize_profile(runs: List[Dict[str, Any]]) -> Dict[str, Dict[str, float]]
             per_step = [r["profile"][phase][clock] for r in runs]
             out[phase][f"step_{clock}_s"] = statistics.median(statistics.median(p) for p in per_step)
             out[phase][f"epoch_{clock}_s"] = statistics.median(sum(p) for p in per_step)
+    out["timestamps"] = {"per_step": statistics.median(r["profile_timestamps"] / r["steps"] for r in runs)}
     return out
 
 
@@ -460,6 +473,8 @@ def print_profile(profiles: Dict[str, Dict[str, Dict[str, float]]]) -> None:
         ]
         cells.append(f"{epoch:.2f} / {p['step']['epoch_cpu_s']:.2f}")
         print(f"| {name} | " + " | ".join(cells) + " |")
+    stamps = ", ".join(f"{name} {p['timestamps']['per_step']:.0f}" for name, p in profiles.items())
+    print(f"\nTimestamps the profile took per step (a few microseconds each): {stamps}")
 
 
 def run_plan(peers: List[str], variant_specs: List[str]) -> List[Dict[str, Any]]:

@@ -61,10 +61,11 @@ def test_variants_of_ours_join_the_peers_with_their_overrides_and_environment():
 def test_profile_summary_is_the_median_run_of_per_step_medians_and_epoch_totals():
     def run(scale):
         phase = {"wall": [scale * 1.0, scale * 3.0, scale * 2.0], "cpu": [scale * 2.0, scale * 2.0, scale * 8.0]}
-        return {"profile": {p: phase for p in (*compare_peers.PHASES, "step")}}
+        return {"profile": {p: phase for p in (*compare_peers.PHASES, "step")}, "profile_timestamps": 30, "steps": 3}
 
     s = compare_peers.summarize_profile([run(1.0), run(10.0), run(2.0)])
     assert s["forward"] == {"step_wall_s": 4.0, "step_cpu_s": 4.0, "epoch_wall_s": 12.0, "epoch_cpu_s": 24.0}
+    assert s["timestamps"] == {"per_step": 10.0}
     assert compare_peers.summarize_profile([run(1.0), {}]) is None  # a run without a profile: no table
 
 
