@@ -30,9 +30,8 @@ from torchtune.modules.feed_forward import FeedForward
 from torchtune.modules.position_embeddings import PartialRotaryEmbeddings, RotaryPositionalEmbeddings
 from torchtune.modules.rms_norm import GemmaRMSNorm, RMSNorm
 
-__all__ = ["LIGER_INSTALL_HINT", "LigerRMSNorm", "LigerRoPE", "LigerSwiGLU", "apply_liger_kernels"]
+__all__ = ["LigerRMSNorm", "LigerRoPE", "LigerSwiGLU", "apply_liger_kernels"]
 
-LIGER_INSTALL_HINT = "pip install 'plaintune[liger]'"
 # The streaming multiprocessors of an H100/H200: liger's RMSNorm backward keeps one fp32 row of weight
 # gradient partial sums per SM. Only used where the device is simulated (the estimator).
 _SIMULATED_SM_COUNT = 132
