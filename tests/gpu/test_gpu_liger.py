@@ -61,6 +61,22 @@ def test_liger_in_bf16_is_as_close_to_fp32_as_the_plain_bf16_model(family):
     assert liger_error <= 1.5 * plain_error + 1e-3, (liger_error, plain_error)
 
 
+def test_compiled_layers_with_liger_kernels_match_the_eager_plain_model():
+    """compile=True and liger_kernels=True together, as build_model sets them up (liger first, then each
+    layer compiled in place): the kernels run inside the compiled layers."""
+    plain = _on_cuda(_model("llama2"), torch.float32)
+    liger = copy.deepcopy(plain)
+    _liger.apply_liger_kernels(liger)
+    for layer in liger.layers:
+        layer.compile()
+    tokens, mask, input_pos, weights = _batch()
+    logits, grads = _logits_and_grads(plain, tokens, mask, input_pos, weights)
+    liger_logits, liger_grads = _logits_and_grads(liger, tokens, mask, input_pos, weights)
+    torch.testing.assert_close(liger_logits, logits, rtol=1e-4, atol=1e-4)
+    for name, grad in grads.items():
+        torch.testing.assert_close(liger_grads[name], grad, rtol=1e-3, atol=1e-4, msg=name)
+
+
 def test_rms_norm_of_many_short_rows_matches_the_plain_one():
     """32,768 rows or more of at most 256 channels take liger-kernel's other RMSNorm kernels (blocks of rows):
     the q/k norms of a real batch (2 x 2048 tokens x 32 heads of 128 channels). Too slow for the interpreter."""
