@@ -156,15 +156,16 @@ def check_liger(cfg: Any) -> None:
         return
     keys = " and ".join(key for key, _ in asked)
     plain = " and ".join(fix for _, fix in asked)
+    run, need = ("runs", "needs") if len(asked) == 1 else ("run", "need")
     device = utils.parse_device(cfg.device)
     if device.type != "cuda":
         raise ConfigError(
-            f"{keys} runs liger-kernel's Triton kernels, which need a CUDA GPU, but device={cfg.device}. "
+            f"{keys} {run} liger-kernel's Triton kernels, which need a CUDA GPU, but device={cfg.device}. "
             f"For the plain PyTorch path (same results, any device) {plain}."
         )
     # found, not imported: importing it takes a second and imports Triton
     if importlib.util.find_spec("liger_kernel") is None:
         raise ConfigError(
-            f"{keys} needs the liger-kernel package, which is not installed. Install it with "
-            f"pip install 'plaintune[liger]', or {plain} for the plain PyTorch path."
+            f"{keys} {need} the liger-kernel package, which is not installed. Install it "
+            f"with pip install 'plaintune[liger]', or {plain} for the plain PyTorch path."
         )
