@@ -148,6 +148,7 @@ def bench_config(
             "loss": spec.get("loss", {"_component_": loss}),
             "clip_grad_norm": None,
             "compile": compile_model,
+            "liger_kernels": False,
             "device": device,
             "dtype": dtype,
             "bf16_stochastic_rounding": dtype == "bf16",  # as the shipped bf16 configs have it

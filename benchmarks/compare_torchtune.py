@@ -31,7 +31,7 @@ Python and that ``PYTHONPATH`` (unpacked wheels; this repository is left off it,
 
 ``--extra NAME:SPEC`` adds a variant of our recipe to the same interleaved runs, to measure what
 one of its features costs: SPEC is ``;``-separated config overrides, written and applied as ``tune
-run`` overrides (``key=value``, ``+key=value``), and ``env:VAR=value`` environment settings, e.g.
+run`` overrides (``key=value``, ``+key=value``, ``~key``), and ``env:VAR=value`` environment settings, e.g.
 ``--extra "no logging:log_every_n_steps=1000"`` or
 ``--extra "glibc malloc default:env:GLIBC_TUNABLES=glibc.malloc.tcache_count=7"`` (a malloc setting
 of the user's, here a default value, leaves the recipe's host allocator setting off; a
@@ -226,6 +226,7 @@ def config(impl: str, assets: Dict[str, Path], out: Path, args: argparse.Namespa
             "overwrite": False,  # each run has its own folder
             # Rounding is extra work torchtune does not do: on for our best settings only (a no-op in fp32).
             "bf16_stochastic_rounding": best,
+            "liger_kernels": False,  # a feature row (--extra) turns it on
             "tokenizer": {
                 "_component_": "torchtune.models.llama2.llama2_tokenizer",
                 "path": str(assets["tokenizer"]),
@@ -318,7 +319,7 @@ def worker(impl: str, config_path: Path, result_path: Path, no_final_save: bool 
 
 
 def parse_extra(text: str) -> Dict[str, Any]:
-    """``NAME:key=value;env:VAR=value;...`` -> ``{"name", "overrides", "env"}`` (see the module docstring).
+    """``NAME:key=value;~key;env:VAR=value;...`` -> ``{"name", "overrides", "env"}`` (see the module docstring).
 
     The overrides stay ``key=value`` strings for ``torchtune.config.apply_overrides``, the recipe's own
     command-line grammar (YAML-typed values, ``+key=value`` to add a key, errors for unknown keys)."""
@@ -328,6 +329,9 @@ def parse_extra(text: str) -> Dict[str, Any]:
     overrides: List[str] = []
     env: Dict[str, str] = {}
     for item in filter(None, (i.strip() for i in spec.split(";"))):
+        if item.startswith("~"):  # removes a key, as on tune's command line
+            overrides.append(item)
+            continue
         key, eq, value = item.removeprefix("env:").partition("=")
         if not eq or not key.strip():
             raise SystemExit(f"--extra {text!r}: {item!r} is not key=value")

@@ -21,8 +21,12 @@ in particular bitsandbytes' paged buffers, which it never frees):
    script on the machine's disk, deleted at the end), tokenizer, Alpaca-like data packed to 2048 tokens and
    low-memory settings, each run in a fresh process: median step time, trained tokens/s, peaks; plus our
    recipe with ``bf16_stochastic_rounding=False`` and with ``enable_activation_offloading=False``
-   (``benchmarks/compare_torchtune.py --scenario lowmem``). torchtune 0.6.1 runs from
-   ``.gpu_carry/tt061`` (unpacked wheels); where it cannot be imported the row says so and the rest runs.
+   (``benchmarks/compare_torchtune.py --scenario lowmem``); ``--speed-rows`` adds our recipe with
+   liger-kernel (``liger_kernels=True`` and ``LigerLinearCrossEntropyLoss``; liger-kernel must be among
+   the carried wheels, else that row alone fails) and with ``compile=True`` (~100 s more: with every
+   phase the run then needs more than its 8 minutes, so run it as ``--phases compare --speed-rows``).
+   torchtune 0.6.1 runs from ``.gpu_carry/tt061`` (unpacked wheels); where it cannot be imported the row
+   says so and the rest runs.
 4. ``learn``: a small Llama2, 200 steps, in fp32, in bf16 with stochastic rounding and in bf16 without,
    each from the same weights on the same batches: the loss curves and the signed mean update (how far
    each run moved the weights along the fp32 run's direction, as a fraction of the fp32 run's movement),
@@ -64,6 +68,8 @@ PHASES = ("step", "resume", "compare", "learn", "pytest")
 GB, GIB, MIB = 1e9, float(1 << 30), float(1 << 20)
 # seconds each phase took (or is expected to take) on the H200 of ../shared/GPU.md; the plan's minutes
 EXPECTED_S = {"step": 70, "resume": 100, "compare": 150, "learn": 30, "pytest": 100}
+# --speed-rows: two more 7B runs in compare (~37 s each, as its runs took) and compile's warm-up
+SPEED_ROWS_S = 100
 # the machines a --plan can be checked against: what they have, with margins (GPU.md: 64 GB of disk,
 # 125 GiB of RAM, 143,771 MiB of device memory, 64 MiB carried with the tree)
 TARGETS = {
@@ -78,6 +84,8 @@ TARGETS = {
 }
 PAGED, PAGED_8BIT = "bitsandbytes.optim.PagedAdamW", "bitsandbytes.optim.PagedAdamW8bit"
 # one small Llama2 for the GPU run and the CPU smoke run alike (the bounds below were set on it)
+# the feature row of liger-kernel: its kernels and its loss (which takes no num_output_chunks)
+LIGER_LOSS = "loss._component_=torchtune.modules.loss.LigerLinearCrossEntropyLoss;~loss.num_output_chunks"
 LEARN_DIMS = dict(vocab_size=1024, num_layers=2, num_heads=4, num_kv_heads=4, embed_dim=128, max_seq_len=128)
 LEARN_LR = 5e-5  # most Adam updates (~lr) are below half a bf16 step of weights ~0.03: plain bf16 drops them
 # bf16 with stochastic rounding against fp32 after the learn phase's steps. Measured on a CPU, 200 steps:
@@ -149,6 +157,7 @@ class Settings:
         self.seq_lens = (512, 2048) if not args.smoke else (32,)  # the smoke run: fewest processes
         self.steps = 4 if not args.smoke else 2
         self.learn_steps = args.learn_steps or (200 if not args.smoke else 20)
+        self.speed_rows = bool(getattr(args, "speed_rows", False))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -174,13 +183,14 @@ def needs(settings: Settings, phases: list[str], carry: Path) -> dict[str, float
     n = _parameter_count(settings.model)
     weights = n * (2 if settings.dtype == "bf16" else 4)
     paged32, paged8 = n * 8, n * 2
+    speed_rows = settings.speed_rows and "compare" in phases
     disk = (weights if "compare" in phases else 0) + (weights + paged8 if "resume" in phases else 0) + 1 * GB
     carried = folder_bytes(carry) if carry.is_dir() else 0
     return {
         "disk_gb": disk / GB,
         "host_ram_gib": (paged32 + weights + 8 * GB) / GIB,
         "device_gb": (weights + paged32 + 3 * GB) / GB,
-        "minutes": sum(EXPECTED_S[p] for p in phases) / 60,
+        "minutes": (sum(EXPECTED_S[p] for p in phases) + (SPEED_ROWS_S if speed_rows else 0)) / 60,
         "carry_mib": (carried + tree_bytes()) / MIB,
         "carried_folder_mib": carried / MIB,
     }
@@ -316,6 +326,9 @@ def phase_compare(settings: Settings, work: Path, budget: Budget, env: dict, car
     if not settings.smoke:  # feature-off rows (each a 7B run); the smoke run checks the path with ours alone
         command += ["--extra", "bf16_stochastic_rounding=False:bf16_stochastic_rounding=False"]
         command += ["--extra", "enable_activation_offloading=False:enable_activation_offloading=False"]
+    if not settings.smoke and settings.speed_rows:
+        command += ["--extra", f"liger_kernels=True + liger loss:liger_kernels=True;{LIGER_LOSS}"]
+        command += ["--extra", "compile=True:compile=True"]
     command += ["--tt-pythonpath", tt_path] if tt_path else ["--no-torchtune"]
     try:
         _run(command, budget=budget, env=env, log=work / "compare.log", cwd=work)
@@ -555,6 +568,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--carry", default=str(REPO_ROOT / ".gpu_carry"), help="the folder of scripts/gpu_wheels.py")
     parser.add_argument("--plan", action="store_true", help="print the needs and whether they fit, run nothing")
     parser.add_argument("--target", choices=sorted(TARGETS), default=None, help="check the plan against this machine")
+    parser.add_argument(
+        "--speed-rows", action="store_true", help="compare: also ours with liger-kernel and with compile=True"
+    )
     parser.add_argument("--learn-steps", type=int, default=None, help="steps of the learn phase (200; smoke: 20)")
     parser.add_argument("--worker", choices=["checkpoint", "learn"], help=argparse.SUPPRESS)
     parser.add_argument("--variant", choices=["fp32", "bf16_rounding", "bf16"], help=argparse.SUPPRESS)

@@ -45,6 +45,7 @@ RECIPE_KEYS = (
     "loss",
     "clip_grad_norm",
     "compile",
+    "liger_kernels",
     "device",
     "dtype",
     "bf16_stochastic_rounding",
@@ -78,7 +79,8 @@ class FullFinetuneRecipeSingleDevice:
     Features (each switched in the YAML config; details in docs/recipe.md):
         - bf16 or fp32 weights built in place on the device, loaded memory-mapped (HF or Meta format);
           bf16 weight updates rounded stochastically, so updates below half a bf16 step are not lost;
-        - activation checkpointing and offloading;
+        - activation checkpointing and offloading; liger-kernel's Triton RMSNorm, RoPE, SwiGLU and fused
+          linear cross-entropy on CUDA (``liger_kernels``, ``loss._component_``);
         - optimizer in backward: one optimizer per parameter (or per decoder layer) stepped from the
           post-accumulate-grad hooks, which free the gradients (torch, bitsandbytes or torchao
           optimizers); or a standard
@@ -102,7 +104,8 @@ class FullFinetuneRecipeSingleDevice:
           ``eval_results.json`` and logged as ``eval/<task>/<metric>``.
 
     Raises (as ``TuneError``, printed as one paragraph by ``tune``): unknown or missing keys and
-    values out of range; a device or dtype this machine cannot run; conflicting optimizer settings;
+    values out of range; a device or dtype this machine cannot run; liger-kernel asked for off CUDA or not
+    installed; conflicting optimizer settings;
     a missing optional package (lm-eval for ``eval_after_training``, checked with its tasks before
     training starts); an output_dir that holds another run's checkpoints or metrics (resume it, pick
     another output_dir, or set overwrite=True); a resume that cannot continue (missing or damaged state, another
@@ -178,6 +181,7 @@ class FullFinetuneRecipeSingleDevice:
             state_dict=self._checkpointer.load_checkpoint()["model"],
             enable_activation_checkpointing=cfg.enable_activation_checkpointing,
             compile_model=cfg.compile,
+            liger_kernels=cfg.liger_kernels,
         )
         self._activations = training.get_act_offloading_ctx_manager(self._model, cfg.enable_activation_offloading)
         self._optimizer = self._setup_optimizer(

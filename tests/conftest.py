@@ -22,6 +22,13 @@ import torch  # noqa: E402
 
 torch.set_num_threads(1)
 
+# Without a CUDA GPU, Triton kernels can only run under Triton's interpreter, which @triton.jit picks when a
+# kernel is defined: set before anything imports Triton (bitsandbytes, torchao and liger-kernel do), so
+# liger-kernel's kernels run on CPU tensors (tests/torchtune/modules/test_liger.py). Nothing else here
+# launches a Triton kernel on the CPU.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 
 import pytest  # noqa: E402
 

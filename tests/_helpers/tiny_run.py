@@ -157,6 +157,7 @@ def base_config(tmp_path: Path, ckpt: Path, tokenizer: Path, data: Path, vocab: 
         "loss": {"_component_": "torchtune.modules.loss.CrossEntropyLoss"},
         "clip_grad_norm": None,
         "compile": False,
+        "liger_kernels": False,
         "device": "cpu",
         "dtype": "fp32",
         "bf16_stochastic_rounding": True,  # as the bf16 configs; no effect with fp32

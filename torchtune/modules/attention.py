@@ -28,7 +28,8 @@ class MultiHeadAttention(nn.Module):
         num_kv_heads: key/value heads; must divide ``num_heads``.
         head_dim: channels per head.
         q_proj, k_proj, v_proj, output_proj: the projections (``nn.Linear`` without bias for Llama2).
-        pos_embeddings: rotary embeddings applied to q and k (may be shared between layers).
+        pos_embeddings: rotary embeddings applied to q and k (may be shared between layers); one with a
+            ``rotate_qk(q, k, input_pos=...)`` method rotates both in one call.
         max_seq_len: longest sequence; size of the KV cache.
         attn_dropout: dropout on attention weights, training only.
         q_norm, k_norm: norms over ``head_dim`` applied to each query / key head before RoPE (Qwen3's
@@ -115,8 +116,12 @@ class MultiHeadAttention(nn.Module):
             q = self.q_norm(q)
         if self.k_norm is not None:
             k = self.k_norm(k)
-        q = self.pos_embeddings(q, input_pos=input_pos)
-        k = self.pos_embeddings(k, input_pos=input_pos)
+        rotate_qk = getattr(self.pos_embeddings, "rotate_qk", None)
+        if rotate_qk is not None:  # one kernel for both (torchtune.modules._liger.LigerRoPE)
+            q, k = rotate_qk(q, k, input_pos=input_pos)
+        else:
+            q = self.pos_embeddings(q, input_pos=input_pos)
+            k = self.pos_embeddings(k, input_pos=input_pos)
 
         if self.kv_cache is not None:
             if input_pos is None or mask is None:

@@ -12,11 +12,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from torchtune._errors import ConfigError
 from torchtune.config._types import whole_number
 from torchtune.modules._chunked_loss import DEFAULT_MIN_CHUNK_ROWS, chunked_linear_cross_entropy
 from torchtune.modules._vocab_chunked_loss import vocab_chunked_linear_cross_entropy
 
-__all__ = ["CROSS_ENTROPY_IGNORE_IDX", "ChunkedCrossEntropyLoss", "CrossEntropyLoss", "VocabChunkedCrossEntropyLoss"]
+__all__ = [
+    "CROSS_ENTROPY_IGNORE_IDX",
+    "ChunkedCrossEntropyLoss",
+    "CrossEntropyLoss",
+    "LigerLinearCrossEntropyLoss",
+    "VocabChunkedCrossEntropyLoss",
+]
 
 # The label the losses leave out: prompt tokens (train_on_input=False), padding and the first token of
 # each packed segment carry it. -100 is also F.cross_entropy's default ignore_index. Datasets, collate
@@ -134,3 +141,42 @@ class VocabChunkedCrossEntropyLoss(nn.Module):
         return vocab_chunked_linear_cross_entropy(
             hidden, output_proj.weight, output_proj.bias, labels, self.num_output_chunks, self.ignore_index
         )
+
+
+class LigerLinearCrossEntropyLoss(nn.Module):
+    """Mean token cross-entropy by liger-kernel's fused linear cross-entropy (Triton, CUDA only).
+
+    Same inputs, value and gradients as ``CrossEntropyLoss`` and ``ChunkedCrossEntropyLoss`` (the recipe
+    passes only the positions that have a label; a batch with no label gives 0 and zero gradients). The
+    kernel computes the logits a chunk of rows at a time (``vocab / dim`` chunks) and the gradients of the
+    hidden states and of the output weight already in forward, so no logits outlive a chunk; the
+    softmax and the loss run in fp32 whatever the model's dtype. It reads the label count back to the
+    host once per call (liger-kernel's ``.item()``). Needs ``pip install 'plaintune[liger]'``; the
+    memory estimator counts its allocations without it.
+
+    Args:
+        ignore_index: label value that is left out of the loss.
+        fp32_accumulation: accumulate the output weight's gradient over the chunks in fp32 (liger-kernel's
+            ``accum_dtype``) rather than in the weight's dtype: one fp32 copy of that gradient
+            (``vocab x dim x 4`` bytes) exists while the loss runs. No effect on fp32 models.
+    """
+
+    def __init__(self, ignore_index: int = CROSS_ENTROPY_IGNORE_IDX, fp32_accumulation: bool = True) -> None:
+        super().__init__()
+        if not isinstance(fp32_accumulation, bool):
+            raise ConfigError(f"loss.fp32_accumulation must be True or False, got {fp32_accumulation!r}.")
+        self.ignore_index = ignore_index
+        self.fp32_accumulation = fp32_accumulation
+
+    def forward(self, output_proj: nn.Linear, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Loss of ``output_proj(hidden)`` against ``labels``, fused with the projection."""
+        from torchtune.modules._liger import fused_linear_cross_entropy
+
+        flat_h = hidden.reshape(-1, hidden.size(-1))
+        flat_y = labels.reshape(-1)
+        weight, bias = output_proj.weight, output_proj.bias
+        if flat_h.size(0) == 0:
+            # no labelled position (a shape, known on the host): 0 with the graph attached, zero gradients
+            return F.linear(flat_h, weight, bias).float().sum()
+        accum = torch.float32 if self.fp32_accumulation and weight.dtype != torch.float32 else None
+        return fused_linear_cross_entropy(flat_h, weight, bias, flat_y, self.ignore_index, accum)

@@ -34,6 +34,7 @@ from torchtune.training._activations import (
 )
 from torchtune.training._checks import (
     RECIPE_VALUE_TYPES,
+    check_liger,
     check_optimizer_settings,
     check_value_types,
     positive_int,
@@ -219,6 +220,7 @@ __all__ = [
     "check_low_rank_optimizer",
     "is_low_rank",
     "check_optimizer_settings",
+    "check_liger",
     "check_offload_host_memory",
     "check_offload_for_run",
     "check_overwrite",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any, Optional, Union
 
 from omegaconf import DictConfig, ListConfig
@@ -12,6 +13,7 @@ from torchtune.config._types import check_type
 __all__ = [
     "IN_BWD_GROUPS",
     "RECIPE_VALUE_TYPES",
+    "check_liger",
     "check_optimizer_settings",
     "check_value_types",
     "positive_int",
@@ -27,6 +29,7 @@ RECIPE_VALUE_TYPES = {
     "resume_from_checkpoint": bool,
     "optimizer_in_bwd": bool,
     "compile": bool,
+    "liger_kernels": bool,
     "bf16_stochastic_rounding": bool,
     "enable_activation_checkpointing": bool,
     "enable_activation_offloading": bool,
@@ -126,4 +129,43 @@ def check_optimizer_settings(cfg: Any) -> None:
     ):
         raise ConfigError(
             f"optimizer.betas must be two numbers in [0, 1), got {betas!r}. Set e.g. optimizer.betas=[0.9,0.999]."
+        )
+
+
+LIGER_LOSS = "torchtune.modules.loss.LigerLinearCrossEntropyLoss"
+
+
+def check_liger(cfg: Any) -> None:
+    """``liger_kernels: True`` and the liger loss (``loss._component_``) run liger-kernel's Triton kernels:
+    they need a CUDA device and the package, checked here before anything is built.
+
+    Raises:
+        ConfigError: naming the key and the plain PyTorch setting that runs anywhere.
+    """
+    from torchtune import utils
+
+    asked = []
+    if bool(cfg.get("liger_kernels", False)):
+        asked.append(("liger_kernels=True", "set liger_kernels=False"))
+    loss = cfg.get("loss")
+    if isinstance(loss, DictConfig) and str(loss.get("_component_", "")) == LIGER_LOSS:
+        asked.append(
+            (f"loss._component_={LIGER_LOSS}", "set loss._component_=torchtune.modules.loss.ChunkedCrossEntropyLoss")
+        )
+    if not asked:
+        return
+    keys = " and ".join(key for key, _ in asked)
+    plain = " and ".join(fix for _, fix in asked)
+    run, need = ("runs", "needs") if len(asked) == 1 else ("run", "need")
+    device = utils.parse_device(cfg.device)
+    if device.type != "cuda":
+        raise ConfigError(
+            f"{keys} {run} liger-kernel's Triton kernels, which need a CUDA GPU, but device={cfg.device}. "
+            f"For the plain PyTorch path (same results, any device) {plain}."
+        )
+    # found, not imported: importing it takes a second and imports Triton
+    if importlib.util.find_spec("liger_kernel") is None:
+        raise ConfigError(
+            f"{keys} {need} the liger-kernel package, which is not installed. Install it "
+            f"with pip install 'plaintune[liger]', or {plain} for the plain PyTorch path."
         )

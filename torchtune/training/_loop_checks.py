@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from torchtune import config, utils
-from torchtune.training._checks import check_optimizer_settings, check_value_types, positive_int
+from torchtune.training._checks import check_liger, check_optimizer_settings, check_value_types, positive_int
 from torchtune.training._eval_after_training import EvalAfterTraining
 from torchtune.training._metrics import check_metric_logger
 from torchtune.training._output_dir import check_overwrite
@@ -23,7 +23,8 @@ __all__ = ["check_finetune_config", "check_loop_keys"]
 def check_finetune_config(cfg: Any, recipe_keys: Sequence[str], recipe_name: str, shipped_config: str) -> None:
     """What both finetune recipes check of ``cfg`` before building anything: its keys (those of
     ``recipe_keys``, no others; ``shipped_config`` is named as an example), value types and ranges,
-    device and dtype spellings, optimizer settings, the loop's keys and ``eval_after_training``.
+    device and dtype spellings, optimizer settings, liger-kernel's device and package, the loop's keys
+    and ``eval_after_training``.
 
     Raises:
         ConfigError: naming the key to change.
@@ -33,6 +34,7 @@ def check_finetune_config(cfg: Any, recipe_keys: Sequence[str], recipe_name: str
     utils.parse_device(cfg.device)
     utils.dtype_name(cfg.dtype)
     check_optimizer_settings(cfg)
+    check_liger(cfg)
     check_loop_keys(cfg)
     EvalAfterTraining(cfg)
 

@@ -59,6 +59,7 @@ def build_model(
     state_dict: Optional[Dict[str, torch.Tensor]] = None,
     enable_activation_checkpointing: bool = False,
     compile_model: bool = False,
+    liger_kernels: bool = False,
 ) -> nn.Module:
     """The model of ``cfg_model`` on ``device`` in ``dtype``, with ``state_dict``'s weights.
 
@@ -67,7 +68,9 @@ def build_model(
     the weights would overwrite, and ``to_empty`` then allocates every weight once, in its final
     dtype, on the device. Activation checkpointing wraps each decoder layer; ``compile_model``
     compiles each decoder layer in place, so parameter names (and so checkpoints and optimizer
-    state keys) stay the same and in-backward hooks sit on the same parameters.
+    state keys) stay the same and in-backward hooks sit on the same parameters. ``liger_kernels``
+    replaces the RMSNorms, rotary embeddings and SiLU-gated feed-forward blocks by liger-kernel's
+    (``torchtune.modules._liger``; same parameters) before both.
 
     Raises:
         TuneError: the weights do not fit the model (names and shapes are listed).
@@ -81,6 +84,10 @@ def build_model(
         validate_state_dict(model, state_dict)
         model.load_state_dict(state_dict)
         model.init_buffers(device)
+    if liger_kernels:
+        from torchtune.modules._liger import apply_liger_kernels
+
+        log.info("liger-kernel modules: %s", apply_liger_kernels(model))
     if enable_activation_checkpointing:
         from torchtune.modules import TransformerDecoderLayer
 

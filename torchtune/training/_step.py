@@ -145,8 +145,8 @@ class TrainStep:
     ) -> "TrainStep":
         """The step of a finetune config (``model``, ``optimizer``, ``optimizer_in_bwd``,
         ``optimizer_in_bwd_group``, ``loss``, ``clip_grad_norm``, ``bf16_stochastic_rounding`` (seeded
-        from ``seed``, 0 when null), activation checkpointing/offloading and ``compile`` keys); random
-        weights unless ``state_dict`` is given; ``compile_model`` overrides the config's ``compile``; a
+        from ``seed``, 0 when null), activation checkpointing/offloading, ``compile`` and ``liger_kernels``
+        keys); random weights unless ``state_dict`` is given; ``compile_model`` overrides the config's ``compile``; a
         ``GradNormTracker`` as ``grad_norm`` and a ``WeightChangeTracker`` as ``weight_changes`` are fed
         by the step (the in-backward hooks, or the standard step) when armed, as in the recipe."""
         from torchtune import config
@@ -162,6 +162,8 @@ class TrainStep:
             state_dict=state_dict,
             enable_activation_checkpointing=bool(cfg.enable_activation_checkpointing),
             compile_model=bool(cfg.compile if compile_model is None else compile_model),
+            # the distributed recipe's configs have no such key
+            liger_kernels=bool(cfg.get("liger_kernels", False)),
         )
         seed = cfg.seed if cfg.seed is not None else 0
         # the distributed recipe's configs have no such key: that recipe does not round

@@ -99,6 +99,37 @@ def test_chunked_loss_never_holds_full_fp32_logits():
     assert plain.peak_bytes - chunked.peak_bytes >= logits_fp32
 
 
+def test_liger_loss_is_counted_below_the_plain_loss_at_a_large_vocabulary():
+    """liger-kernel's fused loss never holds the logits of more than a chunk of rows: on the estimator's fake
+    tensors its stand-in allocates what the kernel does (tests/torchtune/modules/test_liger.py checks that)."""
+    vocab = 32000
+    logits_fp32 = BATCH * SEQ * vocab * 4  # 32.8 MB
+    plain = _estimate(
+        "loss._component_=torchtune.modules.loss.CrossEntropyLoss", "~loss.num_output_chunks", vocab=vocab
+    )
+    liger = _estimate(
+        "loss._component_=torchtune.modules.loss.LigerLinearCrossEntropyLoss", "~loss.num_output_chunks", vocab=vocab
+    )
+    assert plain.peak_bytes - liger.peak_bytes >= 2 * logits_fp32  # the fp32 logits and their log-probs
+
+
+def test_liger_kernels_are_counted_and_save_less_than_the_plain_modules():
+    """Without activation checkpointing every layer's saved tensors count: liger-kernel's SwiGLU saves the gate
+    and up projections but not silu(gate), its RMSNorm the input and an fp32 scale per row."""
+    off = ["enable_activation_checkpointing=False", "enable_activation_offloading=False"]
+    plain, liger = _estimate(*off), _estimate(*off, "liger_kernels=True")
+    silu = BATCH * SEQ * _intermediate_dim() * 4  # silu(gate) of one layer, fp32
+    assert plain.breakdown["activations"] - liger.breakdown["activations"] >= LAYERS * silu
+
+
+def _intermediate_dim() -> int:
+    from torchtune.models.llama2 import llama2_tiny
+
+    with torch.device("meta"):
+        model = llama2_tiny(vocab_size=512, num_layers=1, embed_dim=DIM, num_heads=4, num_kv_heads=4)
+    return model.layers[0].mlp.w1.out_features
+
+
 def test_counter_frees_and_peaks():
     counter = StorageCounter()
     with counter:
