@@ -1,7 +1,9 @@
 """The optimizer step of a bf16 model, one parameter at a time (as optimizer in backward steps it), per
 way of keeping small bf16 updates: ours (``step_parameter`` with stochastic rounding), torchao's AdamW
 with ``bf16_stochastic_round``, torch-optimi's AdamW with Kahan summation, and plain bf16 AdamW (updates
-rounded to nearest: the cost floor). Median wall and CPU seconds of a whole model's step.
+rounded to nearest: the cost floor, torch's single-tensor and fused kernels). ``ours_plain_path`` is
+ours without the compiled kernel (the fallback where compiling fails). Median wall and CPU seconds of a
+whole model's step.
 
     .venv/bin/python benchmarks/bench_rounding.py                      # the mini model (168M), every variant
     .venv/bin/python benchmarks/bench_rounding.py --variants ours,plain --steps 3
@@ -39,8 +41,8 @@ def _stepper(variant: str, params: List[torch.nn.Parameter]) -> Callable[[], Non
     rounding = None
     if variant in ("ours", "ours_plain_path"):
         rounding = StochasticRounding(0, torch.device("cpu"), fused=variant == "ours")
-    if variant in ("ours", "ours_plain_path", "plain"):
-        opts = [torch.optim.AdamW([p], **ADAMW) for p in params]
+    if variant in ("ours", "ours_plain_path", "plain", "plain_fused"):
+        opts = [torch.optim.AdamW([p], fused=variant == "plain_fused", **ADAMW) for p in params]
         return lambda: [step_parameter(o, p, rounding=rounding) for o, p in zip(opts, params)]
     if variant == "torchao":
         from torchao.optim import _AdamW  # torchao 0.18 keeps its bf16-state AdamW private
@@ -64,7 +66,7 @@ def _stepper(variant: str, params: List[torch.nn.Parameter]) -> Callable[[], Non
 def main(argv: List[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", default="168m", choices=sorted(SIZES))
-    parser.add_argument("--variants", default="ours,ours_plain_path,torchao,optimi_kahan,plain")
+    parser.add_argument("--variants", default="ours,torchao,optimi_kahan,plain,plain_fused")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=2)
     args = parser.parse_args(argv)
