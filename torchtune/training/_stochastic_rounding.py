@@ -743,7 +743,8 @@ def _step_adam_fused(
             return False
     else:  # torch.optim's own initial state, in the bf16 run's dtype
         device = param.device if group.get("fused") else None
-        state["step"] = torch.zeros((), dtype=torch.float32, device=device)
+        # torch.tensor, as torch makes it: a constant under the estimator's fake tensors, so its value is known
+        state["step"] = torch.tensor(0.0, dtype=torch.float32, device=device)
         state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
         state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
     param.grad = None
