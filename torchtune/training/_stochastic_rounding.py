@@ -733,9 +733,9 @@ def _step_adam_fused(
         return False
     state = optimizer.state[param]
     if state:
+        # plain, DTensor (sharded) or fake (the estimator's) tensors shaped and typed as the parameter
         if set(state) != _ADAM_STATE or not all(
-            _param_shaped_low(state[k], param, param.dtype)
-            or (is_dtensor(state[k]) and state[k].shape == param.shape and state[k].dtype == param.dtype)
+            torch.is_tensor(state[k]) and state[k].shape == param.shape and state[k].dtype == param.dtype
             for k in ("exp_avg", "exp_avg_sq")
         ):
             return False
