@@ -418,6 +418,12 @@ def test_compiled_adam_step_allocates_no_copy_of_the_parameter():
         step_parameter(opt, param, rounding=rounding)
     sizes = [e.cpu_memory_usage for e in prof.events() if e.cpu_memory_usage > 0]
     assert max(sizes, default=0) < param.numel(), max(sizes)
+    # a logged step counts the weights it changed inside the same kernel
+    changes, before = WeightChangeTracker(), param.detach().clone()
+    changes.arm(torch.device("cpu"))
+    param.grad = torch.randn(1024, 1024).bfloat16()
+    step_parameter(opt, param, rounding=rounding, changes=changes)
+    assert changes.pop() == (param.detach() != before).sum().item() / param.numel()
 
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils._python_dispatch import TorchDispatchMode
