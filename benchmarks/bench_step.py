@@ -64,6 +64,8 @@ VARIANTS: Dict[str, Dict[str, Any]] = {
     "adamw_unfused": {"optimizer": {"_component_": "torch.optim.AdamW"}, "in_bwd": False},
     "adamw_bwd_unfused": {"optimizer": {"_component_": "torch.optim.AdamW"}, "in_bwd": True},
     "adamw_bwd_layer": {"optimizer": _FUSED, "in_bwd": True, "group": "layer"},
+    # bf16: what stochastic rounding costs (every other variant rounds, as the shipped bf16 configs do)
+    "adamw_bwd_layer_nearest": {"optimizer": _FUSED, "in_bwd": True, "group": "layer", "rounding": False},
     "adamw_bwd_no_select": {"optimizer": _FUSED, "in_bwd": True, "select": False},
     "adamw_bwd_logged": {"optimizer": _FUSED, "in_bwd": True, "logged": "all"},
     "adamw_bwd_grad_norm": {"optimizer": _FUSED, "in_bwd": True, "logged": "grad_norm"},
@@ -151,7 +153,7 @@ def bench_config(
             "liger_kernels": False,
             "device": device,
             "dtype": dtype,
-            "bf16_stochastic_rounding": dtype == "bf16",  # as the shipped bf16 configs have it
+            "bf16_stochastic_rounding": dtype == "bf16" and spec.get("rounding", True),  # as the bf16 configs
             "enable_activation_checkpointing": False,
             "enable_activation_offloading": False,
             "save_every_n_steps": None,

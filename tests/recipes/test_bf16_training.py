@@ -109,7 +109,7 @@ def test_bf16_stochastic_rounding_resumes_exactly(tmp_path):
 
 
 def test_resume_needs_the_saved_rounding_stream(tmp_path, monkeypatch):
-    """Without the saved generator position the resumed run draws other bits: the state is what makes it exact."""
+    """Without the saved stream counters the resumed run draws other bits: the state is what makes it exact."""
     from torchtune.training import StochasticRounding
 
     config = make_tiny_run(tmp_path, num_examples=12, epochs=1, batch_size=2, dtype="bf16")

@@ -200,13 +200,10 @@ def estimate_distributed_memory(
             model.to_empty(device=device)
         model.init_buffers(device)  # RoPE's cache is not offloaded
         tracker.sharded = list(model.parameters())
-        # the recipe's rounding (each rank steps its shard in fp32 slices); CUDA's fused kernel allocates
-        # no noise chunk, so the target device decides which of the two is simulated
+        # the recipe's rounding (each rank steps its shard: AdamW in one fused pass, others in fp32 slices)
         rounding = training.build_stochastic_rounding(
             bool(cfg.get("bf16_stochastic_rounding", False)), dtype=dtype, seed=0, device=device
         )
-        if rounding is not None:
-            rounding.fused = fake and _device_type(cfg) == "cuda"
         optimizer = training.build_optimizer(
             cfg.optimizer, model, optimizer_in_bwd=bool(cfg.optimizer_in_bwd), rounding=rounding
         )

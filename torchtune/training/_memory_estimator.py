@@ -846,9 +846,6 @@ def estimate_recipe_memory(
         # Every position labelled (the worst case): the step then projects all of them, and fake labels
         # cannot say which positions a real batch would leave out.
         step.select_label_positions = False
-        if step.rounding is not None:
-            # the rounding the target device runs: CUDA's fused kernel allocates no noise chunk
-            step.rounding.fused = fake and _device_type(cfg) == "cuda"
         vocab = step.model.tok_embeddings.num_embeddings
         # made inside the modes: on the fake run they are fake too (a real input would be copied
         # into a new fake storage when first used, which a real run does not do)

@@ -2,19 +2,23 @@
 
 A bf16 weight has 8 significant bits: an update smaller than half its spacing (an Adam step at lr 2e-5
 on any |w| >= 2^-7, such as an RMSNorm scale near 1) rounds back to the old value, and the weight never
-moves. Stochastic rounding keeps the update in expectation: the optimizer steps the parameter in fp32
-(a transient fp32 copy of the one parameter being stepped, never a master copy of the model), and the
+moves. Stochastic rounding keeps the update in expectation: the update is computed in fp32 and the
 result is rounded up or down to a neighbouring bf16 value with probability proportional to how close
-it is. The random bits come from a generator of this run's own, seeded from the run's seed and saved
-in the recipe state, so runs are reproducible and a resume is bitwise exact.
+it is. The random bits are a hash of (a per-call key, the element's index), the key made on the host
+from the run's seed, a stream name and a call counter (a counter-based stream): no generator draws
+them and no noise tensor holds them, the counters are saved in the recipe state, so runs are
+reproducible and a resume is bitwise exact, on CPU and CUDA alike.
 
-The rounding itself (``StochasticRounding.round_``) is, on CUDA, one compiled kernel per slice that
-reads the fp32 result and writes the bf16 weight, drawing its random bits (philox) inside the kernel:
-no noise tensor and no scratch pass. Elsewhere (CPU) it is plain PyTorch on chunks of the slice.
+The rounding itself (``StochasticRounding.round_``) is one compiled kernel per call that reads the fp32
+result, computes the bits and writes the bf16 tensor; below ``_COMPILE_MIN`` elements, or where
+compiling fails, the same arithmetic runs in plain PyTorch on chunks, to the same bits.
 
 How each optimizer family is stepped (``step_parameter``):
 
-- ``torch.optim`` and ``bitsandbytes.optim``: the parameter, its gradient and (torch) its bf16 state
+- ``torch.optim.AdamW`` and ``Adam`` (not amsgrad, capturable or differentiable): one pass per
+  parameter (``_step_adam_fused``) reads the bf16 weight, gradient and moments, computes torch's update
+  in fp32 registers and writes the weight and both moments stochastically rounded; no fp32 copy exists.
+- Other ``torch.optim`` and ``bitsandbytes.optim``: the parameter, its gradient and (torch) its bf16 state
   are swapped to fp32 copies for ``optimizer.step()``, one slice of a large parameter at a time (the
   fp32 copies exist for one slice, never for a whole parameter); the weight and the bf16 state go back
   stochastically rounded. Rounded to nearest, Adam's ``exp_avg_sq`` with beta2 = 0.999 would never
@@ -22,7 +26,7 @@ How each optimizer family is stepped (``step_parameter``):
   which the swap never touches.
 - ``torchao.optim``: its optimizers round stochastically themselves (``bf16_stochastic_round``, built
   in by ``optimizer_kwargs``), inside their compiled step. Its random bits come from the default
-  generator, so for the step that generator is given this run's rounding stream and handed back.
+  generator, so for the step that generator is seeded from this run's next rounding key and handed back.
 """
 
 from __future__ import annotations
@@ -60,9 +64,6 @@ KEY = "bf16_stochastic_rounding"
 _SUPPORTED = ("torch.optim.", "bitsandbytes.optim.", "torchao.optim.", "apollo_torch.", "galore_torch.")
 # The torch optimizers a rank can step on its own shard (``_ELEMENTWISE`` below, by name for config checks).
 _SHARDED_TORCH = ("torch.optim.AdamW", "torch.optim.Adam", "torch.optim.SGD")
-# The rounding noise is drawn in chunks, so its buffer (4 bytes an element) stays small next to a
-# large parameter; the chunk size is part of the random stream, so it never changes.
-_CHUNK = 1 << 22
 # The rounding stream is seeded apart from the data order (seed + epoch) so the two never coincide.
 _SEED_OFFSET = 0x5352
 
@@ -145,44 +146,62 @@ class WeightChangeTracker:
 
 
 class StochasticRounding:
-    """Rounds fp32 results to bf16 stochastically, drawing from a generator of its own on ``device``.
+    """Rounds fp32 results to bf16 stochastically, with random bits from a counter-based stream.
 
-    ``state_dict()`` / ``load_state_dict()`` carry the generator's position, which a recipe saves with
-    the recipe state: a resumed run draws the same bits the uninterrupted run would have drawn.
+    The 16 bits an element gets are a hash of (a per-call key, the element's index): no generator
+    draws them one by one and no noise tensor holds them, so one compiled kernel computes them where it
+    rounds (``_hash16``). Each call's key comes from SplitMix64 on the host over (seed, stream name, the
+    stream's call counter); ``state_dict()`` is those counters, which a recipe saves with the recipe
+    state: a resumed run draws the same bits the uninterrupted run would have drawn, on any device.
     """
 
     def __init__(self, seed: int, device: torch.device, fused: Optional[bool] = None) -> None:
         self.device = torch.device(device)
-        self.generator = torch.Generator(device=self.device)
-        self.generator.manual_seed(int(seed) + _SEED_OFFSET)
-        # CUDA: one compiled kernel per slice (philox bits drawn inside it, see ``_fused_kernels``); the
-        # plain PyTorch path elsewhere. Under the memory estimator's fake tensors ``fused`` says which
-        # of the two the target device runs (the fused one allocates nothing but its result).
-        self.fused = self.device.type == "cuda" if fused is None else bool(fused)
+        # One compiled kernel per call (``_fused_kernels``) for tensors of ``_COMPILE_MIN`` elements or
+        # more; the same arithmetic in plain PyTorch on chunks otherwise, or where compiling fails (the
+        # same bits either way). Under the memory estimator's fake tensors ``fused`` says which of the
+        # two the target device runs (the compiled one allocates nothing but its result).
+        self.fused = True if fused is None else bool(fused)
         self._seed = int(seed)
-        # one stream per optimizer-state key (``exp_avg``, ``exp_avg_sq``): the bits an element gets do
-        # not depend on how a parameter is sliced, as for the weights' own stream
-        self._state_generators: Dict[str, torch.Generator] = {}
+        # one stream per name: the weights' (None) and each optimizer-state key's (``exp_avg``, ...)
+        self._counters: Dict[str, int] = {}
 
-    def _generator(self, stream: Optional[str]) -> torch.Generator:
-        if stream is None:
-            return self.generator
-        if stream not in self._state_generators:
-            generator = torch.Generator(device=self.device)
-            generator.manual_seed(self._seed + _SEED_OFFSET + 1 + zlib.crc32(stream.encode()))
-            self._state_generators[stream] = generator
-        return self._state_generators[stream]
+    def _stream_seed(self, name: str) -> int:
+        return _splitmix64((self._seed + _SEED_OFFSET) ^ (zlib.crc32(name.encode()) << 32))
+
+    def next_key(self, stream: Optional[str] = None) -> tuple:
+        """The key of the next call on ``stream`` (None: the weights'), advancing its counter. A step that
+        rounds one tensor in several slices takes one key and passes each slice's offset, so the bits an
+        element gets do not depend on the slicing."""
+        name = stream or ""
+        count = self._counters.get(name, 0)
+        self._counters[name] = count + 1
+        key = _splitmix64((self._stream_seed(name) + count * _GOLDEN) & _M64)
+        return key & _M32, key >> 32
 
     def state_dict(self) -> Dict[str, Any]:
-        return {
-            "generator": self.generator.get_state(),
-            "state_generators": {k: g.get_state() for k, g in self._state_generators.items()},
-        }
+        return {"kind": _STATE_KIND, "seed": self._seed, "counters": dict(self._counters)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.generator.set_state(state["generator"])
-        for key, value in (state.get("state_generators") or {}).items():
-            self._generator(key).set_state(value)
+        if state.get("kind") == _STATE_KIND:
+            self._seed = int(state["seed"])
+            self._counters = {str(k): int(v) for k, v in state["counters"].items()}
+            return
+        if "generator" not in state:
+            raise ValueError(
+                f"{KEY}: the checkpoint's rounding state has neither counters nor a generator (keys "
+                f"{sorted(state)}); it was not written by this library. Resume from another checkpoint, or "
+                f"remove 'stochastic_rounding' from its recipe state to start a new stream."
+            )
+        # written before the counter-based stream: its generator position cannot be continued, so the
+        # stream starts anew, keyed from it so it never repeats this run's first steps
+        self._seed += _old_state_mix(state)
+        self._counters = {}
+        log.info(
+            "%s: the checkpoint's rounding stream is an older generator state; the rounding bits start a new "
+            "stream (the weights and optimizer state resume exactly).",
+            KEY,
+        )
 
     @torch.no_grad()
     def round_(
@@ -191,82 +210,60 @@ class StochasticRounding:
         src: torch.Tensor,
         changes: Optional[WeightChangeTracker] = None,
         stream: Optional[str] = None,
+        key: Optional[tuple] = None,
+        offset: int = 0,
     ) -> None:
         """Write fp32 ``src`` into bf16 ``dst``, each element rounded up or down to a bf16 neighbour with
-        probability given by its distance: unbiased, ``E[dst] == src``. ``src`` is used as scratch.
-        ``stream``: the name of an optimizer-state key rounded with its own random stream (None: the
-        weights' stream).
+        probability given by its distance: unbiased, ``E[dst] == src``. ``stream``: the name of an
+        optimizer-state key rounded with its own random stream (None: the weights'). ``key`` and
+        ``offset``: a key from ``next_key`` and where ``dst`` starts in the tensor it was taken for
+        (a slice of it); without ``key`` the stream's next key is taken.
 
         Adding 16 random bits below bf16's mantissa and truncating rounds away from zero with
         probability (the dropped bits) / 2^16: fp32 is sign and magnitude, so the integer view of the
         magnitude grows the same way for either sign, and a carry moves into the exponent as it should.
         """
         counting = changes is not None and changes.armed
-        fusable = src.dtype == torch.float32 and dst.dtype == torch.bfloat16
-        if self.fused and fusable and src.is_contiguous() and dst.is_contiguous():
-            if _is_fake(src):
-                # what the kernel allocates (nothing but the count): the estimator counts the same
-                if counting:
-                    changes.add(torch.count_nonzero(src.to(dst.dtype) != dst), dst.numel())
-                dst.copy_(src)
-                return
-            if self._round_fused(dst.view(-1), src.view(-1), changes if counting else None, stream):
-                return
-        bits = src.view(torch.int32)
-        if bits.is_contiguous() and dst.is_contiguous():
-            parts, olds = bits.view(-1).split(_CHUNK), dst.view(-1).split(_CHUNK)
+        base, salt = key if key is not None else self.next_key(stream)
+        base = (base + offset) & _M32
+        if src.dtype != torch.float32 or dst.dtype != torch.bfloat16:
+            raise TypeError(f"round_ writes fp32 into bf16, got {src.dtype} into {dst.dtype}")
+        if not (src.is_contiguous() and dst.is_contiguous()):
+            src, target = src.contiguous(), dst.contiguous()
         else:
-            parts, olds = (bits,), (dst,)
-        for part, old in zip(parts, olds):
-            noise = torch.randint(
-                0, 1 << 16, part.shape, dtype=torch.int32, device=part.device, generator=self._generator(stream)
-            )
-            part.add_(noise)  # finite values cannot overflow: the largest magnitude is 0x7F7FFFFF
-            part.bitwise_and_(-65536)  # 0xFFFF0000: sign, exponent and bf16's 7 mantissa bits
-            del noise
+            target = dst
+        flat_src, flat_dst = src.view(-1), target.view(-1)
+        if self.fused and src.numel() >= _COMPILE_MIN and _is_fake(src):
+            # what the kernel allocates (nothing but the count): the estimator counts the same
             if counting:
-                changes.add(torch.count_nonzero(part.view(torch.float32) != old), part.numel())
-        dst.copy_(src)  # exact: the dropped bits are zero
-
-    def _round_fused(
-        self, dst: torch.Tensor, src: torch.Tensor, changes: Optional[WeightChangeTracker], stream: Optional[str]
-    ) -> bool:
-        """``round_`` as one compiled kernel per call; False (nothing done) where it cannot compile."""
-        global _FUSED_BROKEN
-        if _FUSED_BROKEN is not None:
-            return False
-        try:
-            kernel = _fused_kernels()[changes is not None]
-            with self.as_default_generator(stream):
-                changed = kernel(src, dst)
-        except Exception as error:  # noqa: BLE001 - a compiler missing on this machine: fall back, say so once
-            _FUSED_BROKEN = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-            log.warning(
-                "%s: the fused (compiled) rounding kernel failed (%s); rounding with the plain PyTorch path, "
-                "which costs several extra passes over each parameter.",
-                KEY,
-                _FUSED_BROKEN,
-            )
-            return False
-        if changes is not None:
+                changes.add(torch.count_nonzero(src.to(dst.dtype) != dst), dst.numel())
+            dst.copy_(src)
+            return
+        done, changed = False, None
+        if self.fused and src.numel() >= _COMPILE_MIN:
+            done, changed = _run_compiled("round", _round_whole, flat_src, flat_dst, base, salt, counting)
+        if not done:
+            changed = _round_chunks(flat_src, flat_dst, base, salt, counting)
+        if target is not dst:
+            dst.copy_(target)
+        if counting:
             changes.add(changed, dst.numel())
-        return True
 
     @contextlib.contextmanager
     def as_default_generator(self, stream: Optional[str] = None) -> Iterator[None]:
-        """Make the device's default generator draw this rounding stream (for optimizers that draw from it)."""
-        own = self._generator(stream)
+        """Seed the device's default generator from this rounding's next key for ``stream`` (for
+        optimizers that draw from it, torchao's), and restore the default generator afterwards."""
         if self.device.type == "cuda":
             index = self.device.index if self.device.index is not None else torch.cuda.current_device()
             default = torch.cuda.default_generators[index]
         else:
             default = torch.default_generator
+        base, salt = self.next_key(stream or "torchao")
         saved = default.get_state()
-        default.set_state(own.get_state())
+        default.manual_seed((salt << 32 | base) & ((1 << 63) - 1))
         try:
             yield
         finally:
-            own.set_state(default.get_state())
             default.set_state(saved)
 
     @staticmethod
@@ -308,9 +305,9 @@ class ShardedStochasticRounding(StochasticRounding):
         if len(per_rank) == self.world_size:
             super().load_state_dict(per_rank[self.rank])
             return
-        saved = per_rank[0]["generator"]
-        mixed = zlib.crc32(saved.numpy().tobytes()) if torch.is_tensor(saved) else zlib.crc32(repr(saved).encode())
-        StochasticRounding.__init__(self, self._run_seed + mixed + self.rank * _RANK_STRIDE, self.device)
+        saved = per_rank[0]
+        mixed = _old_state_mix(saved) if "generator" in saved else zlib.crc32(repr(sorted(saved.items())).encode())
+        StochasticRounding.__init__(self, self._run_seed + mixed + self.rank * _RANK_STRIDE, self.device, self.fused)
         if self.rank == 0:
             log.info(
                 "%s: the checkpoint's rounding streams were saved on %d ranks and this run has %d; each rank's "
@@ -321,38 +318,134 @@ class ShardedStochasticRounding(StochasticRounding):
             )
 
 
-# The fused rounding: the same arithmetic as ``StochasticRounding.round_``'s plain path (16 random
-# bits added below bf16's mantissa, then truncation), compiled into one kernel that reads the fp32
-# result once and writes the bf16 weight once. Its random bits are philox draws made inside the kernel
-# (Inductor's random lowering, seeded from the default generator, which ``as_default_generator`` points
-# at the run's own stream), so no noise tensor and no fp32 scratch exist and the stream is still
-# saved and restored with the generator. Compiled once per process, with dynamic sizes (one kernel for
-# every slice length). A different stream from the plain path's: unbiased either way (tests).
-_FUSED: Optional[tuple] = None
+# The counter-based stream. SplitMix64 (host, Python ints) turns (seed, stream, counter) into a call's
+# 64-bit key; in the kernel each element's bits are a 32-bit avalanche hash of (its index + the key's low
+# half) xor its high half, of which the top 16 bits are used. The hash is hash-prospector's low-bias
+# [16 21f0aaad 15 735a2d97 15]; both multipliers are below 2^31, so a 32-bit value times either fits a
+# signed int64 and the arithmetic is exact (int64 with masks) on every backend, compiled or not.
+_M32, _M64 = (1 << 32) - 1, (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15
+_MIX1, _MIX2 = 0x21F0AAAD, 0x735A2D97
+_STATE_KIND = "counter_hash_v1"
+# Tensors this large are rounded (and AdamW stepped) by one compiled kernel; smaller ones, and every
+# tensor where compiling fails, by the same arithmetic in plain PyTorch on chunks, to the same bits. The
+# floor keeps tiny models (tests, norms) from paying a compile.
+_COMPILE_MIN = 1 << 20
+_CHUNK = 1 << 18  # the plain path's chunk: its int64 and fp32 temporaries stay a few MB
+_COMPILED: Dict[str, Any] = {}
 _FUSED_BROKEN: Optional[str] = None
 
 
-def _sr_bits(src: torch.Tensor) -> torch.Tensor:
-    noise = torch.randint(0, 1 << 16, src.shape, dtype=torch.int32, device=src.device)
+def _splitmix64(x: int) -> int:
+    z = (x + _GOLDEN) & _M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
+
+
+def _old_state_mix(state: Mapping[str, Any]) -> int:
+    saved = state["generator"]
+    return zlib.crc32(saved.numpy().tobytes()) if torch.is_tensor(saved) else zlib.crc32(repr(saved).encode())
+
+
+def _hash16(index: torch.Tensor, base: int, salt: int) -> torch.Tensor:
+    """16 random bits (int64 in [0, 2^16)) for each element ``index`` of a call keyed (base, salt)."""
+    x = ((index + base) & _M32) ^ salt
+    x = x ^ (x >> 16)
+    x = (x * _MIX1) & _M32
+    x = x ^ (x >> 15)
+    x = (x * _MIX2) & _M32
+    x = x ^ (x >> 15)
+    return x >> 16
+
+
+def _rounded(src: torch.Tensor, index: torch.Tensor, base: int, salt: int) -> torch.Tensor:
+    # finite values cannot overflow: the largest magnitude is 0x7F7FFFFF; 0xFFFF0000 keeps sign, exponent
+    # and bf16's 7 mantissa bits, so the conversion to bf16 is exact
+    noise = _hash16(index, base, salt).to(torch.int32)
     return ((src.view(torch.int32) + noise) & -65536).view(torch.float32).to(torch.bfloat16)
 
 
-def _sr_write(src: torch.Tensor, dst: torch.Tensor) -> None:
-    dst.copy_(_sr_bits(src))
-
-
-def _sr_write_count(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
-    new = _sr_bits(src)
-    changed = (new != dst).sum()
+def _round_into(src, dst, index, base: int, salt: int, count: bool):
+    new = _rounded(src, index, base, salt)
+    changed = (new != dst).sum() if count else None
     dst.copy_(new)
     return changed
 
 
-def _fused_kernels() -> tuple:
-    global _FUSED
-    if _FUSED is None:
-        _FUSED = tuple(torch.compile(fn, dynamic=True, fullgraph=True) for fn in (_sr_write, _sr_write_count))
-    return _FUSED
+def _round_whole(src, dst, base: int, salt: int, count: bool):
+    return _round_into(src, dst, torch.arange(src.numel(), device=src.device), base, salt, count)
+
+
+def _chunked(fn, n: int, device: torch.device, count: bool, *tensors, args=()):
+    changed = torch.zeros((), dtype=torch.int64, device=device) if count else None
+    for start in range(0, n, _CHUNK):
+        end = min(start + _CHUNK, n)
+        index = torch.arange(start, end, device=device)
+        part = fn(*(t[start:end] for t in tensors), index, *args, count)
+        if count:
+            changed += part
+    return changed
+
+
+def _round_chunks(src, dst, base: int, salt: int, count: bool):
+    return _chunked(_round_into, src.numel(), src.device, count, src, dst, args=(base, salt))
+
+
+def _adam_into(w, g, m, v, index, s, wb, ws, mb, ms, vb, vs, decoupled: bool, maximize: bool, count: bool):
+    """torch's single-tensor Adam/AdamW update of bf16 ``w``, ``m`` (exp_avg), ``v`` (exp_avg_sq) in fp32,
+    each written back stochastically rounded with its own key. ``s``: fp32 scalars (``_adam_scalars``)."""
+    w32, g32 = w.float(), g.float()
+    if maximize:
+        g32 = -g32
+    if decoupled:
+        w32 = w32 * s[0]
+    else:
+        g32 = g32 + w32 * s[1]
+    m32 = torch.lerp(m.float(), g32, s[2])
+    v32 = v.float() * s[3] + s[4] * g32 * g32
+    denom = v32.sqrt() / s[6] + s[7]
+    w32 = w32 + s[5] * (m32 / denom)
+    new = _rounded(w32, index, wb, ws)
+    changed = (new != w).sum() if count else None
+    w.copy_(new)
+    m.copy_(_rounded(m32, index, mb, ms))
+    v.copy_(_rounded(v32, index, vb, vs))
+    return changed
+
+
+def _adam_whole(w, g, m, v, s, wb, ws, mb, ms, vb, vs, decoupled: bool, maximize: bool, count: bool):
+    index = torch.arange(w.numel(), device=w.device)
+    return _adam_into(w, g, m, v, index, s, wb, ws, mb, ms, vb, vs, decoupled, maximize, count)
+
+
+def _adam_chunks(w, g, m, v, s, wb, ws, mb, ms, vb, vs, decoupled: bool, maximize: bool, count: bool):
+    def part(w, g, m, v, index, *rest):
+        return _adam_into(w, g, m, v, index, s, *rest)
+
+    args = (wb, ws, mb, ms, vb, vs, decoupled, maximize)
+    return _chunked(part, w.numel(), w.device, count, w, g, m, v, args=args)
+
+
+def _run_compiled(name: str, fn, *args) -> tuple:
+    """``(True, fn(*args))`` through one compiled kernel (compiled once per process with dynamic sizes);
+    ``(False, None)``, having done nothing, where it cannot compile (said once)."""
+    global _FUSED_BROKEN
+    if _FUSED_BROKEN is not None:
+        return False, None
+    try:
+        if name not in _COMPILED:
+            _COMPILED[name] = torch.compile(fn, dynamic=True, fullgraph=True)
+        return True, _COMPILED[name](*args)
+    except Exception as error:  # noqa: BLE001 - a compiler missing on this machine: fall back, say so once
+        _FUSED_BROKEN = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        log.warning(
+            "%s: the compiled rounding kernel failed (%s); rounding with the plain PyTorch path (the same "
+            "bits, several passes over each chunk).",
+            KEY,
+            _FUSED_BROKEN,
+        )
+        return False, None
 
 
 def _is_fake(t: torch.Tensor) -> bool:
@@ -484,6 +577,8 @@ def _step_in_fp32_slices(
     if not state and hasattr(optimizer, "init_state_for"):
         optimizer.init_state_for(param)  # state sized for the whole parameter, not for a slice
     before, saved = dict(state), dict(state)  # read slices from ``before``; ``saved`` collects the result
+    # one key per tensor for the whole step, each slice at its offset: the bits do not depend on slicing
+    weight_key, state_keys = rounding.next_key(), {}
     try:
         for start in range(0, n, _SLICE):
             end = min(start + _SLICE, n)
@@ -505,7 +600,7 @@ def _step_in_fp32_slices(
             group["params"][index] = param
             part_state = optimizer.state.pop(part, {})
             part.grad = None
-            rounding.round_(flat_w[start:end], part.data, changes)
+            rounding.round_(flat_w[start:end], part.data, changes, key=weight_key, offset=start)
             for key, value in part_state.items():
                 old = before.get(key)
                 sliced = torch.is_tensor(old) and old.shape == param.shape
@@ -518,7 +613,9 @@ def _step_in_fp32_slices(
                         saved[key] = torch.empty_like(param.data, dtype=dtype)  # sharded as the parameter is
                     target = local_shard(saved[key]).view(-1)[start:end]
                     if target.dtype == low and value.dtype == torch.float32:
-                        rounding.round_(target, value.reshape(-1), stream=key)
+                        if key not in state_keys:
+                            state_keys[key] = rounding.next_key(key)
+                        rounding.round_(target, value.reshape(-1), key=state_keys[key], offset=start)
                     else:
                         target.copy_(value)
                 elif end == n:
@@ -571,6 +668,7 @@ def _step_bnb_in_fp32_slices(
     n, flat_w = param.numel(), param.data.view(-1)
     flat_g = param.grad.reshape(-1)
     param.grad = None
+    weight_key = rounding.next_key()
     try:
         for start in range(0, n, _SLICE):  # _SLICE is a multiple of the 256-element block
             end = min(start + _SLICE, n)
@@ -589,7 +687,7 @@ def _step_bnb_in_fp32_slices(
             group["params"][pindex] = param
             part_state = optimizer.state.pop(part)
             part.grad = None
-            rounding.round_(flat_w[start:end], part.data, changes)
+            rounding.round_(flat_w[start:end], part.data, changes, key=weight_key, offset=start)
             if end == n:
                 state["step"] = part_state["step"]
             del part, part_state
@@ -605,6 +703,92 @@ def _paged_like(view: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
         view.is_paged = True
         view.page_deviceid = base.page_deviceid
     return view
+
+
+_ADAM_STATE = {"step", "exp_avg", "exp_avg_sq"}
+
+
+def _step_adam_fused(
+    optimizer: Optimizer,
+    param: torch.nn.Parameter,
+    rounding: StochasticRounding,
+    changes: Optional[WeightChangeTracker],
+) -> bool:
+    """torch's Adam/AdamW step of a bf16 ``param`` as one pass (``_adam_into``): the bf16 weight, gradient
+    and moments are read, the update computed in fp32 registers, and the weight and moments written back
+    stochastically rounded, with the keys the fp32-slice path would use (the same bits). No fp32 copy of
+    any slice exists. False, having done nothing, for what it does not cover (amsgrad, capturable,
+    differentiable, a tensor learning rate or betas on a device, another state layout): the slice path
+    steps those."""
+    if type(optimizer) not in (torch.optim.AdamW, torch.optim.Adam):
+        return False
+    group = next(g for g in optimizer.param_groups if any(q is param for q in g["params"]))
+    if group.get("amsgrad") or group.get("capturable") or group.get("differentiable"):
+        return False
+    numbers = [group["lr"], *group["betas"], group["eps"], group["weight_decay"]]
+    if any(torch.is_tensor(x) and x.device.type != "cpu" for x in numbers):
+        return False
+    local, grad = local_shard(param.data), local_shard(param.grad)
+    if not local.is_contiguous():
+        return False
+    state = optimizer.state[param]
+    if state:
+        # plain, DTensor (sharded) or fake (the estimator's) tensors shaped and typed as the parameter
+        if set(state) != _ADAM_STATE or not all(
+            torch.is_tensor(state[k]) and state[k].shape == param.shape and state[k].dtype == param.dtype
+            for k in ("exp_avg", "exp_avg_sq")
+        ):
+            return False
+        if not all(local_shard(state[k]).is_contiguous() for k in ("exp_avg", "exp_avg_sq")):
+            return False
+    else:  # torch.optim's own initial state, in the bf16 run's dtype
+        device = param.device if group.get("fused") else None
+        # torch.tensor, as torch makes it: a constant under the estimator's fake tensors, so its value is known
+        state["step"] = torch.tensor(0.0, dtype=torch.float32, device=device)
+        state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+        state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+    param.grad = None
+    state["step"] += 1
+    if local.numel() == 0:
+        return True
+    w, g = local.view(-1), grad.reshape(-1)
+    m, v = (local_shard(state[k]).view(-1) for k in ("exp_avg", "exp_avg_sq"))
+    keys = (*rounding.next_key(), *rounding.next_key("exp_avg"), *rounding.next_key("exp_avg_sq"))
+    decoupled = type(optimizer) is torch.optim.AdamW or bool(group.get("decoupled_weight_decay", False))
+    count = changes is not None
+    if rounding.fused and w.numel() >= _COMPILE_MIN and _is_fake(w):
+        return True  # the kernel writes in place and allocates nothing: the estimator counts the same
+    scalars = _adam_scalars(group, state["step"], w.device)
+    args = (w, g, m, v, scalars, *keys, decoupled, bool(group.get("maximize", False)), count)
+    done, changed = False, None
+    if rounding.fused and w.numel() >= _COMPILE_MIN:
+        done, changed = _run_compiled("adam", _adam_whole, *args)
+    if not done:
+        changed = _adam_chunks(*args)
+    if count:
+        changes.add(changed, w.numel())
+    return True
+
+
+def _adam_scalars(group: Mapping[str, Any], step: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """The fp32 scalars of ``_adam_into``, computed as torch's single-tensor Adam computes them (in double
+    on the host from the step count, which stays on the host unless the optimizer is ``fused``)."""
+    lr, (beta1, beta2), eps, wd = (
+        float(group[k]) if k != "betas" else group[k] for k in ("lr", "betas", "eps", "weight_decay")
+    )
+    beta1, beta2 = float(beta1), float(beta2)
+    if step.device.type == "cpu":
+        n = float(step)
+        bias1, bias2 = 1 - beta1**n, 1 - beta2**n
+        values = [1 - lr * wd, wd, 1 - beta1, beta2, 1 - beta2, -lr / bias1, bias2**0.5, eps]
+        scalars = torch.tensor(values, dtype=torch.float32)
+        return scalars if device.type == "cpu" else scalars.pin_memory().to(device, non_blocking=True)
+    n = step.to(torch.float64)  # on the device: no host sync
+    fixed = torch.tensor([1 - lr * wd, wd, 1 - beta1, beta2, 1 - beta2, 0.0, 0.0, eps], dtype=torch.float64)
+    fixed = fixed.pin_memory().to(device, non_blocking=True) if device.type != "cpu" else fixed
+    bias1, bias2 = 1 - torch.pow(beta1, n), 1 - torch.pow(beta2, n)
+    fixed[5], fixed[6] = -lr / bias1, bias2.sqrt()
+    return fixed.float()
 
 
 def _own_step(optimizer: Optimizer) -> None:
@@ -632,6 +816,8 @@ def step_parameter(
     local = local_shard(param.data)
     if sr and local.numel() == 0:
         sr = False  # this rank's shard is empty (a dimension smaller than the rank count): nothing to round
+    if sr and _step_adam_fused(optimizer, param, rounding, changes if counting else None):
+        return
     if sr and elementwise and local.is_contiguous():
         _step_in_fp32_slices(optimizer, param, rounding, changes)
         return

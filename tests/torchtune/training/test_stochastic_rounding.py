@@ -269,40 +269,209 @@ def test_bitsandbytes_steps_in_slices_with_the_same_result(monkeypatch, componen
             assert torch.equal(sliced_state[key], value) and sliced_state[key].dtype == value.dtype, key
 
 
-def test_fused_rounding_is_unbiased_resumes_exactly_and_counts():
-    """The fused path (CUDA's; compiled here by Inductor for the CPU): a million draws land on the two bf16
-    neighbours with the right odds, its stream is the saved generator's (a resume draws the same bits),
-    the global generator is untouched, and the count of changed weights is exact."""
+def test_compiled_rounding_is_unbiased_resumes_exactly_and_counts():
+    """The compiled kernel (tensors of 2^20 elements or more, CPU and CUDA): a million draws land on the
+    two bf16 neighbours with the right odds, a resume from the saved counters draws the same bits, the
+    global generator is untouched, and the count of changed weights is exact."""
     import torchtune.training._stochastic_rounding as sr
 
     ulp = 2.0**-7
     fractions = torch.arange(8, dtype=torch.float32) / 8
-    src = (1.0 + fractions * ulp).repeat_interleave(125_000)  # 1,000,000 draws
-    rounding = StochasticRounding(seed=0, device=torch.device("cpu"), fused=True)
+    src = (1.0 + fractions * ulp).repeat_interleave(sr._COMPILE_MIN // 8)  # 1,048,576 draws
+    rounding = StochasticRounding(seed=0, device=torch.device("cpu"))
     dst = torch.empty_like(src, dtype=torch.bfloat16)
     global_before = torch.get_rng_state()
-    rounding.round_(dst, src.clone())
-    assert sr._FUSED_BROKEN is None, sr._FUSED_BROKEN  # the compiled kernel ran
+    rounding.round_(dst, src)
+    assert sr._FUSED_BROKEN is None and "round" in sr._COMPILED, sr._FUSED_BROKEN  # the compiled kernel ran
     assert torch.equal(torch.get_rng_state(), global_before)
     assert set(dst.float().unique().tolist()) <= {1.0, 1.0 + ulp}
     share_up = ((dst.float() - 1.0) / ulp).view(8, -1).mean(dim=1)
-    # binomial standard error at p = 1/2 over 125,000 draws: 0.0014; 4 of them
-    torch.testing.assert_close(share_up, fractions, atol=0.0057, rtol=0)
+    # binomial standard error at p = 1/2 over 131,072 draws: 0.0014; 4 of them
+    torch.testing.assert_close(share_up, fractions, atol=0.0056, rtol=0)
     neg = torch.empty_like(dst)
-    rounding.round_(neg, -src.clone())
+    rounding.round_(neg, -src)
     share_down = ((-neg.float() - 1.0) / ulp).view(8, -1).mean(dim=1)
-    torch.testing.assert_close(share_down, fractions, atol=0.0057, rtol=0)
+    torch.testing.assert_close(share_down, fractions, atol=0.0056, rtol=0)
 
     saved = rounding.state_dict()
     first, again = dst.clone(), dst.clone()
     changes = WeightChangeTracker()
     changes.arm(torch.device("cpu"))
-    rounding.round_(first, src.clone(), changes)
-    resumed = StochasticRounding(seed=0, device=torch.device("cpu"), fused=True)
+    rounding.round_(first, src, changes)
+    resumed = StochasticRounding(seed=0, device=torch.device("cpu"))
     resumed.load_state_dict(saved)
-    resumed.round_(again, src.clone())
+    resumed.round_(again, src)
     assert torch.equal(first, again)  # the resumed stream draws the same bits
+    assert not torch.equal(first, dst)  # and each call its own
     assert changes.pop() == (first != dst).sum().item() / dst.numel()
+
+
+def test_random_bits_are_uniform_and_independent():
+    """Each of the 16 bits an element gets is 1 half the time over a million elements, independently of its
+    neighbour's and of the same element's bits in the next call (within 4 standard errors, 0.002)."""
+    from torchtune.training._stochastic_rounding import _hash16
+
+    rounding = StochasticRounding(seed=0, device=torch.device("cpu"))
+    index = torch.arange(1 << 20)
+    first, second = (_hash16(index, *rounding.next_key()) for _ in range(2))
+    bits = torch.arange(16)
+    ones = (first.unsqueeze(1) >> bits) & 1
+    torch.testing.assert_close(ones.float().mean(0), torch.full((16,), 0.5), atol=0.002, rtol=0)
+    for other in (first.roll(1), second):  # the neighbour, the next call
+        agree = (((first ^ other).unsqueeze(1) >> bits) & 1) == 0
+        torch.testing.assert_close(agree.float().mean(0), torch.full((16,), 0.5), atol=0.002, rtol=0)
+
+
+@pytest.mark.parametrize("numel", [(1 << 20) + 4099])
+def test_compiled_and_plain_paths_write_the_same_bits(numel):
+    """Where compiling fails (or below 2^20 elements) the plain PyTorch path rounds in chunks: bitwise the
+    compiled kernel's result for the rounding, and the same bits for the fused AdamW step."""
+    torch.manual_seed(0)
+    src = torch.randn(numel)
+    out = []
+    for fused in (True, False):
+        dst = torch.empty(numel, dtype=torch.bfloat16)
+        StochasticRounding(seed=2, device=torch.device("cpu"), fused=fused).round_(dst, src)
+        out.append(dst)
+    assert torch.equal(*out)
+
+    def adam(fused):
+        torch.manual_seed(0)
+        param = torch.nn.Parameter(torch.randn(numel).bfloat16())
+        opt = torch.optim.AdamW([param], lr=1e-3, weight_decay=0.1)
+        rounding = StochasticRounding(seed=2, device=torch.device("cpu"), fused=fused)
+        for _ in range(2):
+            param.grad = torch.randn(numel).bfloat16()
+            step_parameter(opt, param, rounding=rounding)
+        return [param.detach(), opt.state[param]["exp_avg"], opt.state[param]["exp_avg_sq"]]
+
+    import torchtune.training._stochastic_rounding as sr
+
+    compiled = adam(True)
+    assert "adam" in sr._COMPILED and sr._FUSED_BROKEN is None
+    for a, b in zip(compiled, adam(False)):
+        # the same bits; the compiler may contract a multiply-add into an FMA where eager rounds twice,
+        # which moves a few fp32 results across a rounding boundary (one bf16 step), or a moment that
+        # cancels to about 1e-9 to exactly 0
+        assert (a != b).float().mean() < 1e-3
+        step = torch.finfo(torch.bfloat16).eps * torch.maximum(a.float().abs(), b.float().abs())
+        assert ((a.float() - b.float()).abs() <= step + 1e-8).all()
+
+
+@pytest.mark.parametrize(
+    "cls,kwargs",
+    [
+        (torch.optim.AdamW, {"weight_decay": 0.1}),
+        (torch.optim.Adam, {"weight_decay": 0.1}),
+        (torch.optim.Adam, {"weight_decay": 0.1, "decoupled_weight_decay": True, "maximize": True}),
+        (torch.optim.AdamW, {"betas": (0.8, 0.99), "eps": 1e-6, "foreach": False}),
+    ],
+)
+def test_fused_adam_step_is_torchs_update_with_the_same_bits(monkeypatch, cls, kwargs):
+    """The one-pass Adam/AdamW step (bf16 in, fp32 in registers, bf16 out) against torch's own step on fp32
+    slices, with the same random bits: torch's update to fp32 rounding, so at most a bf16 step apart where
+    the two fp32 results straddle a rounding boundary, and the same state (keys, dtypes, step count)."""
+    import torchtune.training._stochastic_rounding as sr
+
+    def run(fused_step):
+        if not fused_step:
+            monkeypatch.setattr(sr, "_step_adam_fused", lambda *a: False)
+        torch.manual_seed(0)
+        param = torch.nn.Parameter((torch.rand(64, 96) + 0.5).bfloat16())
+        opt = cls([param], lr=1e-2, **kwargs)
+        rounding = StochasticRounding(seed=1, device=torch.device("cpu"))
+        for _ in range(3):
+            param.grad = torch.randn(64, 96).bfloat16()
+            step_parameter(opt, param, rounding=rounding)
+        monkeypatch.undo()
+        return param.detach(), opt.state[param]
+
+    (fused_w, fused_state), (ref_w, ref_state) = run(True), run(False)
+    assert {k: (v.dtype, v.shape) for k, v in fused_state.items()} == {
+        k: (v.dtype, v.shape) for k, v in ref_state.items()
+    }
+    assert fused_state["step"] == ref_state["step"] == 3
+    for got, want in (
+        (fused_w, ref_w),
+        (fused_state["exp_avg"], ref_state["exp_avg"]),
+        (fused_state["exp_avg_sq"], ref_state["exp_avg_sq"]),
+    ):
+        assert (got != want).float().mean() < 0.01
+        ulp = torch.finfo(torch.bfloat16).eps * want.float().abs().clamp_min(1e-30)
+        assert ((got.float() - want.float()).abs() <= ulp + 1e-30).all()
+
+
+def test_compiled_adam_step_allocates_no_copy_of_the_parameter():
+    """The compiled one-pass AdamW step of a parameter of 2^20 elements reads and writes its bf16 tensors in
+    place: the allocator (torch.profiler's memory events) sees nothing as large as a quarter of one fp32
+    copy; the estimator's fake run of the same step allocates nothing that large either."""
+    import torchtune.training._stochastic_rounding as sr
+
+    param = torch.nn.Parameter(torch.rand(1024, 1024).bfloat16())
+    opt = torch.optim.AdamW([param], lr=1e-3)
+    rounding = StochasticRounding(seed=0, device=torch.device("cpu"))
+    param.grad = torch.randn(1024, 1024).bfloat16()
+    step_parameter(opt, param, rounding=rounding)  # makes the state (bf16 moments) and compiles
+    assert "adam" in sr._COMPILED and sr._FUSED_BROKEN is None
+    param.grad = torch.randn(1024, 1024).bfloat16()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        step_parameter(opt, param, rounding=rounding)
+    sizes = [e.cpu_memory_usage for e in prof.events() if e.cpu_memory_usage > 0]
+    assert max(sizes, default=0) < param.numel(), max(sizes)
+    # a logged step counts the weights it changed inside the same kernel
+    changes, before = WeightChangeTracker(), param.detach().clone()
+    changes.arm(torch.device("cpu"))
+    param.grad = torch.randn(1024, 1024).bfloat16()
+    step_parameter(opt, param, rounding=rounding, changes=changes)
+    assert changes.pop() == (param.detach() != before).sum().item() / param.numel()
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    fake_sizes = []
+
+    class Allocations(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            ins = {
+                a.untyped_storage()._cdata
+                for a in torch.utils._pytree.tree_leaves((args, kwargs))
+                if torch.is_tensor(a)
+            }
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if torch.is_tensor(t) and t.untyped_storage()._cdata not in ins:
+                    fake_sizes.append(t.untyped_storage().nbytes())
+            return out
+
+    with FakeTensorMode():
+        fake = torch.nn.Parameter(torch.empty(1024, 1024, dtype=torch.bfloat16))
+        fake_opt = torch.optim.AdamW([fake], lr=1e-3)
+        for step in range(2):
+            fake.grad = torch.empty_like(fake)
+            with Allocations() if step == 1 else contextlib.nullcontext():
+                step_parameter(fake_opt, fake, rounding=StochasticRounding(seed=0, device=torch.device("cpu")))
+    assert max(fake_sizes, default=0) < fake.numel(), fake_sizes  # the kernel's in-place writes: nothing
+
+
+def test_adam_variants_the_one_pass_does_not_cover_take_the_slice_path():
+    """amsgrad keeps a third moment the one pass does not write: it is stepped on fp32 slices."""
+    param = torch.nn.Parameter(torch.ones(8, 8, dtype=torch.bfloat16))
+    opt = torch.optim.AdamW([param], lr=1e-3, amsgrad=True)
+    param.grad = torch.ones_like(param)
+    step_parameter(opt, param, rounding=StochasticRounding(seed=0, device=torch.device("cpu")))
+    assert set(opt.state[param]) == {"step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"}
+    assert opt.state[param]["max_exp_avg_sq"].dtype == torch.bfloat16
+
+
+def test_older_generator_state_loads_as_a_new_stream_and_unknown_state_is_refused(caplog):
+    old = {"generator": torch.Generator().manual_seed(5).get_state(), "state_generators": {}}
+    rounding = StochasticRounding(seed=0, device=torch.device("cpu"))
+    with caplog.at_level("INFO", logger="torchtune"):
+        rounding.load_state_dict(old)
+    assert "older generator state" in caplog.text
+    assert rounding.next_key() != StochasticRounding(seed=0, device=torch.device("cpu")).next_key()
+    with pytest.raises(ValueError, match="neither counters nor a generator"):
+        rounding.load_state_dict({"something": 1})
 
 
 @pytest.mark.parametrize("component", ["torch.optim.AdamW", "bitsandbytes.optim.PagedAdamW"])
@@ -315,6 +484,7 @@ def test_rounding_allocates_no_fp32_copy_of_a_whole_parameter(monkeypatch, compo
 
     slice_ = 4096
     monkeypatch.setattr(sr, "_SLICE", slice_)
+    monkeypatch.setattr(sr, "_CHUNK", slice_)  # the plain rounding path's chunk (this parameter is not compiled)
     sizes = []
 
     class Allocations(TorchDispatchMode):
