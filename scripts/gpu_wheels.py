@@ -39,7 +39,14 @@ PLATFORMS = ["manylinux2014_x86_64", "manylinux_2_24_x86_64", "manylinux_2_28_x8
 # folder -> requirements unpacked into it. "site" goes on our PYTHONPATH; "tt061" (torchtune 0.6.1, which
 # is also called ``torchtune``) only on the PYTHONPATH of torchtune's own runs, beside "site".
 WHEELS = {
-    "site": ["omegaconf==2.4.0", "bitsandbytes==0.50.2", "datasets==5.2.0", "dill==0.4.1", "multiprocess==0.70.19", "liger-kernel==0.8.5"],
+    "site": [
+        "omegaconf==2.4.0",
+        "bitsandbytes==0.50.2",
+        "datasets==5.2.0",
+        "dill==0.4.1",
+        "multiprocess==0.70.19",
+        "liger-kernel==0.8.5",
+    ],
     "tt061": ["torchtune==0.6.1", "torchao==0.11.0", "torchdata==0.11.0"],
 }
 # top-level modules each folder provides (what the import test of tests/benchmarks lets through)
