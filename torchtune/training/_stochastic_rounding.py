@@ -728,7 +728,7 @@ def _step_adam_fused(
     numbers = [group["lr"], *group["betas"], group["eps"], group["weight_decay"]]
     if any(torch.is_tensor(x) and x.device.type != "cpu" for x in numbers):
         return False
-    local, grad = local_shard(param.data), local_shard(param.grad)
+    local = local_shard(param.data)
     if not local.is_contiguous():
         return False
     state = optimizer.state[param]
@@ -741,7 +741,37 @@ def _step_adam_fused(
             return False
         if not all(local_shard(state[k]).is_contiguous() for k in ("exp_avg", "exp_avg_sq")):
             return False
-    else:  # torch.optim's own initial state, in the bf16 run's dtype
+    with _as_optimizer_step(optimizer):
+        _adam_one_pass(optimizer, param, group, rounding, changes)
+    return True
+
+
+@contextlib.contextmanager
+def _as_optimizer_step(optimizer: Optimizer) -> Iterator[None]:
+    """The one-pass step is ``optimizer``'s step: the hooks torch runs around ``Optimizer.step`` (global
+    and the optimizer's own: the memory estimator's, which finds the optimizer state through them, a
+    profiler's, a user's) run around it as well. torch keeps the global ones in a private dict."""
+    from torch.optim.optimizer import _global_optimizer_post_hooks, _global_optimizer_pre_hooks
+
+    args: tuple = (optimizer,)
+    for hook in (*_global_optimizer_pre_hooks.values(), *optimizer._optimizer_step_pre_hooks.values()):
+        hook(optimizer, args, {})
+    yield
+    for hook in (*optimizer._optimizer_step_post_hooks.values(), *_global_optimizer_post_hooks.values()):
+        hook(optimizer, args, {})
+
+
+def _adam_one_pass(
+    optimizer: Optimizer,
+    param: torch.nn.Parameter,
+    group: Mapping[str, Any],
+    rounding: StochasticRounding,
+    changes: Optional[WeightChangeTracker],
+) -> None:
+    """``_step_adam_fused``'s step, once it has checked what it covers."""
+    local, grad = local_shard(param.data), local_shard(param.grad)
+    state = optimizer.state[param]
+    if not state:  # torch.optim's own initial state, in the bf16 run's dtype
         device = param.device if group.get("fused") else None
         # torch.tensor, as torch makes it: a constant under the estimator's fake tensors, so its value is known
         state["step"] = torch.tensor(0.0, dtype=torch.float32, device=device)
@@ -750,14 +780,14 @@ def _step_adam_fused(
     param.grad = None
     state["step"] += 1
     if local.numel() == 0:
-        return True
+        return
     w, g = local.view(-1), grad.reshape(-1)
     m, v = (local_shard(state[k]).view(-1) for k in ("exp_avg", "exp_avg_sq"))
     keys = (*rounding.next_key(), *rounding.next_key("exp_avg"), *rounding.next_key("exp_avg_sq"))
     decoupled = type(optimizer) is torch.optim.AdamW or bool(group.get("decoupled_weight_decay", False))
     count = changes is not None
     if rounding.fused and w.numel() >= _COMPILE_MIN and _is_fake(w):
-        return True  # the kernel writes in place and allocates nothing: the estimator counts the same
+        return  # the kernel writes in place and allocates nothing: the estimator counts the same
     scalars = _adam_scalars(group, state["step"], w.device)
     args = (w, g, m, v, scalars, *keys, decoupled, bool(group.get("maximize", False)), count)
     done, changed = False, None
@@ -767,7 +797,6 @@ def _step_adam_fused(
         changed = _adam_chunks(*args)
     if count:
         changes.add(changed, w.numel())
-    return True
 
 
 def _adam_scalars(group: Mapping[str, Any], step: torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -401,6 +401,37 @@ def test_fused_adam_step_is_torchs_update_with_the_same_bits(monkeypatch, cls, k
         assert ((got.float() - want.float()).abs() <= ulp + 1e-30).all()
 
 
+def test_one_pass_adam_step_runs_the_optimizer_step_hooks():
+    """The one-pass step never calls ``optimizer.step()``, yet it is that optimizer's step: torch's global
+    and per-optimizer step hooks fire around it, once each, in torch's order (the memory estimator finds
+    the optimizer state through the global pre-hook; without it the state was counted as temporaries)."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+    import torchtune.training._stochastic_rounding as sr
+
+    param = torch.nn.Parameter(torch.ones(8, 8, dtype=torch.bfloat16))
+    opt = torch.optim.AdamW([param], lr=1e-2)
+    calls = []
+    handles = [
+        register_optimizer_step_pre_hook(lambda o, a, k: calls.append(("global pre", o))),
+        opt.register_step_pre_hook(lambda o, a, k: calls.append(("pre", o))),
+        opt.register_step_post_hook(lambda o, a, k: calls.append(("post", o))),
+        register_optimizer_step_post_hook(lambda o, a, k: calls.append(("global post", o))),
+    ]
+    try:
+        param.grad = torch.full((8, 8), 0.5, dtype=torch.bfloat16)
+        fused = sr._step_adam_fused
+        used = []
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(sr, "_step_adam_fused", lambda *a: used.append(True) or fused(*a))
+            step_parameter(opt, param, rounding=StochasticRounding(seed=0, device=torch.device("cpu")))
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert used == [True] and opt.state[param]["step"] == 1  # the one-pass path took the step
+    assert calls == [("global pre", opt), ("pre", opt), ("post", opt), ("global post", opt)]
+
+
 def test_compiled_adam_step_allocates_no_copy_of_the_parameter():
     """The compiled one-pass AdamW step of a parameter of 2^20 elements reads and writes its bf16 tensors in
     place: the allocator (torch.profiler's memory events) sees nothing as large as a quarter of one fp32
