@@ -34,7 +34,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import zlib
-from typing import Any, Dict, Iterator, Mapping, Optional
+from typing import Any, Dict, Iterator, Mapping, Optional, Sequence
 
 import torch
 from torch.optim import Optimizer
@@ -224,8 +224,7 @@ class StochasticRounding:
         magnitude grows the same way for either sign, and a carry moves into the exponent as it should.
         """
         counting = changes is not None and changes.armed
-        base, salt = key if key is not None else self.next_key(stream)
-        base = (base + offset) & _M32
+        keys = _moved(key if key is not None else self.next_key(stream), offset)
         if src.dtype != torch.float32 or dst.dtype != torch.bfloat16:
             raise TypeError(f"round_ writes fp32 into bf16, got {src.dtype} into {dst.dtype}")
         if not (src.is_contiguous() and dst.is_contiguous()):
@@ -239,11 +238,7 @@ class StochasticRounding:
                 changes.add(torch.count_nonzero(src.to(dst.dtype) != dst), dst.numel())
             dst.copy_(src)
             return
-        done, changed = False, None
-        if self.fused and src.numel() >= _COMPILE_MIN:
-            done, changed = _run_compiled("round", _round_whole, flat_src, flat_dst, base, salt, counting)
-        if not done:
-            changed = _round_chunks(flat_src, flat_dst, base, salt, counting)
+        changed = _apply("round", self.fused and src.numel() >= _COMPILE_MIN, keys, (flat_src, flat_dst), (), counting)
         if target is not dst:
             dst.copy_(target)
         if counting:
@@ -321,8 +316,9 @@ class ShardedStochasticRounding(StochasticRounding):
 # The counter-based stream. SplitMix64 (host, Python ints) turns (seed, stream, counter) into a call's
 # 64-bit key; in the kernel each element's bits are a 32-bit avalanche hash of (its index + the key's low
 # half) xor its high half, of which the top 16 bits are used. The hash is hash-prospector's low-bias
-# [16 21f0aaad 15 735a2d97 15]; both multipliers are below 2^31, so a 32-bit value times either fits a
-# signed int64 and the arithmetic is exact (int64 with masks) on every backend, compiled or not.
+# [16 21f0aaad 15 735a2d97 15] in int32 arithmetic, which wraps mod 2^32 on every backend as the hash
+# wants (right shifts are masked, so they act as logical shifts); the keys reach the kernel as an int32
+# tensor, data rather than constants, so one compiled kernel serves every call.
 _M32, _M64 = (1 << 32) - 1, (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
 _MIX1, _MIX2 = 0x21F0AAAD, 0x735A2D97
@@ -331,9 +327,11 @@ _STATE_KIND = "counter_hash_v1"
 # tensor where compiling fails, by the same arithmetic in plain PyTorch on chunks, to the same bits. The
 # floor keeps tiny models (tests, norms) from paying a compile.
 _COMPILE_MIN = 1 << 20
-_CHUNK = 1 << 18  # the plain path's chunk: its int64 and fp32 temporaries stay a few MB
+_CHUNK = 1 << 18  # the plain path's chunk: its int32 and fp32 temporaries stay a few MB
+_SPAN = 1 << 30  # the compiled kernel's largest call: element indices stay int32
 _COMPILED: Dict[str, Any] = {}
 _FUSED_BROKEN: Optional[str] = None
+_INF = float("inf")
 
 
 def _splitmix64(x: int) -> int:
@@ -348,53 +346,70 @@ def _old_state_mix(state: Mapping[str, Any]) -> int:
     return zlib.crc32(saved.numpy().tobytes()) if torch.is_tensor(saved) else zlib.crc32(repr(saved).encode())
 
 
-def _hash16(index: torch.Tensor, base: int, salt: int) -> torch.Tensor:
-    """16 random bits (int64 in [0, 2^16)) for each element ``index`` of a call keyed (base, salt)."""
-    x = ((index + base) & _M32) ^ salt
-    x = x ^ (x >> 16)
-    x = (x * _MIX1) & _M32
-    x = x ^ (x >> 15)
-    x = (x * _MIX2) & _M32
-    x = x ^ (x >> 15)
-    return x >> 16
+def _moved(keys: Sequence[int], offset: int) -> list:
+    """``keys`` (pairs of 32-bit (base, salt)) for a slice starting ``offset`` elements in: each base moved
+    on, so element ``i`` of the slice draws the bits of element ``offset + i`` of the whole tensor."""
+    return [(k + offset) & _M32 if i % 2 == 0 else k for i, k in enumerate(keys)]
 
 
-def _rounded(src: torch.Tensor, index: torch.Tensor, base: int, salt: int) -> torch.Tensor:
-    # finite values cannot overflow: the largest magnitude is 0x7F7FFFFF; 0xFFFF0000 keeps sign, exponent
-    # and bf16's 7 mantissa bits, so the conversion to bf16 is exact
-    noise = _hash16(index, base, salt).to(torch.int32)
-    return ((src.view(torch.int32) + noise) & -65536).view(torch.float32).to(torch.bfloat16)
+def _key_tensor(keys: Sequence[int], device: torch.device) -> torch.Tensor:
+    """32-bit ``keys`` as the int32 (two's complement) tensor the kernels read."""
+    values = torch.tensor([k - (1 << 32) if k >> 31 else k for k in keys], dtype=torch.int32)
+    return values if device.type == "cpu" else values.pin_memory().to(device, non_blocking=True)
 
 
-def _round_into(src, dst, index, base: int, salt: int, count: bool):
-    new = _rounded(src, index, base, salt)
+def _hash16(index: torch.Tensor, base: Any, salt: Any) -> torch.Tensor:
+    """16 random bits (int32 in [0, 2^16)) for each element ``index`` (int32) of a call keyed (base, salt)."""
+    x = (index + base) ^ salt
+    x = x ^ ((x >> 16) & 0xFFFF)
+    x = x * _MIX1
+    x = x ^ ((x >> 15) & 0x1FFFF)
+    x = x * _MIX2
+    x = x ^ ((x >> 15) & 0x1FFFF)
+    return (x >> 16) & 0xFFFF
+
+
+def _rounded(src: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """fp32 ``src`` to bf16, each magnitude rounded up with probability (its 16 dropped bits) / 2^16 given
+    ``noise`` uniform in [0, 2^16): exactly ``((bits(src) + noise) & 0xFFFF0000)`` read as a float, in
+    float arithmetic only. (A compiled CPU kernel reinterprets float bits one element at a time; these
+    operations vectorise, and each is exact: bf16's spacing at ``|src|`` is fp32's times 2^16, a power of
+    two, so the quotient, the added noise and the product are exact and ``floor`` drops what truncating
+    the bits drops. Infinities and NaN pass through.)"""
+    magnitude = src.abs()
+    fp32_step = (torch.nextafter(magnitude, torch.full_like(magnitude, _INF)) - magnitude).clamp(max=2.0**104)
+    bf16_step = fp32_step * 65536.0
+    up = torch.floor(magnitude / bf16_step + noise.to(torch.float32) * (1.0 / 65536.0)) * bf16_step
+    return torch.where(magnitude < _INF, torch.copysign(up, src), src).to(torch.bfloat16)
+
+
+def _round_into(src, dst, index, keys, count: bool):
+    new = _rounded(src, _hash16(index, keys[0], keys[1]))
     changed = (new != dst).sum() if count else None
     dst.copy_(new)
     return changed
 
 
-def _round_whole(src, dst, base: int, salt: int, count: bool):
-    return _round_into(src, dst, torch.arange(src.numel(), device=src.device), base, salt, count)
+def _round_whole(src, dst, keys, count: bool):
+    return _round_into(src, dst, torch.arange(src.numel(), device=src.device, dtype=torch.int32), keys, count)
 
 
-def _chunked(fn, n: int, device: torch.device, count: bool, *tensors, args=()):
+def _chunked(fn, n: int, device: torch.device, count: bool, keys: Sequence[int], *tensors, args=()):
     changed = torch.zeros((), dtype=torch.int64, device=device) if count else None
     for start in range(0, n, _CHUNK):
         end = min(start + _CHUNK, n)
-        index = torch.arange(start, end, device=device)
-        part = fn(*(t[start:end] for t in tensors), index, *args, count)
+        index = torch.arange(end - start, device=device, dtype=torch.int32)
+        keyed = _key_tensor(_moved(keys, start), device)
+        part = fn(*(t[start:end] for t in tensors), index, keyed, *args, count)
         if count:
             changed += part
     return changed
 
 
-def _round_chunks(src, dst, base: int, salt: int, count: bool):
-    return _chunked(_round_into, src.numel(), src.device, count, src, dst, args=(base, salt))
-
-
-def _adam_into(w, g, m, v, index, s, wb, ws, mb, ms, vb, vs, decoupled: bool, maximize: bool, count: bool):
+def _adam_into(w, g, m, v, index, keys, s, decoupled: bool, maximize: bool, count: bool):
     """torch's single-tensor Adam/AdamW update of bf16 ``w``, ``m`` (exp_avg), ``v`` (exp_avg_sq) in fp32,
-    each written back stochastically rounded with its own key. ``s``: fp32 scalars (``_adam_scalars``)."""
+    each written back stochastically rounded with its own key (``keys``: int32 (base, salt) of w, m, v).
+    ``s``: fp32 scalars (``_adam_scalars``)."""
     w32, g32 = w.float(), g.float()
     if maximize:
         g32 = -g32
@@ -406,25 +421,40 @@ def _adam_into(w, g, m, v, index, s, wb, ws, mb, ms, vb, vs, decoupled: bool, ma
     v32 = v.float() * s[3] + s[4] * g32 * g32
     denom = v32.sqrt() / s[6] + s[7]
     w32 = w32 + s[5] * (m32 / denom)
-    new = _rounded(w32, index, wb, ws)
+    new = _rounded(w32, _hash16(index, keys[0], keys[1]))
     changed = (new != w).sum() if count else None
     w.copy_(new)
-    m.copy_(_rounded(m32, index, mb, ms))
-    v.copy_(_rounded(v32, index, vb, vs))
+    m.copy_(_rounded(m32, _hash16(index, keys[2], keys[3])))
+    v.copy_(_rounded(v32, _hash16(index, keys[4], keys[5])))
     return changed
 
 
-def _adam_whole(w, g, m, v, s, wb, ws, mb, ms, vb, vs, decoupled: bool, maximize: bool, count: bool):
-    index = torch.arange(w.numel(), device=w.device)
-    return _adam_into(w, g, m, v, index, s, wb, ws, mb, ms, vb, vs, decoupled, maximize, count)
+def _adam_whole(w, g, m, v, keys, s, decoupled: bool, maximize: bool, count: bool):
+    index = torch.arange(w.numel(), device=w.device, dtype=torch.int32)
+    return _adam_into(w, g, m, v, index, keys, s, decoupled, maximize, count)
 
 
-def _adam_chunks(w, g, m, v, s, wb, ws, mb, ms, vb, vs, decoupled: bool, maximize: bool, count: bool):
-    def part(w, g, m, v, index, *rest):
-        return _adam_into(w, g, m, v, index, s, *rest)
+def _apply(name: str, fused: bool, keys: Sequence[int], tensors: tuple, args: tuple, count: bool):
+    """Kernel ``name`` (``_KERNELS``: its whole-tensor and its per-chunk form) over flat ``tensors``: compiled,
+    in spans of at most ``_SPAN`` elements, where ``fused`` and it compiles; else in plain PyTorch on chunks
+    (the same bits). Returns the count of changed elements (a device tensor) when ``count``."""
+    whole, part = _KERNELS[name]
+    n, device = tensors[0].numel(), tensors[0].device
+    changed = torch.zeros((), dtype=torch.int64, device=device) if count else None
+    for start in range(0, n, _SPAN):
+        end = min(start + _SPAN, n)
+        span, moved = tuple(t[start:end] for t in tensors), _moved(keys, start)
+        done, counted = False, None
+        if fused:
+            done, counted = _run_compiled(name, whole, *span, _key_tensor(moved, device), *args, count)
+        if not done:
+            counted = _chunked(part, end - start, device, count, moved, *span, args=args)
+        if count:
+            changed += counted
+    return changed
 
-    args = (wb, ws, mb, ms, vb, vs, decoupled, maximize)
-    return _chunked(part, w.numel(), w.device, count, w, g, m, v, args=args)
+
+_KERNELS = {"round": (_round_whole, _round_into), "adam": (_adam_whole, _adam_into)}
 
 
 def _run_compiled(name: str, fn, *args) -> tuple:
@@ -789,12 +819,8 @@ def _adam_one_pass(
     if rounding.fused and w.numel() >= _COMPILE_MIN and _is_fake(w):
         return  # the kernel writes in place and allocates nothing: the estimator counts the same
     scalars = _adam_scalars(group, state["step"], w.device)
-    args = (w, g, m, v, scalars, *keys, decoupled, bool(group.get("maximize", False)), count)
-    done, changed = False, None
-    if rounding.fused and w.numel() >= _COMPILE_MIN:
-        done, changed = _run_compiled("adam", _adam_whole, *args)
-    if not done:
-        changed = _adam_chunks(*args)
+    args = (scalars, decoupled, bool(group.get("maximize", False)))
+    changed = _apply("adam", rounding.fused and w.numel() >= _COMPILE_MIN, keys, (w, g, m, v), args, count)
     if count:
         changes.add(changed, w.numel())
 

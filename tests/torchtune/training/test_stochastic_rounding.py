@@ -309,17 +309,60 @@ def test_compiled_rounding_is_unbiased_resumes_exactly_and_counts():
 def test_random_bits_are_uniform_and_independent():
     """Each of the 16 bits an element gets is 1 half the time over a million elements, independently of its
     neighbour's and of the same element's bits in the next call (within 4 standard errors, 0.002)."""
-    from torchtune.training._stochastic_rounding import _hash16
+    from torchtune.training._stochastic_rounding import _hash16, _key_tensor
 
     rounding = StochasticRounding(seed=0, device=torch.device("cpu"))
-    index = torch.arange(1 << 20)
-    first, second = (_hash16(index, *rounding.next_key()) for _ in range(2))
+    index = torch.arange(1 << 20, dtype=torch.int32)
+    first, second = (_hash16(index, *_key_tensor(rounding.next_key(), index.device)) for _ in range(2))
+    assert int(first.min()) >= 0 and int(first.max()) < 1 << 16
     bits = torch.arange(16)
     ones = (first.unsqueeze(1) >> bits) & 1
     torch.testing.assert_close(ones.float().mean(0), torch.full((16,), 0.5), atol=0.002, rtol=0)
     for other in (first.roll(1), second):  # the neighbour, the next call
         agree = (((first ^ other).unsqueeze(1) >> bits) & 1) == 0
         torch.testing.assert_close(agree.float().mean(0), torch.full((16,), 0.5), atol=0.002, rtol=0)
+
+
+def _hash16_reference(index: torch.Tensor, base: int, salt: int) -> torch.Tensor:
+    """The hash in exact unsigned 32-bit arithmetic on int64 (masks instead of wrap-around)."""
+    m32 = (1 << 32) - 1
+    x = ((index + base) & m32) ^ salt
+    x = x ^ (x >> 16)
+    x = (x * 0x21F0AAAD) & m32
+    x = x ^ (x >> 15)
+    x = (x * 0x735A2D97) & m32
+    x = x ^ (x >> 15)
+    return x >> 16
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_rounding_adds_the_hash_below_bf16s_bits_and_truncates(compiled):
+    """The definition, on the integer view of fp32: ``(bits + hash) & 0xFFFF0000``, with the hash in exact
+    unsigned arithmetic. The kernels reach it with int32 wrap-around and float arithmetic only (no
+    reinterpretation of bits, which a compiled CPU kernel does one element at a time), so it is pinned here
+    bit for bit, over random values of every magnitude and the edges: zeros, subnormals, the largest
+    finite values (which round up to infinity), infinities and NaN."""
+    numel = (1 << 20) + 4099
+    gen = torch.Generator().manual_seed(0)
+    src = torch.randn(numel, generator=gen) * torch.exp2(torch.randint(-140, 128, (numel,), generator=gen).float())
+    edges = torch.tensor(
+        [0.0, -0.0, 1e-45, -1e-45, 1e-40, 2.0**-126, 3.4028235e38, -3.4028235e38, 3.3961e38, 1.0, -1.0]
+        + [float("inf"), float("-inf"), float("nan")]
+    )
+    src[: edges.numel() * 64] = edges.repeat(64)
+    rounding = StochasticRounding(seed=5, device=torch.device("cpu"), fused=compiled)
+    key = rounding.next_key()
+    dst = torch.zeros(numel, dtype=torch.bfloat16)
+    rounding.round_(dst, src, key=key, offset=12345)
+    noise = _hash16_reference(torch.arange(numel) + 12345, *key).to(torch.int32)
+    expected = ((src.view(torch.int32) + noise) & -65536).view(torch.float32).to(torch.bfloat16)
+    finite = torch.isfinite(src)
+    assert torch.equal(dst[finite].view(torch.int16), expected[finite].view(torch.int16))
+    assert torch.equal(dst[src.isinf()], src[src.isinf()].bfloat16()) and dst[src.isnan()].isnan().all()
+    if compiled:
+        import torchtune.training._stochastic_rounding as sr
+
+        assert sr._FUSED_BROKEN is None and "round" in sr._COMPILED, sr._FUSED_BROKEN
 
 
 @pytest.mark.parametrize("numel", [(1 << 20) + 4099])
