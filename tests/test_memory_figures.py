@@ -150,5 +150,6 @@ def test_figures_are_what_the_estimator_prints(block: Block):
     assert not stale, (
         f"{block.where}: {', '.join(stale)} GB is not what the estimator prints now; re-run "
         + " / ".join(f"`{c}`" for c in block.commands)
-        + " and quote its figures"
+        + " and quote its figures. It printed:\n"
+        + "\n".join(f"$ {c}\n{printed(c)}" for c in block.commands)
     )

@@ -6,6 +6,50 @@ import torch
 from torch import nn
 
 
+def _wide(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in fp32, or as it is if wider (float64 for gradient checks)."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
+def _input_grad(dn32: torch.Tensor, n32: torch.Tensor, rstd: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The gradient through ``n = x * rstd`` with ``rstd = rsqrt(mean(x^2) + eps)``, given ``dn``:
+    ``rstd * (dn - n * mean(dn * n))``, the derivative autograd takes through the composite formula, in
+    four passes over the activations where autograd's chain of ``float``, ``pow``, ``mean``, ``rsqrt``,
+    product and cast backwards takes about ten."""
+    return ((dn32 - n32 * (dn32 * n32).mean(-1, keepdim=True)) * rstd).to(dtype)
+
+
+class _RMSNormFn(torch.autograd.Function):
+    """RMSNorm (Llama's, or Gemma's with ``gemma``) with a hand-written backward. The forward is the
+    composite formula op for op (the same bits); the backward saves the input and one fp32 number per row
+    (autograd through the composite saves an fp32 copy of the input and the bf16 normalised values) and
+    runs in about half the time. The gradients equal autograd's up to rounding (tested)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, scale: torch.Tensor, eps: float, gemma: bool) -> torch.Tensor:  # type: ignore[override]
+        x32 = _wide(x)
+        rstd = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, rstd, scale)
+        ctx.gemma = gemma
+        if gemma:
+            return (x32 * rstd * (1.0 + _wide(scale))).to(x.dtype)
+        return scale * (x32 * rstd).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        x, rstd, scale = ctx.saved_tensors
+        n32 = _wide(x) * rstd
+        need_x, need_scale = ctx.needs_input_grad[:2]
+        if ctx.gemma:
+            g32 = _wide(grad)
+            grad_scale = (g32 * n32).sum_to_size(scale.shape).to(scale.dtype) if need_scale else None
+            dn32 = g32 * (1.0 + _wide(scale))
+        else:
+            grad_scale = (grad * n32.to(x.dtype)).sum_to_size(scale.shape) if need_scale else None
+            dn32 = _wide(grad * scale)
+        return (_input_grad(dn32, n32, rstd, x.dtype) if need_x else None), grad_scale, None, None
+
+
 class RMSNorm(nn.Module):
     """RMSNorm with a learned per-channel ``scale``.
 
@@ -25,9 +69,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Normalise ``x`` over its last dimension and apply ``scale``."""
-        x_fp32 = x.float()
-        normed = x_fp32 * torch.rsqrt(x_fp32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.scale * normed.type_as(x)
+        return _RMSNormFn.apply(x, self.scale, self.eps, False)
 
     def reset_parameters(self) -> None:
         nn.init.ones_(self.scale)
@@ -52,9 +94,7 @@ class GemmaRMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Normalise ``x`` over its last dimension and apply ``1 + scale``, all in fp32."""
-        x_fp32 = x.float()
-        normed = x_fp32 * torch.rsqrt(x_fp32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (normed * (1.0 + self.scale.float())).type_as(x)
+        return _RMSNormFn.apply(x, self.scale, self.eps, True)
 
     def reset_parameters(self) -> None:
         nn.init.zeros_(self.scale)
