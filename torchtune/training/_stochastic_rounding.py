@@ -9,9 +9,11 @@ from the run's seed, a stream name and a call counter (a counter-based stream): 
 them and no noise tensor holds them, the counters are saved in the recipe state, so runs are
 reproducible and a resume is bitwise exact, on CPU and CUDA alike.
 
-The rounding itself (``StochasticRounding.round_``) is one compiled kernel per call that reads the fp32
-result, computes the bits and writes the bf16 tensor; below ``_COMPILE_MIN`` elements, or where
-compiling fails, the same arithmetic runs in plain PyTorch on chunks, to the same bits.
+The rounding itself (``StochasticRounding.round_``) is one kernel per call that reads the fp32 result,
+computes the bits and writes the bf16 tensor: on a CPU a C loop built once per machine
+(``_native_kernels``), elsewhere a kernel compiled by Inductor (tensors of ``_COMPILE_MIN`` elements or
+more); otherwise, and where neither can be built, the same arithmetic runs in plain PyTorch on chunks,
+to the same bits.
 
 How each optimizer family is stepped (``step_parameter``):
 
@@ -41,6 +43,7 @@ from torch.optim import Optimizer
 
 from torchtune._errors import ConfigError
 from torchtune.config._instantiate import COMPONENT_KEY
+from torchtune.training import _native_kernels
 from torchtune.training._bnb_step import step_without_sync, supports_step_without_sync
 from torchtune.training._dtensor import is_dtensor, local_shard
 
@@ -157,10 +160,10 @@ class StochasticRounding:
 
     def __init__(self, seed: int, device: torch.device, fused: Optional[bool] = None) -> None:
         self.device = torch.device(device)
-        # One compiled kernel per call (``_fused_kernels``) for tensors of ``_COMPILE_MIN`` elements or
-        # more; the same arithmetic in plain PyTorch on chunks otherwise, or where compiling fails (the
-        # same bits either way). Under the memory estimator's fake tensors ``fused`` says which of the
-        # two the target device runs (the compiled one allocates nothing but its result).
+        # One kernel per call (``_apply``: C on a CPU, else compiled for tensors of ``_COMPILE_MIN``
+        # elements or more); the same arithmetic in plain PyTorch on chunks when not ``fused`` or where
+        # neither kernel can be built (the same bits either way). Under the memory estimator's fake tensors
+        # ``fused`` says which the target device runs (the kernels allocate nothing but their result).
         self.fused = True if fused is None else bool(fused)
         self._seed = int(seed)
         # one stream per name: the weights' (None) and each optimizer-state key's (``exp_avg``, ...)
@@ -238,7 +241,7 @@ class StochasticRounding:
                 changes.add(torch.count_nonzero(src.to(dst.dtype) != dst), dst.numel())
             dst.copy_(src)
             return
-        changed = _apply("round", self.fused and src.numel() >= _COMPILE_MIN, keys, (flat_src, flat_dst), (), counting)
+        changed = _apply("round", self.fused, keys, (flat_src, flat_dst), (), counting)
         if target is not dst:
             dst.copy_(target)
         if counting:
@@ -435,17 +438,28 @@ def _adam_whole(w, g, m, v, keys, s, decoupled: bool, maximize: bool, count: boo
 
 
 def _apply(name: str, fused: bool, keys: Sequence[int], tensors: tuple, args: tuple, count: bool):
-    """Kernel ``name`` (``_KERNELS``: its whole-tensor and its per-chunk form) over flat ``tensors``: compiled,
-    in spans of at most ``_SPAN`` elements, where ``fused`` and it compiles; else in plain PyTorch on chunks
-    (the same bits). Returns the count of changed elements (a device tensor) when ``count``."""
-    whole, part = _KERNELS[name]
+    """Kernel ``name`` over flat ``tensors``. Where ``fused``: on a CPU the C kernels (``_native_kernels``),
+    elsewhere (or without a C compiler) the compiled kernel for tensors of ``_COMPILE_MIN`` elements or more,
+    in spans of at most ``_SPAN`` elements; otherwise, and wherever that cannot compile, the same arithmetic
+    in plain PyTorch on chunks (``_KERNELS``: its whole-tensor and its per-chunk form). The same bits from
+    all three (the Adam update's fp32 arithmetic may differ by an FMA contraction: one bf16 step, rarely).
+    Returns the count of changed elements when ``count``."""
     n, device = tensors[0].numel(), tensors[0].device
+    if fused and not _is_fake(tensors[0]):
+        native = (
+            _native_kernels.round_into(*tensors, keys, count)
+            if name == "round"
+            else _native_kernels.adam(tensors, keys, *args, count)
+        )
+        if native is not None:
+            return native if count else None
+    whole, part = _KERNELS[name]
     changed = torch.zeros((), dtype=torch.int64, device=device) if count else None
     for start in range(0, n, _SPAN):
         end = min(start + _SPAN, n)
         span, moved = tuple(t[start:end] for t in tensors), _moved(keys, start)
         done, counted = False, None
-        if fused:
+        if fused and n >= _COMPILE_MIN:
             done, counted = _run_compiled(name, whole, *span, _key_tensor(moved, device), *args, count)
         if not done:
             counted = _chunked(part, end - start, device, count, moved, *span, args=args)
@@ -820,7 +834,7 @@ def _adam_one_pass(
         return  # the kernel writes in place and allocates nothing: the estimator counts the same
     scalars = _adam_scalars(group, state["step"], w.device)
     args = (scalars, decoupled, bool(group.get("maximize", False)))
-    changed = _apply("adam", rounding.fused and w.numel() >= _COMPILE_MIN, keys, (w, g, m, v), args, count)
+    changed = _apply("adam", rounding.fused, keys, (w, g, m, v), args, count)
     if count:
         changes.add(changed, w.numel())
 

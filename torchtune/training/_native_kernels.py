@@ -1,0 +1,178 @@
+"""The C kernels of bf16 stochastic rounding on a CPU (``stochastic_rounding.c``), built once per machine.
+
+On a CPU, Inductor's code for the rounding reinterprets float bits one element at a time, and every process
+pays Dynamo and Inductor's start-up (about 4 s with a warm cache, 20 s cold) before its first step. The C
+loops compute the same bits (tests pin both to the definition) about three times faster, and loading them
+takes milliseconds. They are compiled with the C compiler Inductor would use (``CC``, else ``cc`` or
+``gcc``) into a cache folder keyed by the source, the flags, the compiler's version and this CPU's
+instruction set (``-march=native``): a folder shared by machines of different CPUs never hands one
+another's build. The build is written to a temporary file and renamed into place, so concurrent ranks or
+an interrupted build never leave a half-written library.
+
+Without a compiler (or with ``TUNE_NATIVE_KERNELS=0``) ``library()`` is None and the rounding runs as
+before (Inductor, else plain PyTorch), said once in the log. ``TUNE_KERNEL_CACHE`` moves the cache folder
+(default: ``$XDG_CACHE_HOME/plaintune/kernels``, i.e. ``~/.cache/plaintune/kernels``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Optional, Sequence
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("stochastic_rounding.c")
+# IEEE arithmetic as torch's (no FMA contraction); -fno-math-errno only lets sqrtf vectorise
+FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fPIC", "-shared"]
+ENV_SWITCH = "TUNE_NATIVE_KERNELS"
+ENV_CACHE = "TUNE_KERNEL_CACHE"
+
+_loaded: Optional[ctypes.CDLL] = None
+_tried = False
+
+
+def _compiler() -> Optional[str]:
+    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def _cache_dir() -> Path:
+    if os.environ.get(ENV_CACHE):
+        return Path(os.environ[ENV_CACHE])
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "plaintune" / "kernels"
+
+
+def _build(cc: str, target: Path) -> None:
+    """Compile into ``target`` atomically: with OpenMP threads if the compiler has them, else without."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=target.name, suffix=".tmp")
+    os.close(fd)
+    try:
+        errors = []
+        for extra in (["-fopenmp"], []):
+            proc = subprocess.run([cc, *FLAGS, *extra, str(SOURCE), "-o", tmp], capture_output=True, text=True)
+            if proc.returncode == 0:
+                os.replace(tmp, target)
+                return
+            errors.append(proc.stderr.strip().splitlines()[-1:] or ["(no output)"])
+        raise RuntimeError(f"{cc} failed: {errors}")
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _load(path: Path) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(path))
+    p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    lib.tune_round.argtypes = [p, p, i64, p, i32, i32]
+    lib.tune_round.restype = i64
+    lib.tune_adam.argtypes = [p, p, p, p, i64, p, p, i32, i32, i32, i32]
+    lib.tune_adam.restype = i64
+    return lib
+
+
+def library_path(cc: str) -> Path:
+    """Where the build for this source, these flags, ``cc``'s version and this CPU lies in the cache."""
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(FLAGS), version, _cpu_flags()]).encode())
+    return _cache_dir() / f"stochastic_rounding_{key.hexdigest()[:20]}.so"
+
+
+def library() -> Optional[ctypes.CDLL]:
+    """The loaded kernels, built on first use; None where they cannot be (said once)."""
+    global _loaded, _tried
+    if _tried:
+        return _loaded
+    _tried = True
+    if os.environ.get(ENV_SWITCH, "1") == "0":
+        return None
+    cc = _compiler()
+    if cc is None:
+        log.info("bf16_stochastic_rounding: no C compiler found; rounding with the PyTorch kernels instead.")
+        return None
+    try:
+        path = library_path(cc)
+        if not path.exists():
+            _build(cc, path)
+        try:
+            _loaded = _load(path)
+        except OSError:  # a damaged cache entry: build it again
+            _build(cc, path)
+            _loaded = _load(path)
+    except Exception as error:  # noqa: BLE001 - any build or load failure: the PyTorch kernels still work
+        log.warning(
+            "bf16_stochastic_rounding: the C kernels could not be built (%s: %s); rounding with the PyTorch "
+            "kernels instead (the same bits, slower on a CPU).",
+            type(error).__name__,
+            error,
+        )
+        _loaded = None
+    return _loaded
+
+
+def _keys(keys: Sequence[int]) -> ctypes.Array:
+    return (ctypes.c_uint32 * len(keys))(*keys)
+
+
+def _usable(*tensors: torch.Tensor) -> bool:
+    return all(t.device.type == "cpu" and t.is_contiguous() for t in tensors)
+
+
+def round_into(src: torch.Tensor, dst: torch.Tensor, keys: Sequence[int], count: bool) -> Optional[int]:
+    """``tune_round`` on flat fp32 ``src`` into bf16 ``dst``; None (nothing done) where it does not apply."""
+    lib = library()
+    if lib is None or not _usable(src, dst):
+        return None
+    return lib.tune_round(src.data_ptr(), dst.data_ptr(), src.numel(), _keys(keys), int(count), torch.get_num_threads())
+
+
+def adam(
+    tensors: Sequence[torch.Tensor],
+    keys: Sequence[int],
+    scalars: torch.Tensor,
+    decoupled: bool,
+    maximize: bool,
+    count: bool,
+) -> Optional[int]:
+    """``tune_adam`` on flat bf16 (w, g, m, v); None (nothing done) where it does not apply."""
+    lib = library()
+    if lib is None or not _usable(*tensors, scalars) or scalars.dtype != torch.float32:
+        return None
+    w, g, m, v = tensors
+    return lib.tune_adam(
+        w.data_ptr(),
+        g.data_ptr(),
+        m.data_ptr(),
+        v.data_ptr(),
+        w.numel(),
+        scalars.data_ptr(),
+        _keys(keys),
+        int(decoupled),
+        int(maximize),
+        int(count),
+        torch.get_num_threads(),
+    )
