@@ -1,9 +1,10 @@
 """The optimizer step of a bf16 model, one parameter at a time (as optimizer in backward steps it), per
 way of keeping small bf16 updates: ours (``step_parameter`` with stochastic rounding), torchao's AdamW
 with ``bf16_stochastic_round``, torch-optimi's AdamW with Kahan summation, and plain bf16 AdamW (updates
-rounded to nearest: the cost floor, torch's single-tensor and fused kernels). ``ours_plain_path`` is
-ours without the compiled kernel (the fallback where compiling fails). Median wall and CPU seconds of a
-whole model's step.
+rounded to nearest: the cost floor, torch's single-tensor and fused kernels). On a CPU ``ours`` runs the C
+kernels; ``ours_inductor`` is ours with them off (Inductor's compiled kernel: a GPU's path, or a CPU's
+without a C compiler) and ``ours_plain_path`` ours without either (plain PyTorch on chunks). Median wall
+and CPU seconds of a whole model's step.
 
     .venv/bin/python benchmarks/bench_rounding.py                      # the mini model (168M), every variant
     .venv/bin/python benchmarks/bench_rounding.py --variants ours,plain --steps 3
@@ -15,6 +16,7 @@ compiles its step per parameter shape) before the timed steps; variants run roun
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
@@ -27,7 +29,7 @@ if str(REPO_ROOT) not in sys.path:  # run as a script from a checkout without in
 
 import torch  # noqa: E402
 
-from torchtune.training import StochasticRounding, step_parameter  # noqa: E402
+from torchtune.training import StochasticRounding, _native_kernels, step_parameter  # noqa: E402
 
 SIZES = {
     "168m": dict(vocab_size=32000, num_layers=8, num_heads=16, num_kv_heads=16, embed_dim=1024, max_seq_len=1024),
@@ -39,11 +41,17 @@ ADAMW = dict(lr=2e-5, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
 def _stepper(variant: str, params: List[torch.nn.Parameter]) -> Callable[[], None]:
     """A function that steps every parameter once (its gradient already set), one at a time."""
     rounding = None
-    if variant in ("ours", "ours_plain_path"):
-        rounding = StochasticRounding(0, torch.device("cpu"), fused=variant == "ours")
-    if variant in ("ours", "ours_plain_path", "plain", "plain_fused"):
+    if variant in ("ours", "ours_inductor", "ours_plain_path"):
+        rounding = StochasticRounding(0, torch.device("cpu"), fused=variant != "ours_plain_path")
+    if variant in ("ours", "ours_inductor", "ours_plain_path", "plain", "plain_fused"):
         opts = [torch.optim.AdamW([p], fused=variant == "plain_fused", **ADAMW) for p in params]
-        return lambda: [step_parameter(o, p, rounding=rounding) for o, p in zip(opts, params)]
+
+        def step_ours() -> None:
+            with _native_kernels.disabled() if variant == "ours_inductor" else contextlib.nullcontext():
+                for o, p in zip(opts, params):
+                    step_parameter(o, p, rounding=rounding)
+
+        return step_ours
     if variant == "torchao":
         from torchao.optim import _AdamW  # torchao 0.18 keeps its bf16-state AdamW private
 
@@ -66,7 +74,7 @@ def _stepper(variant: str, params: List[torch.nn.Parameter]) -> Callable[[], Non
 def main(argv: List[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", default="168m", choices=sorted(SIZES))
-    parser.add_argument("--variants", default="ours,torchao,optimi_kahan,plain,plain_fused")
+    parser.add_argument("--variants", default="ours,ours_inductor,torchao,optimi_kahan,plain,plain_fused")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=2)
     args = parser.parse_args(argv)

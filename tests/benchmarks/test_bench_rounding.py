@@ -6,7 +6,7 @@ from benchmarks import bench_rounding
 
 
 def test_tiny_rounding_benchmark_prints_every_variant(capsys):
-    variants = ["ours", "ours_plain_path", "plain", "plain_fused"]
+    variants = ["ours", "ours_inductor", "ours_plain_path", "plain", "plain_fused"]
     assert (
         bench_rounding.main(["--size", "tiny", "--steps", "1", "--warmup", "0", "--variants", ",".join(variants)]) == 0
     )

@@ -16,6 +16,7 @@ before (Inductor, else plain PyTorch), said once in the log. ``TUNE_KERNEL_CACHE
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import logging
@@ -24,7 +25,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 import torch
 
@@ -38,6 +39,7 @@ ENV_CACHE = "TUNE_KERNEL_CACHE"
 
 _loaded: Optional[ctypes.CDLL] = None
 _tried = False
+_off = 0  # > 0 inside ``disabled()``
 
 
 def _compiler() -> Optional[str]:
@@ -105,6 +107,8 @@ def library_path(cc: str) -> Path:
 def library() -> Optional[ctypes.CDLL]:
     """The loaded kernels, built on first use; None where they cannot be (said once)."""
     global _loaded, _tried
+    if _off:
+        return None
     if _tried:
         return _loaded
     _tried = True
@@ -132,6 +136,17 @@ def library() -> Optional[ctypes.CDLL]:
         )
         _loaded = None
     return _loaded
+
+
+@contextlib.contextmanager
+def disabled() -> Iterator[None]:
+    """The PyTorch kernels inside, as without a C compiler (benchmarks compare the two)."""
+    global _off
+    _off += 1
+    try:
+        yield
+    finally:
+        _off -= 1
 
 
 def _keys(keys: Sequence[int]) -> ctypes.Array:
