@@ -3,11 +3,13 @@
 On a CPU, Inductor's code for the rounding reinterprets float bits one element at a time, and every process
 pays Dynamo and Inductor's start-up (about 4 s with a warm cache, 20 s cold) before its first step. The C
 loops compute the same bits (tests pin both to the definition) about three times faster, and loading them
-takes milliseconds. They are compiled with the C compiler Inductor would use (``CC``, else ``cc`` or
-``gcc``) into a cache folder keyed by the source, the flags, the compiler's version and this CPU's
-instruction set (``-march=native``): a folder shared by machines of different CPUs never hands one
-another's build. The build is written to a temporary file and renamed into place, so concurrent ranks or
-an interrupted build never leave a half-written library.
+takes milliseconds. A large tensor is split into one range per torch thread, each range one call on its
+own thread (ctypes releases the GIL): no second OpenMP runtime fights torch's threads for the cores.
+They are compiled with the C compiler Inductor would use (``CC``, else ``cc`` or ``gcc``) into a cache
+folder keyed by the source, the flags, the compiler's version and this CPU's instruction set
+(``-march=native``): a folder shared by machines of different CPUs never hands one another's build. The build
+is written to a temporary file and renamed into place, so concurrent ranks or an interrupted build never leave
+a half-written library.
 
 Without a compiler (or with ``TUNE_NATIVE_KERNELS=0``) ``library()`` is None and the rounding runs as
 before (Inductor, else plain PyTorch), said once in the log. ``TUNE_KERNEL_CACHE`` moves the cache folder
@@ -24,8 +26,9 @@ import os
 import shutil
 import subprocess
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 import torch
 
@@ -33,7 +36,7 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("stochastic_rounding.c")
 # IEEE arithmetic as torch's (no FMA contraction); -fno-math-errno only lets sqrtf vectorise
-FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fPIC", "-shared"]
+FLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-ffp-contract=off", "-fno-math-errno", "-fPIC", "-shared"]
 ENV_SWITCH = "TUNE_NATIVE_KERNELS"
 ENV_CACHE = "TUNE_KERNEL_CACHE"
 
@@ -69,19 +72,15 @@ def _cache_dir() -> Path:
 
 
 def _build(cc: str, target: Path) -> None:
-    """Compile into ``target`` atomically: with OpenMP threads if the compiler has them, else without."""
+    """Compile into ``target`` atomically (a temporary file renamed into place)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=target.name, suffix=".tmp")
     os.close(fd)
     try:
-        errors = []
-        for extra in (["-fopenmp"], []):
-            proc = subprocess.run([cc, *FLAGS, *extra, str(SOURCE), "-o", tmp], capture_output=True, text=True)
-            if proc.returncode == 0:
-                os.replace(tmp, target)
-                return
-            errors.append(proc.stderr.strip().splitlines()[-1:] or ["(no output)"])
-        raise RuntimeError(f"{cc} failed: {errors}")
+        proc = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{cc} failed: {(proc.stderr.strip().splitlines() or ['(no output)'])[-1]}")
+        os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -90,9 +89,9 @@ def _build(cc: str, target: Path) -> None:
 def _load(path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    lib.tune_round.argtypes = [p, p, i64, p, i32, i32]
+    lib.tune_round.argtypes = [p, p, i64, i64, p, i32]
     lib.tune_round.restype = i64
-    lib.tune_adam.argtypes = [p, p, p, p, i64, p, p, i32, i32, i32, i32]
+    lib.tune_adam.argtypes = [p, p, p, p, i64, i64, p, p, i32, i32, i32]
     lib.tune_adam.restype = i64
     return lib
 
@@ -157,12 +156,34 @@ def _usable(*tensors: torch.Tensor) -> bool:
     return all(t.device.type == "cpu" and t.is_contiguous() for t in tensors)
 
 
+_SPLIT_MIN = 1 << 18  # below this a tensor is one call: a thread hand-off would cost more than it saves
+_pool: Optional[ThreadPoolExecutor] = None
+_pool_size = 0
+
+
+def _in_ranges(call: Callable[[int, int], int], n: int) -> int:
+    """``call(start, end)`` over ``n`` elements split into one range per torch thread, run at once (ctypes
+    releases the GIL; idle pool threads wait without spinning), the calling thread taking the first;
+    the sum of their counts."""
+    global _pool, _pool_size
+    threads = max(1, torch.get_num_threads())
+    if threads == 1 or n < _SPLIT_MIN:
+        return call(0, n)
+    if _pool_size < threads - 1:
+        _pool, _pool_size = ThreadPoolExecutor(threads - 1, thread_name_prefix="tune-rounding"), threads - 1
+    bounds = [n * k // threads // 64 * 64 for k in range(threads)] + [n]
+    rest = [_pool.submit(call, bounds[k], bounds[k + 1]) for k in range(1, threads)]
+    return call(bounds[0], bounds[1]) + sum(f.result() for f in rest)
+
+
 def round_into(src: torch.Tensor, dst: torch.Tensor, keys: Sequence[int], count: bool) -> Optional[int]:
     """``tune_round`` on flat fp32 ``src`` into bf16 ``dst``; None (nothing done) where it does not apply."""
     lib = library()
     if lib is None or not _usable(src, dst):
         return None
-    return lib.tune_round(src.data_ptr(), dst.data_ptr(), src.numel(), _keys(keys), int(count), torch.get_num_threads())
+    key = _keys(keys)
+    s, d = src.data_ptr(), dst.data_ptr()
+    return _in_ranges(lambda a, b: lib.tune_round(s + 4 * a, d + 2 * a, a, b - a, key, int(count)), src.numel())
 
 
 def adam(
@@ -177,17 +198,11 @@ def adam(
     lib = library()
     if lib is None or not _usable(*tensors, scalars) or scalars.dtype != torch.float32:
         return None
-    w, g, m, v = tensors
-    return lib.tune_adam(
-        w.data_ptr(),
-        g.data_ptr(),
-        m.data_ptr(),
-        v.data_ptr(),
-        w.numel(),
-        scalars.data_ptr(),
-        _keys(keys),
-        int(decoupled),
-        int(maximize),
-        int(count),
-        torch.get_num_threads(),
-    )
+    key, flags = _keys(keys), (int(decoupled), int(maximize), int(count))
+    w, g, m, v = (t.data_ptr() for t in tensors)
+    s = scalars.data_ptr()
+
+    def call(a: int, b: int) -> int:
+        return lib.tune_adam(w + 2 * a, g + 2 * a, m + 2 * a, v + 2 * a, a, b - a, s, key, *flags)
+
+    return _in_ranges(call, tensors[0].numel())

@@ -6,7 +6,9 @@
  * adding them to its bit pattern and keeping the top 16 bits. The Python side holds the definition and the
  * same arithmetic in PyTorch (compiled by Inductor on a GPU, plain on chunks elsewhere); these loops give
  * the same bits on a CPU without a per-process compile, and vectorise where Inductor's CPU code
- * reinterprets float bits one element at a time. Build flags keep IEEE semantics (no FMA contraction). */
+ * reinterprets float bits one element at a time. Build flags keep IEEE semantics (no FMA contraction).
+ * No OpenMP (a second runtime beside torch's would fight its threads for the cores): the caller splits a
+ * large tensor into ranges (``start``: the first element's index in the whole tensor) run on its threads. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -35,11 +37,12 @@ static inline uint16_t rounded(float x, uint32_t noise) {
 }
 
 /* dst[i] = src[i] rounded; returns how many elements changed value (when count). */
-int64_t tune_round(const float *src, uint16_t *dst, int64_t n, const uint32_t *key, int count, int threads) {
+int64_t tune_round(const float *src, uint16_t *dst, int64_t start, int64_t n, const uint32_t *key, int count) {
     int64_t changed = 0;
-#pragma omp parallel for simd reduction(+ : changed) schedule(static) num_threads(threads)
+    const uint32_t base = key[0], salt = key[1];
+#pragma omp simd reduction(+ : changed)
     for (int64_t i = 0; i < n; i++) {
-        uint16_t out = rounded(src[i], hash16((uint32_t)i, key[0], key[1]));
+        uint16_t out = rounded(src[i], hash16((uint32_t)(start + i), base, salt));
         if (count)
             changed += bf16_to_float(out) != bf16_to_float(dst[i]);
         dst[i] = out;
@@ -52,32 +55,36 @@ int64_t tune_round(const float *src, uint16_t *dst, int64_t n, const uint32_t *k
  * _adam_scalars: 1 - lr*wd, wd, 1 - beta1, beta2, 1 - beta2, -lr/bias1, sqrt(bias2), eps. torch.lerp as
  * torch's CPU kernel computes it (one fused multiply-add of its two formulas); returns how many weights
  * changed value (when count). */
-int64_t tune_adam(uint16_t *w, const uint16_t *g, uint16_t *m, uint16_t *v, int64_t n, const float *s,
-                  const uint32_t *key, int decoupled, int maximize, int count, int threads) {
+int64_t tune_adam(uint16_t *w, const uint16_t *g, uint16_t *m, uint16_t *v, int64_t start, int64_t n, const float *s,
+                  const uint32_t *key, int decoupled, int maximize, int count) {
     int64_t changed = 0;
+    /* scalars and keys in locals: the loop's stores (uint16_t) could otherwise alias them for the compiler */
+    const float decay = s[0], wd = s[1], beta2 = s[3], one_minus_beta2 = s[4], step = s[5], bias2 = s[6];
+    const float eps = s[7];
+    const uint32_t wb = key[0], ws = key[1], mb = key[2], ms = key[3], vb = key[4], vs = key[5];
     const int small = fabsf(s[2]) < 0.5f;
     const float coeff = small ? s[2] : -(1.0f - s[2]);
-#pragma omp parallel for simd reduction(+ : changed) schedule(static) num_threads(threads)
+#pragma omp simd reduction(+ : changed)
     for (int64_t i = 0; i < n; i++) {
         float w32 = bf16_to_float(w[i]), g32 = bf16_to_float(g[i]);
         float m0 = bf16_to_float(m[i]), v0 = bf16_to_float(v[i]);
         if (maximize)
             g32 = -g32;
         if (decoupled)
-            w32 = w32 * s[0];
+            w32 = w32 * decay;
         else
-            g32 = g32 + w32 * s[1];
+            g32 = g32 + w32 * wd;
         float m32 = fmaf(coeff, g32 - m0, small ? m0 : g32);
-        float v32 = v0 * s[3] + (s[4] * g32) * g32;
-        float denom = sqrtf(v32) / s[6] + s[7];
-        w32 = w32 + s[5] * (m32 / denom);
-        uint32_t index = (uint32_t)i;
-        uint16_t out = rounded(w32, hash16(index, key[0], key[1]));
+        float v32 = v0 * beta2 + (one_minus_beta2 * g32) * g32;
+        float denom = sqrtf(v32) / bias2 + eps;
+        w32 = w32 + step * (m32 / denom);
+        uint32_t index = (uint32_t)(start + i);
+        uint16_t out = rounded(w32, hash16(index, wb, ws));
         if (count)
             changed += bf16_to_float(out) != bf16_to_float(w[i]);
         w[i] = out;
-        m[i] = rounded(m32, hash16(index, key[2], key[3]));
-        v[i] = rounded(v32, hash16(index, key[4], key[5]));
+        m[i] = rounded(m32, hash16(index, mb, ms));
+        v[i] = rounded(v32, hash16(index, vb, vs));
     }
     return changed;
 }

@@ -78,3 +78,22 @@ def test_a_failing_build_falls_back_and_says_why(fresh, monkeypatch, caplog):
         assert _native_kernels.library() is None
     assert "could not be built" in caplog.text and "PyTorch kernels" in caplog.text
     assert not list(fresh.glob("*")) or not list(fresh.glob("*.so"))  # no half-written library left
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_a_large_tensor_split_over_threads_gets_the_same_bits(threads):
+    """Split into one range per torch thread (each its own call, ranges aligned to 64 elements), the bits
+    of every element are those of the whole tensor in one pass (the plain path)."""
+    numel = (1 << 18) * 3 + 4099
+    src = torch.randn(numel, generator=torch.Generator().manual_seed(1))
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out = []
+        for fused in (True, False):
+            dst = torch.zeros(numel, dtype=torch.bfloat16)
+            StochasticRounding(seed=4, device=torch.device("cpu"), fused=fused).round_(dst, src)
+            out.append(dst)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(*out)
