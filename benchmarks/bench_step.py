@@ -418,7 +418,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.device == "cpu":
-        training.memory.reuse_freed_host_memory()  # as the recipe does for a CPU run
+        training.memory.reuse_freed_host_memory_if_asked()  # as the recipe does for a CPU run
     model = {k: getattr(args, k) for k in DEFAULT_MODEL if getattr(args, k) is not None}
     if "num_heads" in model and "num_kv_heads" not in model:
         model["num_kv_heads"] = model["num_heads"]

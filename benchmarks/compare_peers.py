@@ -60,9 +60,9 @@ leaves them out everywhere.
 
 ``--variant NAME:SPEC`` (repeatable; ``--extra`` as in ``compare_torchtune.py``) adds a variant of our
 recipe to the same interleaved runs: SPEC is ``;``-separated ``tune run`` overrides and ``env:VAR=value``
-settings, e.g. ``--variant "glibc malloc default:env:GLIBC_TUNABLES=glibc.malloc.tcache_count=7"`` (a
-malloc setting of the user's leaves the recipe's host allocator change off; docs/recipe.md, ``device``)
-or ``--variant "no stochastic rounding:bf16_stochastic_rounding=False"``.
+settings, e.g. ``--variant "keep freed host memory:env:TUNE_KEEP_FREED_HOST_MEMORY=1"`` (the recipe's
+opt-in host allocator setting; docs/recipe.md, ``device``) or ``--variant "no stochastic
+rounding:bf16_stochastic_rounding=False"``.
 """
 
 from __future__ import annotations

@@ -33,9 +33,8 @@ Python and that ``PYTHONPATH`` (unpacked wheels; this repository is left off it,
 one of its features costs: SPEC is ``;``-separated config overrides, written and applied as ``tune
 run`` overrides (``key=value``, ``+key=value``, ``~key``), and ``env:VAR=value`` environment settings, e.g.
 ``--extra "no logging:log_every_n_steps=1000"`` or
-``--extra "glibc malloc default:env:GLIBC_TUNABLES=glibc.malloc.tcache_count=7"`` (a malloc setting
-of the user's, here a default value, leaves the recipe's host allocator setting off; a
-``MALLOC_*_`` variable would also turn off glibc's adaptive mmap threshold, worse than the default).
+``--extra "keep freed host memory:env:TUNE_KEEP_FREED_HOST_MEMORY=1"`` (the recipe's opt-in host
+allocator setting, docs/recipe.md, ``device``).
 
 A step's time is measured the same way for both: a forward pre-hook on the model records wall and
 process CPU time at the start of every step's forward, so step i lasts from its forward to the next

@@ -120,7 +120,7 @@ class FullFinetuneRecipeSingleDevice:
             memory.set_cuda_alloc_conf()  # before the first CUDA allocation
         self._device = utils.get_device(cfg.device)
         if self._device.type == "cpu":
-            memory.reuse_freed_host_memory()  # no page faults for each step's large gradients
+            memory.reuse_freed_host_memory_if_asked()  # TUNE_KEEP_FREED_HOST_MEMORY=1: no page faults per step
         self._dtype = utils.get_dtype(cfg.dtype, self._device)
         self._settings = training.RunSettings.from_config(cfg)
         self._checkpoints = training.CheckpointPolicy.from_config(cfg)

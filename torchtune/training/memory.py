@@ -42,6 +42,7 @@ __all__ = [
     "log_memory_stats",
     "reset_peak_memory_stats",
     "reuse_freed_host_memory",
+    "reuse_freed_host_memory_if_asked",
     "set_cuda_alloc_conf",
 ]
 
@@ -82,6 +83,7 @@ def reuse_freed_host_memory() -> bool:
     blocks are reused. The price: host memory freed by the run stays with the process (its RSS
     stays near its peak), as device memory stays reserved on a GPU.
 
+    Opt-in (``reuse_freed_host_memory_if_asked``): measured on whole runs it did not clearly pay.
     Left alone when the user configured malloc (``MALLOC_*_`` variables or ``glibc.malloc`` tunables),
     preloads another allocator (``LD_PRELOAD``), or the C library is not glibc. Process-wide, so it
     is for a program's entry point (the recipe calls it for a CPU run), never on import. Returns True
@@ -106,6 +108,18 @@ def reuse_freed_host_memory() -> bool:
     # mallopt returns 1 on success; a failed call changes nothing, so there is nothing to undo
     _host_reuse_set = bool(mallopt(_M_MMAP_MAX, 0)) & bool(mallopt(_M_TRIM_THRESHOLD, _KEEP_FREED_BYTES))
     return _host_reuse_set
+
+
+# The opt-in for CPU runs: whole-epoch runs of the 168M model (docs/speed.md, against every peer) did not
+# show keeping freed blocks pays (1.20x faster in one run's median, 1.15x slower in the next, each within
+# its run's spread), and its price (a resident set held near its peak) is certain.
+KEEP_FREED_HOST_MEMORY = "TUNE_KEEP_FREED_HOST_MEMORY"
+
+
+def reuse_freed_host_memory_if_asked() -> bool:
+    """``reuse_freed_host_memory()`` when ``TUNE_KEEP_FREED_HOST_MEMORY=1`` is set (the recipes call it for
+    a CPU run); otherwise malloc stays as it is. Returns True when it changed the settings."""
+    return os.environ.get(KEEP_FREED_HOST_MEMORY) == "1" and reuse_freed_host_memory()
 
 
 _READERS: dict[torch.device, tuple[Callable[[], int], str]] = {}
