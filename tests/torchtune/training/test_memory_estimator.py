@@ -115,11 +115,12 @@ def test_liger_loss_is_counted_below_the_plain_loss_at_a_large_vocabulary():
 
 def test_liger_kernels_are_counted_and_save_less_than_the_plain_modules():
     """Without activation checkpointing every layer's saved tensors count: liger-kernel's SwiGLU saves the gate
-    and up projections but not silu(gate), its RMSNorm the input and an fp32 scale per row."""
+    and up projections but not silu(gate). Its RMSNorm saves what ours saves (the input and an fp32 number
+    per row), and its kernels keep a few bytes a token more elsewhere (64 here, 6% of silu(gate))."""
     off = ["enable_activation_checkpointing=False", "enable_activation_offloading=False"]
     plain, liger = _estimate(*off), _estimate(*off, "liger_kernels=True")
     silu = BATCH * SEQ * _intermediate_dim() * 4  # silu(gate) of one layer, fp32
-    assert plain.breakdown["activations"] - liger.breakdown["activations"] >= LAYERS * silu
+    assert plain.breakdown["activations"] - liger.breakdown["activations"] >= LAYERS * (silu - BATCH * SEQ * 64)
 
 
 def _intermediate_dim() -> int:
