@@ -14,8 +14,9 @@ format (``--size``), the same SentencePiece tokenizer and the same rows, with th
 (fused AdamW, lr 2e-5, no weight decay, constant LR, no gradient clipping), batch size and sequence
 length, packing as each does it best:
 
-- ``ours``: ``full_finetune_single_device``, ``dataset.packed: True`` (best-fit packs), the
-  chunked loss over labelled positions only, optimizer in backward grouped by layer;
+- ``ours``: ``full_finetune_single_device``, ``dataset.packed: True`` (best-fit packs),
+  ``VocabChunkedCrossEntropyLoss`` (8 vocabulary slices) over the labelled positions only, optimizer in
+  backward grouped by layer;
 - ``torchtune``: torchtune 0.6.1's ``full_finetune_single_device`` with ``dataset.packed: True``
   (greedy packs), its chunked loss, optimizer in backward;
 - ``trl``: TRL's ``SFTTrainer`` (on transformers' ``Trainer``) with ``packing=True`` (best-fit
@@ -127,6 +128,12 @@ def recipe_config(impl: str, assets: Dict[str, Path], out: Path, args: argparse.
     ns = argparse.Namespace(**{**vars(args), "scenario": "alpaca", "steps": None})
     cfg = tt.config(impl, assets, out, ns)  # constant LR for both (no lr_scheduler)
     cfg["log_every_n_steps"] = 10  # as a user would; every step logged would time the logging
+    if impl == "ours":
+        # Our fastest loss for a short step: ~950 labelled rows a step here, so each of 8 row chunks would
+        # rewrite the whole 32000 x 1024 weight gradient; vocabulary slices write each slice of it once
+        # (benchmarks/bench_loss.py, docs/speed.md). --variant "row-chunked loss:loss._component_=
+        # torchtune.modules.loss.ChunkedCrossEntropyLoss" runs the other one beside it.
+        cfg["loss"] = {"_component_": "torchtune.modules.loss.VocabChunkedCrossEntropyLoss", "num_output_chunks": 8}
     return cfg
 
 

@@ -39,7 +39,10 @@ def test_our_config_runs_a_whole_epoch_with_the_best_settings(tmp_path):
     assert cfg["max_steps_per_epoch"] is None and cfg["epochs"] == 1
     assert cfg["dataset"]["packed"] is True and cfg["dataset"]["train_on_input"] is False
     assert cfg["optimizer_in_bwd"] is True and cfg["optimizer_in_bwd_group"] == "layer"
-    assert cfg["loss"]["_component_"].endswith("ChunkedCrossEntropyLoss")
+    assert cfg["loss"] == {"_component_": "torchtune.modules.loss.VocabChunkedCrossEntropyLoss", "num_output_chunks": 8}
+    assert compare_peers.recipe_config("torchtune", assets, tmp_path / "tt", args)["loss"]["_component_"].endswith(
+        "CEWithChunkedOutputLoss"
+    )
 
 
 def test_variants_of_ours_join_the_peers_with_their_overrides_and_environment():

@@ -3,8 +3,13 @@
 On a CPU, Inductor's code for the rounding reinterprets float bits one element at a time, and every process
 pays Dynamo and Inductor's start-up (about 4 s with a warm cache, 20 s cold) before its first step. The C
 loops compute the same bits (tests pin both to the definition) about three times faster, and loading them
-takes milliseconds. A large tensor is split into one range per torch thread, each range one call on its
-own thread (ctypes releases the GIL): no second OpenMP runtime fights torch's threads for the cores.
+takes milliseconds. A large tensor is split into one range per torch thread. Where torch runs on GNU OpenMP
+(``libgomp.so.1``, as its Linux wheels do) the kernels are built with ``-fopenmp`` and the ranges run on
+torch's own thread pool: the build's ``libgomp.so.1`` is the runtime torch already loaded, and its workers,
+still spinning for work after the torch op before, take their range at once (ranges on threads of our own
+waited for those spinning workers to yield the cores: a whole 168M-model AdamW step took 1.6x as long).
+Elsewhere each range is one call on a thread of a small pool (ctypes releases the GIL). Never a second
+OpenMP runtime: one that appears when the library loads is left idle, and the pool used, said once.
 They are compiled with the C compiler Inductor would use (``CC``, else ``cc`` or ``gcc``) into a cache
 folder keyed by the source, the flags, the compiler's version and this CPU's instruction set
 (``-march=native``): a folder shared by machines of different CPUs never hands one another's build. The build
@@ -45,6 +50,28 @@ _tried = False
 _off = 0  # > 0 inside ``disabled()``
 
 
+def _openmp_runtimes() -> set:
+    """The OpenMP runtimes mapped into this process (Linux; empty elsewhere)."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return set()
+    names = ("libgomp", "libiomp", "libomp")
+    return {line.split()[-1] for line in maps.splitlines() if Path(line.split()[-1]).name.startswith(names)}
+
+
+def _torch_openmp() -> bool:
+    """torch runs on GNU OpenMP under the soname ``libgomp.so.1``, the one a ``-fopenmp`` build depends on: the
+    loader then hands the build torch's runtime, not a second one. (Wheels that bundle a renamed copy of their
+    own, sentencepiece's ``libgomp-<hash>.so``, keep it to themselves.)"""
+    return torch.backends.openmp.is_available() and any(Path(r).name == "libgomp.so.1" for r in _openmp_runtimes())
+
+
+def _flags() -> list:
+    """``FLAGS``, with ``-fopenmp`` where torch's OpenMP runtime can run the kernels' threads."""
+    return [("-fopenmp" if f == "-fopenmp-simd" and _torch_openmp() else f) for f in FLAGS]
+
+
 def _compiler() -> Optional[str]:
     for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
         if name and shutil.which(name):
@@ -77,7 +104,7 @@ def _build(cc: str, target: Path) -> None:
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=target.name, suffix=".tmp")
     os.close(fd)
     try:
-        proc = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True)
+        proc = subprocess.run([cc, *_flags(), str(SOURCE), "-o", tmp], capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"{cc} failed: {(proc.stderr.strip().splitlines() or ['(no output)'])[-1]}")
         os.replace(tmp, target)
@@ -87,19 +114,34 @@ def _build(cc: str, target: Path) -> None:
 
 
 def _load(path: Path) -> ctypes.CDLL:
+    before = _openmp_runtimes()
     lib = ctypes.CDLL(str(path))
     p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     lib.tune_round.argtypes = [p, p, i64, i64, p, i32]
     lib.tune_round.restype = i64
     lib.tune_adam.argtypes = [p, p, p, p, i64, i64, p, p, i32, i32, i32]
     lib.tune_adam.restype = i64
+    lib.threaded = hasattr(lib, "tune_adam_threads")  # built with -fopenmp
+    added = _openmp_runtimes() - before
+    if lib.threaded and added:  # not torch's runtime after all: leave it idle
+        log.warning(
+            "bf16_stochastic_rounding: the C kernels loaded an OpenMP runtime beside torch's (%s); splitting "
+            "large tensors over threads of their own instead (the same bits).",
+            ", ".join(sorted(added)),
+        )
+        lib.threaded = False
+    if lib.threaded:
+        lib.tune_round_threads.argtypes = [p, p, i64, p, i32, i32]
+        lib.tune_round_threads.restype = i64
+        lib.tune_adam_threads.argtypes = [p, p, p, p, i64, p, p, i32, i32, i32, i32]
+        lib.tune_adam_threads.restype = i64
     return lib
 
 
 def library_path(cc: str) -> Path:
     """Where the build for this source, these flags, ``cc``'s version and this CPU lies in the cache."""
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(FLAGS), version, _cpu_flags()]).encode())
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(_flags()), version, _cpu_flags()]).encode())
     return _cache_dir() / f"stochastic_rounding_{key.hexdigest()[:20]}.so"
 
 
@@ -161,14 +203,17 @@ _pool: Optional[ThreadPoolExecutor] = None
 _pool_size = 0
 
 
-def _in_ranges(call: Callable[[int, int], int], n: int) -> int:
-    """``call(start, end)`` over ``n`` elements split into one range per torch thread, run at once (ctypes
-    releases the GIL; idle pool threads wait without spinning), the calling thread taking the first;
-    the sum of their counts."""
+def _in_ranges(call: Callable[[int, int], int], threaded: Optional[Callable[[int], int]], n: int) -> int:
+    """``call(start, end)`` over ``n`` elements split into one range per torch thread, run at once, the sum of
+    their counts: by ``threaded(threads)`` on torch's OpenMP threads where the library has it, else on pool
+    threads (ctypes releases the GIL; idle pool threads wait without spinning), the calling thread taking the
+    first range."""
     global _pool, _pool_size
     threads = max(1, torch.get_num_threads())
     if threads == 1 or n < _SPLIT_MIN:
         return call(0, n)
+    if threaded is not None:
+        return threaded(threads)
     if _pool_size < threads - 1:
         _pool, _pool_size = ThreadPoolExecutor(threads - 1, thread_name_prefix="tune-rounding"), threads - 1
     bounds = [n * k // threads // 64 * 64 for k in range(threads)] + [n]
@@ -182,8 +227,9 @@ def round_into(src: torch.Tensor, dst: torch.Tensor, keys: Sequence[int], count:
     if lib is None or not _usable(src, dst):
         return None
     key = _keys(keys)
-    s, d = src.data_ptr(), dst.data_ptr()
-    return _in_ranges(lambda a, b: lib.tune_round(s + 4 * a, d + 2 * a, a, b - a, key, int(count)), src.numel())
+    s, d, n = src.data_ptr(), dst.data_ptr(), src.numel()
+    threaded = (lambda threads: lib.tune_round_threads(s, d, n, key, int(count), threads)) if lib.threaded else None
+    return _in_ranges(lambda a, b: lib.tune_round(s + 4 * a, d + 2 * a, a, b - a, key, int(count)), threaded, n)
 
 
 def adam(
@@ -202,7 +248,12 @@ def adam(
     w, g, m, v = (t.data_ptr() for t in tensors)
     s = scalars.data_ptr()
 
+    n = tensors[0].numel()
+
     def call(a: int, b: int) -> int:
         return lib.tune_adam(w + 2 * a, g + 2 * a, m + 2 * a, v + 2 * a, a, b - a, s, key, *flags)
 
-    return _in_ranges(call, tensors[0].numel())
+    def threaded(threads: int) -> int:
+        return lib.tune_adam_threads(w, g, m, v, n, s, key, *flags, threads)
+
+    return _in_ranges(call, threaded if lib.threaded else None, n)

@@ -7,8 +7,11 @@
  * same arithmetic in PyTorch (compiled by Inductor on a GPU, plain on chunks elsewhere); these loops give
  * the same bits on a CPU without a per-process compile, and vectorise where Inductor's CPU code
  * reinterprets float bits one element at a time. Build flags keep IEEE semantics (no FMA contraction).
- * No OpenMP (a second runtime beside torch's would fight its threads for the cores): the caller splits a
- * large tensor into ranges (``start``: the first element's index in the whole tensor) run on its threads. */
+ * A large tensor is split into ranges (``start``: the first element's index in the whole tensor), one per
+ * thread. Built with -fopenmp only where torch's own GNU OpenMP runtime is loaded (the same libgomp.so.1, so
+ * the *_threads functions run on torch's thread pool, whose workers spin for work right after each torch op);
+ * otherwise the caller runs the ranges on threads of its own. Never a second OpenMP runtime: it would fight
+ * torch's threads for the cores. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -88,3 +91,33 @@ int64_t tune_adam(uint16_t *w, const uint16_t *g, uint16_t *m, uint16_t *v, int6
     }
     return changed;
 }
+
+#ifdef _OPENMP
+#include <omp.h>
+
+/* Range t of T over n elements: split evenly, every range but the last starting on a multiple of 64. */
+static inline int64_t range_start(int64_t n, int64_t t, int64_t T) { return t == T ? n : n * t / T / 64 * 64; }
+
+int64_t tune_round_threads(const float *src, uint16_t *dst, int64_t n, const uint32_t *key, int count, int threads) {
+    int64_t changed = 0;
+#pragma omp parallel num_threads(threads) reduction(+ : changed)
+    {
+        int64_t T = omp_get_num_threads(), t = omp_get_thread_num();
+        int64_t a = range_start(n, t, T), b = range_start(n, t + 1, T);
+        changed += tune_round(src + a, dst + a, a, b - a, key, count);
+    }
+    return changed;
+}
+
+int64_t tune_adam_threads(uint16_t *w, const uint16_t *g, uint16_t *m, uint16_t *v, int64_t n, const float *s,
+                          const uint32_t *key, int decoupled, int maximize, int count, int threads) {
+    int64_t changed = 0;
+#pragma omp parallel num_threads(threads) reduction(+ : changed)
+    {
+        int64_t T = omp_get_num_threads(), t = omp_get_thread_num();
+        int64_t a = range_start(n, t, T), b = range_start(n, t + 1, T);
+        changed += tune_adam(w + a, g + a, m + a, v + a, a, b - a, s, key, decoupled, maximize, count);
+    }
+    return changed;
+}
+#endif
