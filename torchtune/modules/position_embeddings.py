@@ -75,7 +75,11 @@ class RotaryPositionalEmbeddings(nn.Module):
             input_pos: positions ``[b, s]`` (or ``[s]``); ``None`` means ``0..s-1``.
         """
         seq_len = x.size(1)
-        rope = self._table(seq_len, input_pos).view(-1, seq_len, 1, self.dim // 2, 2)
+        table = self._table(seq_len, input_pos)
+        rotated = _rotate_on_cpu(x, table)
+        if rotated is not None:
+            return rotated
+        rope = table.view(-1, seq_len, 1, self.dim // 2, 2)
         x_pairs = x.float().reshape(*x.shape[:-1], self.dim // 2, 2)
         x0, x1 = x_pairs[..., 0], x_pairs[..., 1]
         cos, sin = rope[..., 0], rope[..., 1]
@@ -85,6 +89,59 @@ class RotaryPositionalEmbeddings(nn.Module):
     def _table(self, seq_len: int, input_pos: Optional[torch.Tensor]) -> torch.Tensor:
         """The cos/sin rows of positions ``0..seq_len-1`` or of ``input_pos``."""
         return self.cache[:seq_len] if input_pos is None else self.cache[input_pos]
+
+
+class _RotateOnCPU(torch.autograd.Function):
+    """The rotation by one C loop each way (``torchtune.training._native_kernels.rope``): the same bits as the
+    PyTorch ops of ``RotaryPositionalEmbeddings.forward`` and their autograd, forward and backward, in one
+    pass where those make ten; nothing saved but the (shared) cos/sin rows."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, table: torch.Tensor, table_stride: int) -> torch.Tensor:
+        from torchtune.training import _native_kernels
+
+        ctx.save_for_backward(table)
+        ctx.table_stride = table_stride
+        return _native_kernels.rope(x, table, table_stride, inverse=False)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        from torchtune.training import _native_kernels
+
+        (table,) = ctx.saved_tensors
+        # the gradient of a rotation is the rotation by minus the angle
+        return _native_kernels.rope(grad.contiguous(), table, ctx.table_stride, inverse=True), None, None
+
+
+def _rotate_on_cpu(x: torch.Tensor, table: torch.Tensor) -> Optional[torch.Tensor]:
+    """``x`` rotated by the C kernel where it applies (a contiguous bf16/fp32 ``[b, s, h, d]`` on a CPU, eager,
+    the C kernels built: ``TUNE_NATIVE_KERNELS=0`` turns them off); None for the PyTorch ops."""
+    from torchtune.training import _native_kernels
+
+    if (
+        x.device.type != "cpu"
+        or x.dtype not in (torch.bfloat16, torch.float32)
+        or x.dim() != 4
+        or not x.is_contiguous()
+        or table.requires_grad
+        or torch.compiler.is_compiling()
+        or _is_fake(x)
+        or _native_kernels.library() is None
+    ):
+        return None
+    batch, seq = x.shape[:2]
+    table = table.reshape(-1, seq, *table.shape[-2:])
+    if table.shape[-2:] != (x.size(-1) // 2, 2) or table.size(0) not in (1, batch):
+        return None
+    table = table.contiguous()
+    stride = seq if table.size(0) > 1 else 0  # one row of positions per sequence, or one for all
+    return _RotateOnCPU.apply(x, table, stride)
+
+
+def _is_fake(t: torch.Tensor) -> bool:
+    from torch._subclasses.fake_tensor import is_fake
+
+    return is_fake(t)
 
 
 class Llama3ScaledRoPE(RotaryPositionalEmbeddings):

@@ -62,7 +62,7 @@ def test_without_a_compiler_or_switched_off_the_pytorch_kernels_round(fresh, mon
     monkeypatch.setenv("PATH", os.devnull)
     with caplog.at_level(logging.INFO, logger=_native_kernels.__name__):
         assert _native_kernels.library() is None
-    assert "no C compiler" in caplog.text
+    assert "No C compiler" in caplog.text
     monkeypatch.undo()
     monkeypatch.setattr(_native_kernels, "_loaded", None)
     monkeypatch.setattr(_native_kernels, "_tried", False)
@@ -139,5 +139,5 @@ def test_a_second_openmp_runtime_is_left_idle(fresh, monkeypatch, caplog):
     with caplog.at_level(logging.WARNING, logger=_native_kernels.__name__):
         lib = _native_kernels.library()
     assert lib is not None and not lib.threaded
-    assert "/usr/lib/libgomp.so.1" in caplog.text and "threads of their own" in caplog.text
+    assert "/usr/lib/libgomp.so.1" in caplog.text and "threads of its own" in caplog.text
     assert torch.equal(_round(), _round(fused=False))
