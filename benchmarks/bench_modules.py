@@ -1,6 +1,6 @@
-"""Forward + backward of the modules with hand-written backwards (RMSNorm) against autograd through the
-composite formulas they replace, and of RoPE (whose hand-written backward was tried and taken out: no
-faster on a quiet CPU), on the activations of one layer of the 168M model's training step.
+"""Forward + backward of the modules with hand-written backwards (RMSNorm's ``_RMSNormFn``; RoPE's C kernel on a
+CPU, ``_RotateOnCPU``) against autograd through the composite formulas they replace, on the activations of one
+layer of the 168M model's training step.
 
     .venv/bin/python benchmarks/bench_modules.py                       # batch 4 x 512, 16 heads of 64, width 1024, bf16
     .venv/bin/python benchmarks/bench_modules.py --dtype fp32 --repeats 21
@@ -27,6 +27,7 @@ if str(REPO_ROOT) not in sys.path:  # run as a script from a checkout without in
 import torch  # noqa: E402
 
 from torchtune.modules import RMSNorm, RotaryPositionalEmbeddings  # noqa: E402
+from torchtune.training import _native_kernels  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -34,6 +35,11 @@ DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 def composite_rms_norm(norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
     x32 = x.float()
     return norm.scale * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + norm.eps)).type_as(x)
+
+
+def composite_rope(rope: RotaryPositionalEmbeddings, x: torch.Tensor) -> torch.Tensor:
+    with _native_kernels.disabled():  # the PyTorch ops (the C kernels off)
+        return rope(x)
 
 
 def _saved_bytes(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> int:
@@ -75,7 +81,8 @@ def main(argv: List[str] | None = None) -> Dict[str, Dict[str, float]]:
     q = torch.randn(args.batch_size, args.seq_len, args.heads, args.head_dim).to(dtype)
     h = (torch.randn(args.batch_size, args.seq_len, args.dim) * 4).to(dtype)
     cases = {
-        "RoPE (q), ours": (rope, q),  # the composite formula itself
+        "RoPE (q), composite": (lambda t: composite_rope(rope, t), q),
+        "RoPE (q), ours": (rope, q),  # the C kernel on a CPU (the composite where it does not apply)
         "RMSNorm, composite": (lambda t: composite_rms_norm(norm, t), h),
         "RMSNorm, ours": (norm, h),
     }
