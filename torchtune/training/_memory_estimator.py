@@ -446,10 +446,13 @@ class LayoutOptimizer(torch.optim.Optimizer):
         self._init_state(p, self.state[p])
 
     def _init_state(self, p: torch.Tensor, state: dict[str, Any]) -> None:
-        device_bytes, paged_bytes = measure_state_layout(self.optimizer_cls, self.real_kwargs, p.numel(), p.dtype)
+        # an FSDP2 shard (DTensor): each rank holds the state of its local shard only
+        local = p.to_local() if hasattr(p, "to_local") else p
+        numel = local.numel()
+        device_bytes, paged_bytes = measure_state_layout(self.optimizer_cls, self.real_kwargs, numel, p.dtype)
         state["step"] = 0
-        moment_bytes = paged_bytes // (2 * p.numel()) if paged_bytes else 0
-        if paged_bytes and paged_bytes == 2 * p.numel() * moment_bytes and moment_bytes in (1, 4):
+        moment_bytes = paged_bytes // (2 * numel) if paged_bytes else 0
+        if paged_bytes and paged_bytes == 2 * numel * moment_bytes and moment_bytes in (1, 4):
             dtype = torch.float32 if moment_bytes == 4 else torch.uint8
             state["state1"] = self.get_state_buffer(p, dtype)
             state["state2"] = self.get_state_buffer(p, dtype)
@@ -469,8 +472,7 @@ class LayoutOptimizer(torch.optim.Optimizer):
                     continue
                 state = self.state[p]
                 if not state:
-                    # an FSDP2 shard (DTensor): each rank holds the state of its local shard only
-                    self._init_state(p.to_local() if hasattr(p, "to_local") else p, state)
+                    self._init_state(p, state)
                 state["step"] += 1
                 p.add_(p.grad, alpha=-group["lr"])
         return None

@@ -173,8 +173,18 @@ def _param_bytes():
     return [p.numel() * 4 for p in model.parameters()]
 
 
-def test_torchao_8bit_state_is_counted_per_local_shard():
-    cfg = _cfg("optimizer._component_=torchao.optim.AdamW8bit", "optimizer_in_bwd=False")
+@pytest.mark.parametrize(
+    "settings",
+    [
+        ("optimizer_in_bwd=False",),
+        # the shipped configs' way: bf16 weights rounded stochastically, stepped in backward (the state is
+        # made before the step, for the whole parameter: once counted as the whole model's on every rank)
+        ("dtype=bf16", "bf16_stochastic_rounding=True", "optimizer_in_bwd=True"),
+    ],
+    ids=["standard step", "bf16 rounded in backward"],
+)
+def test_torchao_8bit_state_is_counted_per_local_shard(settings):
+    cfg = _cfg("optimizer._component_=torchao.optim.AdamW8bit", *settings)
     one, two = (estimate_distributed_memory(cfg, w, seq_len=SEQ, batch_size=BATCH) for w in (1, 2))
     assert 0.45 < two.breakdown["optimizer_state"] / one.breakdown["optimizer_state"] < 0.55
 
