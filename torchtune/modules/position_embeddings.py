@@ -119,13 +119,13 @@ def _rotate_on_cpu(x: torch.Tensor, table: torch.Tensor) -> Optional[torch.Tenso
     from torchtune.training import _native_kernels
 
     if (
-        x.device.type != "cpu"
+        type(x) is not torch.Tensor  # a fake (the memory estimator's), functional or distributed tensor
+        or x.device.type != "cpu"
         or x.dtype not in (torch.bfloat16, torch.float32)
         or x.dim() != 4
         or not x.is_contiguous()
         or table.requires_grad
         or torch.compiler.is_compiling()
-        or _is_fake(x)
         or _native_kernels.library() is None
     ):
         return None
@@ -136,12 +136,6 @@ def _rotate_on_cpu(x: torch.Tensor, table: torch.Tensor) -> Optional[torch.Tenso
     table = table.contiguous()
     stride = seq if table.size(0) > 1 else 0  # one row of positions per sequence, or one for all
     return _RotateOnCPU.apply(x, table, stride)
-
-
-def _is_fake(t: torch.Tensor) -> bool:
-    from torch._subclasses.fake_tensor import is_fake
-
-    return is_fake(t)
 
 
 class Llama3ScaledRoPE(RotaryPositionalEmbeddings):

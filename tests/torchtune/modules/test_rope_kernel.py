@@ -84,3 +84,14 @@ def test_views_the_kernel_cannot_take_run_the_pytorch_ops():
     out, _, native = _rope_and_grad(partial, x, None, torch.ones_like(x), native=True)
     assert not native
     assert torch.equal(out[..., :16], partial.rope(x[..., :16].contiguous()))
+
+
+def test_fake_tensors_take_the_pytorch_ops():
+    """The memory estimator runs the model on fake tensors: they take the PyTorch ops (which it counts)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    rope = RotaryPositionalEmbeddings(16, 32)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        x = torch.empty(2, 8, 2, 16, dtype=torch.bfloat16)
+        out, grad, native = _rope_and_grad(rope, x, None, torch.ones_like(x), native=True)
+    assert not native and out.shape == grad.shape == x.shape
