@@ -38,7 +38,7 @@ from torchtune.utils._checkpointing._manifest import MANIFEST_NAME, build_manife
 DEFAULT_MODEL = dict(vocab_size=32000, num_layers=8, num_heads=16, embed_dim=2048, intermediate_dim=5632)
 IMPORTS = (
     "import torch.distributed.checkpoint, safetensors, huggingface_hub; "
-    "import torchtune.training._hf_export; from torchtune._cli.tune import main"
+    "import torchtune.training.checkpointing._hf_export; from torchtune._cli.tune import main"
 )
 
 

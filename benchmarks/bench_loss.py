@@ -9,7 +9,7 @@ rows are labelled by default) and runs forward + backward ``--repeats`` times, t
 order. Reported per loss: median wall time and CPU time of a forward + backward, and the peak bytes the
 loss itself allocates on top of its inputs (the weight and input gradients included): on CUDA
 ``torch.cuda.max_memory_allocated`` (measured); on the CPU the storages its ops create, counted by
-``torchtune.training._memory_estimator.StorageCounter`` on real tensors (measured by counting the
+``torchtune.training.estimate._memory_estimator.StorageCounter`` on real tensors (measured by counting the
 loss's own allocations, not the process's RSS).
 
 Losses: ``plain`` (``CrossEntropyLoss``: the whole fp32 logits), ``rows`` (``ChunkedCrossEntropyLoss``,
@@ -60,7 +60,7 @@ def _peak_bytes(run: Callable[[], None], device: torch.device, inputs: tuple) ->
         run()
         _sync(device)
         return torch.cuda.max_memory_allocated(device) - base
-    from torchtune.training._memory_estimator import StorageCounter
+    from torchtune.training.estimate._memory_estimator import StorageCounter
 
     counter = StorageCounter()
     with counter:

@@ -26,8 +26,11 @@ if str(REPO_ROOT) not in sys.path:  # run as a script from a checkout without in
 
 import torch  # noqa: E402
 
-from torchtune.modules import RMSNorm, RotaryPositionalEmbeddings  # noqa: E402
-from torchtune.training import _native_kernels  # noqa: E402
+from torchtune.modules import (  # noqa: E402
+    RMSNorm,
+    RotaryPositionalEmbeddings,
+    _native_kernels,  # noqa: E402
+)
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 

@@ -39,7 +39,7 @@ import yaml  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
 from benchmarks.bench_step import DEFAULT_MODEL, bench_config, build_step  # noqa: E402
-from torchtune.training._memory_estimator import _state_bytes  # noqa: E402
+from torchtune.training.estimate._memory_estimator import _state_bytes  # noqa: E402
 from torchtune.training.lr_schedulers import get_cosine_schedule_with_warmup  # noqa: E402
 
 _REST = {"_component_": "torch.optim.AdamW"}

@@ -34,7 +34,8 @@ if str(REPO_ROOT) not in sys.path:  # run as a script from a checkout without in
 
 import torch  # noqa: E402
 
-from torchtune.training import StochasticRounding, _native_kernels, step_parameter  # noqa: E402
+from torchtune.modules import _native_kernels  # noqa: E402
+from torchtune.training import StochasticRounding, step_parameter  # noqa: E402
 
 SIZES = {
     "168m": dict(vocab_size=32000, num_layers=8, num_heads=16, num_kv_heads=16, embed_dim=1024, max_seq_len=1024),

@@ -188,7 +188,7 @@ class LoggedStep:
 
     def __init__(self, cfg: DictConfig, log_dir: Path, what: str = "all") -> None:
         from torchtune.training import memory
-        from torchtune.utils.metric_logging import DiskLogger
+        from torchtune.training.metric_logging import DiskLogger
 
         self.memory, self.what = memory, what
         self.grad_norm = training.GradNormTracker()

@@ -157,7 +157,7 @@ def _recipe_worker(impl: str, config_path: Path, result_path: Path) -> None:
         head = model.output if impl == "torchtune" else None
         calls = []
         if impl == "ours":  # a bf16 step with stochastic rounding: fp32 copies, step(), rounding: all optimizer
-            from torchtune.training import _optimizer
+            from torchtune.training.optim import _optimizer
 
             calls.append((_optimizer, "step_parameter"))
         profile = StepProfile().attach(model, head=head, loss=recipe._loss_fn, optimizer_calls=calls)

@@ -232,7 +232,7 @@ def config(impl: str, assets: Dict[str, Path], out: Path, args: argparse.Namespa
                 "max_seq_len": None,
             },
             "dataset": {**data, "max_seq_len": args.seq_len, "cache_dir": str(out / "hf_cache")},
-            "checkpointer": {"_component_": "torchtune.utils.FullModelHFCheckpointer", **ckpt},
+            "checkpointer": {"_component_": "torchtune.training.FullModelHFCheckpointer", **ckpt},
             "lr_scheduler": None,
             "save_every_n_steps": None,
             "keep_last_n_checkpoints": None,

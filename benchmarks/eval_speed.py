@@ -40,7 +40,7 @@ def main() -> None:
     from torchtune import config, training
     from torchtune._assets import asset_path
     from torchtune.evaluation._lm import TuneLM
-    from torchtune.utils import FullModelHFCheckpointer
+    from torchtune.training import FullModelHFCheckpointer
 
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
     tmp = Path(tempfile.mkdtemp(prefix="eval_speed_"))

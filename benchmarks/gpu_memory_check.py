@@ -209,7 +209,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     if args.estimate and args.stage == "resume" and saved.exists():
         estimates = json.loads(saved.read_text())
     elif args.estimate:
-        from torchtune.training._checkpoint_memory import estimate_run_memory
+        from torchtune.training.estimate._checkpoint_memory import estimate_run_memory
 
         run_estimate = estimate_run_memory(cfg, seq_len=args.seq_len, batch_size=args.batch_size)
         estimates = {
@@ -275,7 +275,7 @@ def _train(
 ) -> int:
     """Set-up, training steps and (unless ``--no-save``) the step checkpoint save; returns the sequence length."""
     from torchtune import training
-    from torchtune.training import _checkpoint_memory as phases_code
+    from torchtune.training.estimate import _checkpoint_memory as phases_code
 
     with _Phase("set-up (load weights)", device, ballast_bytes) as phase:
         step = training.TrainStep.from_config(cfg, device=device, dtype=dtype)
@@ -346,7 +346,7 @@ def _resume(
 ) -> int:
     """Resume load (as a new run does it) from the latest step checkpoint under ``work``, then one step."""
     from torchtune import config, training
-    from torchtune.training import _checkpoint_memory as phases_code
+    from torchtune.training.estimate import _checkpoint_memory as phases_code
 
     _point_checkpointer_at(cfg, work)
     folder = phases_code.latest_step_folder(work / "output")

@@ -458,7 +458,7 @@ def worker_checkpoint(args: argparse.Namespace) -> None:
     from benchmarks.compare_torchtune import SIZES  # the model compare_torchtune.py builds for --size
     from torchtune.models.llama2 import llama2
     from torchtune.models.llama2._convert_weights import tune_to_hf
-    from torchtune.training._checkpoint_memory import write_hf_folder
+    from torchtune.training.estimate._checkpoint_memory import write_hf_folder
 
     device = torch.device(args.device)
     torch.manual_seed(0)

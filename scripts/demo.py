@@ -37,7 +37,7 @@ import torch  # noqa: E402
 from torchtune import config, training  # noqa: E402
 from torchtune.datasets import AlpacaInstructTemplate, padded_collate  # noqa: E402
 from torchtune.generation import evaluate_exact_match, heldout_loss  # noqa: E402
-from torchtune.utils.metric_logging import read_metrics  # noqa: E402
+from torchtune.training.metric_logging import read_metrics  # noqa: E402
 
 CONFIG = "llama2/tiny_full"
 EVAL_CONFIG = "llama2/tiny_eval"

@@ -103,7 +103,7 @@ def test_tokenizer_is_llama2_like():
 
 def test_base_model_loads_through_the_hf_checkpointer(tmp_path):
     from torchtune.models.llama2 import llama2
-    from torchtune.utils import FullModelHFCheckpointer
+    from torchtune.training import FullModelHFCheckpointer
 
     config = json.loads((BASE / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"]
@@ -180,7 +180,7 @@ def test_matches_transformers_llama(tmp_path):
     """The bundle is a real Hugging Face checkpoint: transformers computes the same logits."""
     transformers = pytest.importorskip("transformers")
     from torchtune.models.llama2 import llama2
-    from torchtune.utils import FullModelHFCheckpointer
+    from torchtune.training import FullModelHFCheckpointer
 
     state = FullModelHFCheckpointer(
         checkpoint_dir=BASE, checkpoint_files=["model.safetensors"], output_dir=tmp_path

@@ -78,7 +78,7 @@ def make_tiny_family_run(tmp_path: Path, family: str, num_examples: int = 16, **
     cfg.checkpointer.checkpoint_dir = str(folder)
     cfg.tokenizer.path = str(folder / "tokenizer.json")
     cfg.dataset.data_files = str(data)
-    cfg.metric_logger = {"_component_": "torchtune.utils.metric_logging.DiskLogger", "log_dir": "${output_dir}/logs"}
+    cfg.metric_logger = {"_component_": "torchtune.training.metric_logging.DiskLogger", "log_dir": "${output_dir}/logs"}
     for key, value in overrides.items():
         OmegaConf.update(cfg, key, value, merge=False)
     path = tmp_path / "config.yaml"

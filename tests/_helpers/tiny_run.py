@@ -133,7 +133,7 @@ def base_config(tmp_path: Path, ckpt: Path, tokenizer: Path, data: Path, vocab: 
         "shuffle": True,
         "model": {"_component_": "torchtune.models.llama2.llama2", "vocab_size": vocab, **TINY_DIMS},
         "checkpointer": {
-            "_component_": "torchtune.utils.FullModelHFCheckpointer",
+            "_component_": "torchtune.training.FullModelHFCheckpointer",
             "checkpoint_dir": str(ckpt),
             "checkpoint_files": ["model.safetensors"],
             "recipe_checkpoint": None,
@@ -165,7 +165,10 @@ def base_config(tmp_path: Path, ckpt: Path, tokenizer: Path, data: Path, vocab: 
         "enable_activation_offloading": False,
         "save_every_n_steps": None,
         "keep_last_n_checkpoints": None,
-        "metric_logger": {"_component_": "torchtune.utils.metric_logging.DiskLogger", "log_dir": "${output_dir}/logs"},
+        "metric_logger": {
+            "_component_": "torchtune.training.metric_logging.DiskLogger",
+            "log_dir": "${output_dir}/logs",
+        },
         "log_every_n_steps": 1,
         "log_peak_memory_stats": False,
         "validation_dataset": None,
@@ -185,7 +188,7 @@ def run_tune(
 
 
 def read_losses(output_dir: Path) -> List[float]:
-    from torchtune.utils.metric_logging import read_metrics
+    from torchtune.training.metric_logging import read_metrics
 
     return [row["loss"] for row in read_metrics(Path(output_dir) / "logs" / "metrics.jsonl") if "loss" in row]
 

@@ -73,7 +73,7 @@ def test_kit_imports_with_only_the_gpu_machines_packages(gpu_python):
         "benchmarks.compare_torchtune",
         "recipes.full_finetune_single_device",
         "torchtune._cli.tune",
-        "torchtune.training._checkpoint_memory",
+        "torchtune.training.estimate._checkpoint_memory",
         "torchtune.datasets",
         "torchtune.models.llama2",
         "tests._helpers.tiny_run",

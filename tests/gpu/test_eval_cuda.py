@@ -18,7 +18,7 @@ pytest.importorskip("accelerate")
 
 def _demo_folder(tmp_path):
     from torchtune._assets import asset_path
-    from torchtune.utils import FullModelHFCheckpointer
+    from torchtune.training import FullModelHFCheckpointer
 
     ckpt = FullModelHFCheckpointer(asset_path("demo/base_model"), ["model.safetensors"], output_dir=tmp_path / "o")
     weights = {k: v.float() for k, v in ckpt.load_checkpoint()["model"].items()}
@@ -32,7 +32,7 @@ def test_cuda_scores_and_generations_equal_hflm_on_cuda(tmp_path):
     from torchtune import config, training
     from torchtune._assets import asset_path
     from torchtune.evaluation._lm import TuneLM
-    from torchtune.utils import FullModelHFCheckpointer
+    from torchtune.training import FullModelHFCheckpointer
 
     folder = _demo_folder(tmp_path)
     cfg = config.load_config("llama2/tiny_eval")

@@ -13,8 +13,8 @@ from torchtune import training
 from torchtune.config import load_config
 from torchtune.models.llama2 import llama2
 from torchtune.modules.loss import ChunkedCrossEntropyLoss
-from torchtune.training._cpu_optimizer_worker import WorkerOptimInBackward
-from torchtune.training._distributed_memory import estimate_distributed_memory
+from torchtune.training.estimate._distributed_memory import estimate_distributed_memory
+from torchtune.training.optim._cpu_optimizer_worker import WorkerOptimInBackward
 
 pytestmark = pytest.mark.gpu
 

@@ -11,7 +11,7 @@ import torch
 
 from torchtune.config import load_config
 from torchtune.training import TrainStep, memory
-from torchtune.training._memory_estimator import estimate_recipe_memory
+from torchtune.training.estimate._memory_estimator import estimate_recipe_memory
 from torchtune.utils import get_dtype
 
 pytestmark = pytest.mark.gpu

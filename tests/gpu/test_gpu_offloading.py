@@ -9,7 +9,7 @@ import torch
 
 from torchtune.models.llama2 import llama2
 from torchtune.modules import TransformerDecoderLayer
-from torchtune.training._activations import (
+from torchtune.training.activations import (
     CudaCopies,
     NoOpManager,
     OffloadActivations,

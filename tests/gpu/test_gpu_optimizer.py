@@ -179,7 +179,7 @@ def test_fused_rounding_runs_compiled_on_cuda_unbiased_resumable_and_allocates_n
     a million draws land on the two bf16 neighbours with the right odds, and the saved counters restored
     draw the same bits again; the one-pass AdamW step writes what the plain PyTorch path writes
     (up to FMA contraction)."""
-    import torchtune.training._stochastic_rounding as sr
+    import torchtune.training.optim._stochastic_rounding as sr
     from torchtune.training import StochasticRounding, WeightChangeTracker
 
     device = torch.device("cuda", torch.cuda.current_device())

@@ -48,7 +48,7 @@ def test_tune_run_on_cuda_in_bf16_matches_the_cpu_run_and_reports_the_driver_pea
     # the first loss is the forward of the same weights: bf16 rounding apart, the same number
     assert cuda[0] == pytest.approx(cpu[0], rel=0.02)
 
-    from torchtune.utils.metric_logging import read_metrics
+    from torchtune.training.metric_logging import read_metrics
 
     rows = [row for row in read_metrics(Path(runs["cuda"]) / "logs" / "metrics.jsonl") if "loss" in row]
     for row in rows:

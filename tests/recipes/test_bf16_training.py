@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from tests._helpers.tiny_run import make_tiny_run, read_losses
 from tests._helpers.tiny_run import run_recipe as _run
-from torchtune.utils.metric_logging import read_metrics
+from torchtune.training.metric_logging import read_metrics
 
 EMBED = 512
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "output_proj", "w1", "w2", "w3")

@@ -70,7 +70,7 @@ def test_llama3_1_8b_16gb_estimate_meets_the_16_gb_and_64_gb_bounds_and_the_head
 
     from torchtune import training
     from torchtune.config import load_config
-    from torchtune.training._distributed_memory import estimate_distributed_memory, estimate_host_memory
+    from torchtune.training.estimate._distributed_memory import estimate_distributed_memory, estimate_host_memory
 
     name = "llama3_1/8B_full_16gb"
     cfg = load_config(name, [])

@@ -47,7 +47,7 @@ def test_tiny_eval_through_tune_prints_table_and_writes_json(tmp_path):
 def _meta_folder(tmp_path):
     """The demo base model in Meta's format (consolidated.00.pth + params.json)."""
     from torchtune.models.llama2._convert_weights import tune_to_meta
-    from torchtune.utils import FullModelHFCheckpointer
+    from torchtune.training import FullModelHFCheckpointer
 
     hf = FullModelHFCheckpointer(asset_path("demo/base_model"), ["model.safetensors"], output_dir=tmp_path / "x")
     folder = tmp_path / "meta"
@@ -60,7 +60,7 @@ def _meta_folder(tmp_path):
 def test_meta_format_and_step_checkpoint_score_like_the_hf_folder(tmp_path, capsys, monkeypatch):
     """The same weights read from a Meta folder and from a run's step_N folder (with its recipe_state.pt
     and manifest) give the scores of the HF folder."""
-    from torchtune.utils import FullModelHFCheckpointer
+    from torchtune.training import FullModelHFCheckpointer
 
     for key, value in OFFLINE.items():
         monkeypatch.setenv(key, value)
@@ -72,7 +72,7 @@ def test_meta_format_and_step_checkpoint_score_like_the_hf_folder(tmp_path, caps
         "hf": [],
         "step": [f"checkpointer.checkpoint_dir={step}"],
         "meta": [
-            "checkpointer._component_=torchtune.utils.FullModelMetaCheckpointer",
+            "checkpointer._component_=torchtune.training.FullModelMetaCheckpointer",
             f"checkpointer.checkpoint_dir={_meta_folder(tmp_path)}",
             "checkpointer.checkpoint_files=[consolidated.00.pth]",
         ],
@@ -167,7 +167,7 @@ def test_eval_after_training_scores_the_final_model_like_eleuther_eval(tmp_path,
     from omegaconf import OmegaConf
 
     from tests._helpers.tiny_run import build_recipe, make_tiny_run
-    from torchtune.utils.metric_logging import read_metrics
+    from torchtune.training.metric_logging import read_metrics
 
     for key, value in OFFLINE.items():
         monkeypatch.setenv(key, value)

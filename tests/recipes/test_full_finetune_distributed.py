@@ -87,7 +87,7 @@ def test_two_processes_train_what_one_process_trains_in_backward(base_run):
 
 
 def test_validation_split_over_ranks_gives_the_one_process_loss(base_run):
-    from torchtune.utils.metric_logging import read_metrics
+    from torchtune.training.metric_logging import read_metrics
 
     def val_losses(run: Path) -> list:
         return [row["val_loss"] for row in read_metrics(run / "logs" / "metrics.jsonl") if "val_loss" in row]
@@ -106,7 +106,7 @@ def test_standard_optimizer_with_accumulation_and_clipping_matches_one_process(c
     _ok(result)
     assert "global batch 2 = 1 per rank x 2 ranks; x 2 accumulation steps = 4 examples" in result.stderr
     run_single_device(single, output_dir=str(tmp_path / "single"), epochs=1, **kv)
-    from torchtune.utils.metric_logging import read_metrics
+    from torchtune.training.metric_logging import read_metrics
 
     d = [r for r in read_metrics(tmp_path / "dist" / "logs" / "metrics.jsonl") if "loss" in r]
     s = [r for r in read_metrics(tmp_path / "single" / "logs" / "metrics.jsonl") if "loss" in r]
@@ -373,7 +373,7 @@ import os
 import signal
 
 if os.environ.get("RANK") == "1" and os.environ.get("KILL_RANK_1_AFTER_SHARD_OF"):
-    import torchtune.training._distributed_checkpoint as _checkpoint
+    import torchtune.training.distributed._checkpoint as _checkpoint
 
     _own_files = _checkpoint._own_files
 

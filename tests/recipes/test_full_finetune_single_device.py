@@ -35,7 +35,7 @@ def test_in_backward_matches_standard_adamw(tiny, tmp_path):
 
 
 def test_lr_logged_is_the_cosine_schedule(tiny, tmp_path):
-    from torchtune.utils.metric_logging import read_metrics
+    from torchtune.training.metric_logging import read_metrics
 
     _run(tiny, output_dir=str(tmp_path / "o"), epochs=1)
     lrs = [row["lr"] for row in read_metrics(tmp_path / "o" / "logs" / "metrics.jsonl")]
@@ -87,7 +87,7 @@ def test_gradient_accumulation_2_x_batch_2_is_the_step_of_batch_4(tiny, tmp_path
 def test_clipping_clips_the_update_to_max_norm(tiny, tmp_path):
     """One SGD step: the clipped update is the unclipped one times max_norm / grad_norm, and the logged
     grad_norm is the norm before clipping (above max_norm)."""
-    from torchtune.utils.metric_logging import read_metrics
+    from torchtune.training.metric_logging import read_metrics
 
     one_sgd_step = {
         "optimizer_in_bwd": False,
@@ -110,7 +110,7 @@ def test_clipping_clips_the_update_to_max_norm(tiny, tmp_path):
 
 
 def test_grad_norm_is_logged_in_both_modes_and_agrees(tiny, tmp_path):
-    from torchtune.utils.metric_logging import read_metrics
+    from torchtune.training.metric_logging import read_metrics
 
     _run(tiny, output_dir=str(tmp_path / "a"), optimizer_in_bwd=True, epochs=1)
     _run(tiny, output_dir=str(tmp_path / "b"), optimizer_in_bwd=False, epochs=1)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests._helpers.tiny_run import make_tiny_run, run_recipe, run_tune
-from torchtune.utils.metric_logging import read_metrics
+from torchtune.training.metric_logging import read_metrics
 
 # 2 steps, a resumable step checkpoint after each, then the final epoch_0.
 RUN = dict(epochs=1, max_steps_per_epoch=2, save_every_n_steps=1)

@@ -26,9 +26,9 @@ from safetensors.torch import load_file
 from recipes.full_finetune_single_device import RECIPE_NAME, recipe_main
 from tests._helpers.tiny_run import REPO_ROOT, TUNE, make_tiny_run, read_losses, run_recipe, run_tune
 from torchtune import training
+from torchtune.training.metric_logging import read_metrics
 from torchtune.utils._checkpointing import find_latest_checkpoint, verify_manifest
 from torchtune.utils._checkpointing._manifest import MANIFEST_NAME, build_manifest
-from torchtune.utils.metric_logging import read_metrics
 
 # The run every test compares against: 2 epochs x 6 steps, resumable step checkpoints every 4 steps.
 # Saves, in order: step_4, epoch_0 (step 6), step_8, epoch_1 (final, weights only).
@@ -89,7 +89,7 @@ def components(tmp_path, monkeypatch) -> str:
         import os
         import psutil
         from torchtune.modules.loss import CrossEntropyLoss
-        from torchtune.utils.metric_logging import DiskLogger
+        from torchtune.training.metric_logging import DiskLogger
 
         class SignalAtStep(DiskLogger):
             """Logs like DiskLogger, and sends this process `signum` when step `at_step` is logged."""
@@ -137,7 +137,7 @@ def components(tmp_path, monkeypatch) -> str:
 CRASHING_DRIVER = '''
 """`tune ...` whose 2nd safetensors write stops halfway through the file and kills the process."""
 import os, signal, sys
-from torchtune.utils._checkpointing import _checkpointer
+from torchtune.training.checkpointing import _checkpointer
 
 real_write, calls = _checkpointer._write_safetensors_file, []
 
@@ -395,7 +395,7 @@ def test_resume_command_names_the_recipe_that_ran(tmp_path, monkeypatch, copied)
 
 @pytest.mark.parametrize("at_step", [3, 4])  # 4: the signal comes with a scheduled save (save_every_n_steps=4)
 def test_sigterm_finishes_the_step_and_saves_once(tiny, reference, tmp_path, components, capsys, monkeypatch, at_step):
-    from torchtune.utils._checkpointing import _checkpointer
+    from torchtune.training.checkpointing import _checkpointer
 
     saves = []
     real_save = _checkpointer.write_folder_atomically
@@ -503,7 +503,7 @@ def test_pruning_and_host_memory_stay_bounded(tiny, tmp_path, components):
     cfg.epochs, cfg.keep_last_n_checkpoints = 5, 1
     cfg.resume_from_checkpoint = True
     cfg.checkpointer.recipe_checkpoint = str(out / "step_20" / "recipe_state.pt")
-    cfg.metric_logger = {"_component_": "torchtune.utils.metric_logging.DiskLogger", "log_dir": "${output_dir}/logs"}
+    cfg.metric_logger = {"_component_": "torchtune.training.metric_logging.DiskLogger", "log_dir": "${output_dir}/logs"}
     recipe = run_recipe(cfg)
     assert sorted(p.name for p in out.glob("step_*")) == ["step_20", "step_28"]
     assert (out / "epoch_4").is_dir()

@@ -12,14 +12,15 @@ import pytest
 
 from tests._helpers.tiny_run import run_tune
 from tests._helpers.wandb_offline import read_offline_run
-from torchtune.utils.metric_logging import read_metrics
+from torchtune.training.metric_logging import read_metrics
 
 STEPS = 4
 LOGGERS = (
     "metric_logger=["
-    "{_component_: torchtune.utils.metric_logging.StdoutLogger}, "
-    "{_component_: torchtune.utils.metric_logging.TensorBoardLogger, log_dir: '${output_dir}/tb'}, "
-    "{_component_: torchtune.utils.metric_logging.WandBLogger, project: tiny, mode: offline, log_dir: '${output_dir}'}]"
+    "{_component_: torchtune.training.metric_logging.StdoutLogger}, "
+    "{_component_: torchtune.training.metric_logging.TensorBoardLogger, log_dir: '${output_dir}/tb'}, "
+    "{_component_: torchtune.training.metric_logging.WandBLogger, project: tiny, mode: offline, "
+    "log_dir: '${output_dir}'}]"
 )
 
 

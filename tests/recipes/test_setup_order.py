@@ -18,8 +18,8 @@ from torchtune import config, training
 from torchtune._assets import asset_path
 from torchtune._cli.tune import main
 from torchtune._errors import TuneError
-from torchtune.training._checkpoint_memory import write_hf_folder
-from torchtune.utils import FullModelHFCheckpointer
+from torchtune.training import FullModelHFCheckpointer
+from torchtune.training.estimate._checkpoint_memory import write_hf_folder
 
 READS: list[str] = []
 

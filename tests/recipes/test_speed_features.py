@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import recipes.full_finetune_single_device as recipe_module
-import torchtune.training._loop as training_loop
+import torchtune.training.run._loop as training_loop
 from benchmarks.bench_step import count_tokens
 from recipes.full_finetune_single_device import FullFinetuneRecipeSingleDevice
 from tests._helpers.tiny_run import make_tiny_run, read_losses
@@ -58,7 +58,7 @@ class _OneSecondPerCall:
 def test_logged_tokens_per_second_is_the_benchmark_count(tiny, tmp_path, monkeypatch, optimizer_in_bwd):
     # With a clock that ticks 1 s between the interval's start and its log, tokens_per_second is the
     # token count itself, which must be what benchmarks/bench_step.py counts for the same batches.
-    from torchtune.utils.metric_logging import read_metrics
+    from torchtune.training.metric_logging import read_metrics
 
     monkeypatch.setattr(training_loop, "time", _OneSecondPerCall())
     out = tmp_path / "o"

@@ -10,7 +10,7 @@ and host RAM.
 
 A config of ``full_finetune_distributed`` (one with ``fsdp_*`` keys) is estimated per GPU for each
 ``--world-size`` (default 1): rank 0 of that many processes, FSDP2-sharded, on a fake process group
-(``torchtune.training._distributed_memory``).
+(``torchtune.training.estimate._distributed_memory``).
 """
 
 from __future__ import annotations
@@ -80,8 +80,8 @@ def estimate_memory_command(args: argparse.Namespace) -> int:
 
     from torchtune._errors import UsageError
     from torchtune.config import load_config
-    from torchtune.training._checkpoint_memory import estimate_run_memory
-    from torchtune.training._memory_estimator import default_seq_len, estimate_recipe_memory
+    from torchtune.training.estimate._checkpoint_memory import estimate_run_memory
+    from torchtune.training.estimate._memory_estimator import default_seq_len, estimate_recipe_memory
 
     for name in ("seq_len", "batch_size", "steps"):
         value = getattr(args, name)
@@ -125,7 +125,7 @@ def _estimate_distributed(args: argparse.Namespace, cfg: object, seq_len: int, b
     import time
 
     from torchtune._errors import UsageError
-    from torchtune.training._distributed_memory import (
+    from torchtune.training.estimate._distributed_memory import (
         estimate_distributed_memory,
         estimate_host_memory,
         parse_world_sizes,
@@ -167,11 +167,15 @@ def _estimate_distributed(args: argparse.Namespace, cfg: object, seq_len: int, b
 
 def _offload_plan_text(cfg: object, world_size: int, device_steps: int) -> str:
     """Host RAM per phase, pinned memory, PCIe bytes and an estimated step time of an offloaded config,
-    with the CPU optimizer's throughput measured on this machine (``torchtune.training._offload_memory``)."""
+    with the CPU optimizer's throughput measured on this machine (``torchtune.training.estimate._offload_memory``)."""
     import torch
 
     from torchtune import training
-    from torchtune.training._offload_memory import format_offload_plan, measure_cpu_optimizer_throughput, offload_plan
+    from torchtune.training.estimate._offload_memory import (
+        format_offload_plan,
+        measure_cpu_optimizer_throughput,
+        offload_plan,
+    )
     from torchtune.utils import get_dtype
 
     dtype = get_dtype(cfg.dtype, torch.device("cpu"))

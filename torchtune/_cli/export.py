@@ -1,6 +1,6 @@
 """``tune export CHECKPOINT_DIR --output-dir DIR``: a checkpoint folder of a run -> a Hugging Face folder.
 
-The logic is ``torchtune.training.export_hf_folder`` (``training/_hf_export.py``); this module is its
+The logic is ``torchtune.training.export_hf_folder`` (``training/checkpointing/_hf_export.py``); this module is its
 command line, cheap to import (no torch) so that ``tune --help`` answers at once.
 """
 
@@ -82,7 +82,7 @@ def export_command(args: argparse.Namespace) -> int:
     """Handler of ``tune export``."""
     import logging
 
-    from torchtune.training._hf_export import export_hf_folder
+    from torchtune.training.checkpointing._hf_export import export_hf_folder
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     folder = export_hf_folder(

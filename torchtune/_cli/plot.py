@@ -45,7 +45,7 @@ def find_metrics_file(path: Path) -> Path:
         )
     raise TuneError(
         f"{path} holds no logs/metrics.jsonl. A run writes it when its metric_logger is "
-        f"torchtune.utils.metric_logging.DiskLogger with log_dir=${{output_dir}}/logs; pass "
+        f"torchtune.training.metric_logging.DiskLogger with log_dir=${{output_dir}}/logs; pass "
         f"that run's output_dir."
     )
 

@@ -73,6 +73,7 @@ def _bindings(tree: ast.Module, name: str) -> Optional[list]:
     """The top-level statements binding ``name``; None when it may also be bound in a branch or by a
     mechanism the source cannot show (``import *``, a module ``__getattr__``)."""
     found = []
+    lazy = False
     for node in tree.body:
         if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
             found.append(node)
@@ -89,8 +90,9 @@ def _bindings(tree: ast.Module, name: str) -> Optional[list]:
             if any(_binds(inner, name) for inner in ast.walk(node)):
                 return None
         elif isinstance(node, ast.FunctionDef) and node.name == "__getattr__":
-            return None
-    return found
+            lazy = True
+    # A module __getattr__ only answers for names the module does not bind itself.
+    return None if not found and lazy else found
 
 
 def _binds(node: ast.AST, name: str) -> bool:

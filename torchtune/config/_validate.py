@@ -15,7 +15,7 @@ from torchtune.config._types import component_value_problems
 
 # Keys of a component node that the code building it consumes before calling the class, so they are not
 # the class's arguments: a low-rank optimizer's param-group options, target patterns and the optimizer of
-# the other parameters (torchtune.training._low_rank builds it; it reads this table).
+# the other parameters (torchtune.training.optim._low_rank builds it; it reads this table).
 _APOLLO_GROUP_KEYS = ("rank", "proj", "scale_type", "scale", "update_proj_gap", "proj_type")
 _GALORE_GROUP_KEYS = ("rank", "update_proj_gap", "scale", "proj_type")
 LOW_RANK_GROUP_KEYS: dict[str, tuple[str, ...]] = {

@@ -92,13 +92,13 @@ class RotaryPositionalEmbeddings(nn.Module):
 
 
 class _RotateOnCPU(torch.autograd.Function):
-    """The rotation by one C loop each way (``torchtune.training._native_kernels.rope``): the same bits as the
+    """The rotation by one C loop each way (``torchtune.modules._native_kernels.rope``): the same bits as the
     PyTorch ops of ``RotaryPositionalEmbeddings.forward`` and their autograd, forward and backward, in one
     pass where those make ten; nothing saved but the (shared) cos/sin rows."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, table: torch.Tensor, table_stride: int) -> torch.Tensor:
-        from torchtune.training import _native_kernels
+        from torchtune.modules import _native_kernels
 
         ctx.save_for_backward(table)
         ctx.table_stride = table_stride
@@ -106,7 +106,7 @@ class _RotateOnCPU(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        from torchtune.training import _native_kernels
+        from torchtune.modules import _native_kernels
 
         (table,) = ctx.saved_tensors
         # the gradient of a rotation is the rotation by minus the angle
@@ -116,7 +116,7 @@ class _RotateOnCPU(torch.autograd.Function):
 def _rotate_on_cpu(x: torch.Tensor, table: torch.Tensor) -> Optional[torch.Tensor]:
     """``x`` rotated by the C kernel where it applies (a contiguous bf16/fp32 ``[b, s, h, d]`` on a CPU, eager,
     the C kernels built: ``TUNE_NATIVE_KERNELS=0`` turns them off); None for the PyTorch ops."""
-    from torchtune.training import _native_kernels
+    from torchtune.modules import _native_kernels
 
     if (
         type(x) is not torch.Tensor  # a fake (the memory estimator's), functional or distributed tensor

@@ -26,47 +26,21 @@ functions, so what they measure is what a recipe runs.
 import importlib
 from typing import Any
 
-from torchtune.training import memory
-from torchtune.training._activations import (
+from torchtune.training import checkpointing, memory
+from torchtune.training.activations import (
     OffloadActivations,
     get_act_offloading_ctx_manager,
     set_activation_checkpointing,
 )
-from torchtune.training._checks import (
-    RECIPE_VALUE_TYPES,
-    check_liger,
-    check_optimizer_settings,
-    check_value_types,
-    positive_int,
-)
-from torchtune.training._data import TrainingData, build_dataloader, check_data_head, num_tokens, padding_id
-from torchtune.training._distributed_settings import (
+from torchtune.training.checkpointing import FullModelHFCheckpointer, FullModelMetaCheckpointer
+from torchtune.training.distributed._settings import (
     check_distributed_settings,
     check_resume_is_sharded,
     local_batch_size,
 )
-from torchtune.training._eval_after_training import EVAL_AFTER_TRAINING_KEYS, EvalAfterTraining
-from torchtune.training._loop import StepMetrics, TrainingSteps, label_token_shares
-from torchtune.training._loop_checks import check_finetune_config, check_loop_keys
-from torchtune.training._low_rank import check_low_rank_optimizer, is_low_rank
-from torchtune.training._metrics import (
-    MetricLoggers,
-    ProgressBarLogHandler,
-    RunSummary,
-    build_metric_logger,
-    check_metric_logger,
-    epoch_progress_bar,
-    metrics_path,
-)
-from torchtune.training._model import (
-    build_model,
-    check_model_fits,
-    check_model_matches_checkpoint,
-    check_tokenizer_fits_model,
-    model_fingerprint,
-    model_skeleton,
-)
-from torchtune.training._optimizer import (
+from torchtune.training.lr_schedulers import build_lr_scheduler
+from torchtune.training.optim._low_rank import check_low_rank_optimizer, is_low_rank
+from torchtune.training.optim._optimizer import (
     GradNormTracker,
     build_optimizer,
     in_bwd_groups,
@@ -75,9 +49,27 @@ from torchtune.training._optimizer import (
     step_optimizer,
     trainable_parameters,
 )
-from torchtune.training._output_dir import check_output_dir, check_overwrite, prepare_output_dir
-from torchtune.training._preflight import check_inputs
-from torchtune.training._resume import (
+from torchtune.training.optim._stochastic_rounding import (
+    StochasticRounding,
+    WeightChangeTracker,
+    build_stochastic_rounding,
+    check_stochastic_rounding,
+    rounding_for_run,
+    step_parameter,
+)
+from torchtune.training.run._eval_after_training import EVAL_AFTER_TRAINING_KEYS, EvalAfterTraining
+from torchtune.training.run._loop import StepMetrics, TrainingSteps, label_token_shares
+from torchtune.training.run._metrics import (
+    MetricLoggers,
+    ProgressBarLogHandler,
+    RunSummary,
+    build_metric_logger,
+    check_metric_logger,
+    epoch_progress_bar,
+    metrics_path,
+)
+from torchtune.training.run._output_dir import check_output_dir, check_overwrite, prepare_output_dir
+from torchtune.training.run._resume import (
     RECIPE_STATE_NAME,
     ResumePlan,
     RunSettings,
@@ -90,9 +82,8 @@ from torchtune.training._resume import (
     resume_command,
     seed_or_restore,
 )
-from torchtune.training._run_control import CheckpointPolicy, NonFiniteLossGuard, StopSignals, report_stop
-from torchtune.training._sampler import ResumableSampler
-from torchtune.training._step import (
+from torchtune.training.run._run_control import CheckpointPolicy, NonFiniteLossGuard, StopSignals, report_stop
+from torchtune.training.run._step import (
     TrainStep,
     forward_backward,
     forward_loss,
@@ -100,50 +91,60 @@ from torchtune.training._step import (
     num_label_tokens,
     shift_labels,
 )
-from torchtune.training._stochastic_rounding import (
-    StochasticRounding,
-    WeightChangeTracker,
-    build_stochastic_rounding,
-    check_stochastic_rounding,
-    rounding_for_run,
-    step_parameter,
+from torchtune.training.run._validation import Validation, build_validation, check_validation_settings
+from torchtune.training.setup._checks import (
+    RECIPE_VALUE_TYPES,
+    check_liger,
+    check_optimizer_settings,
+    check_value_types,
+    positive_int,
 )
-from torchtune.training._validation import Validation, build_validation, check_validation_settings
-from torchtune.training.lr_schedulers import build_lr_scheduler
+from torchtune.training.setup._data import TrainingData, build_dataloader, check_data_head, num_tokens, padding_id
+from torchtune.training.setup._loop_checks import check_finetune_config, check_loop_keys
+from torchtune.training.setup._model import (
+    build_model,
+    check_model_fits,
+    check_model_matches_checkpoint,
+    check_tokenizer_fits_model,
+    model_fingerprint,
+    model_skeleton,
+)
+from torchtune.training.setup._preflight import check_inputs
+from torchtune.training.setup._sampler import ResumableSampler
 
 # The distributed pieces import FSDP, DTensor and distributed checkpointing (about a second of CPU before any
 # work): they are loaded on first use, so `tune validate` and single-device runs never pay for them.
 _LAZY = {
-    "DistributedInfo": "torchtune.training._distributed",
-    "RankErrors": "torchtune.training._distributed",
-    "agree_on_seed": "torchtune.training._distributed",
-    "any_rank": "torchtune.training._distributed",
-    "backend_for_device": "torchtune.training._distributed",
-    "check_same_config": "torchtune.training._distributed",
-    "destroy_distributed": "torchtune.training._distributed",
-    "get_world_size_and_rank": "torchtune.training._distributed",
-    "init_distributed": "torchtune.training._distributed",
-    "is_rank_zero": "torchtune.training._distributed",
-    "launched_by_torchrun": "torchtune.training._distributed",
-    "load_full_state_dict": "torchtune.training._distributed",
-    "load_sharded_weights": "torchtune.training._distributed",
-    "full_weights_writer": "torchtune.training._full_weights",
-    "save_full_weights": "torchtune.training._full_weights",
-    "raise_if_any_rank_failed": "torchtune.training._distributed",
-    "shard_model": "torchtune.training._distributed",
-    "log_sharded_model": "torchtune.training._distributed",
-    "SHARDED_STATE_DIR": "torchtune.training._distributed_checkpoint",
-    "SHARDED_STATE_MARKER": "torchtune.training._distributed_checkpoint",
-    "ShardedCheckpointWriter": "torchtune.training._distributed_checkpoint",
-    "load_sharded_checkpoint": "torchtune.training._distributed_checkpoint",
-    "save_sharded_checkpoint": "torchtune.training._distributed_checkpoint",
-    "check_offload_host_memory": "torchtune.training._offload_memory",
-    "check_offload_for_run": "torchtune.training._offload_memory",
-    "offload_plan": "torchtune.training._offload_memory",
-    "ShardedModelReader": "torchtune.training._sharded_read",
-    "holds_only_sharded_weights": "torchtune.training._sharded_read",
-    "load_sharded_model": "torchtune.training._sharded_read",
-    "export_hf_folder": "torchtune.training._hf_export",
+    "DistributedInfo": "torchtune.training.distributed._fsdp",
+    "RankErrors": "torchtune.training.distributed._fsdp",
+    "agree_on_seed": "torchtune.training.distributed._fsdp",
+    "any_rank": "torchtune.training.distributed._fsdp",
+    "backend_for_device": "torchtune.training.distributed._fsdp",
+    "check_same_config": "torchtune.training.distributed._fsdp",
+    "destroy_distributed": "torchtune.training.distributed._fsdp",
+    "get_world_size_and_rank": "torchtune.training.distributed._fsdp",
+    "init_distributed": "torchtune.training.distributed._fsdp",
+    "is_rank_zero": "torchtune.training.distributed._fsdp",
+    "launched_by_torchrun": "torchtune.training.distributed._fsdp",
+    "load_full_state_dict": "torchtune.training.distributed._fsdp",
+    "load_sharded_weights": "torchtune.training.distributed._fsdp",
+    "full_weights_writer": "torchtune.training.distributed._full_weights",
+    "save_full_weights": "torchtune.training.distributed._full_weights",
+    "raise_if_any_rank_failed": "torchtune.training.distributed._fsdp",
+    "shard_model": "torchtune.training.distributed._fsdp",
+    "log_sharded_model": "torchtune.training.distributed._fsdp",
+    "SHARDED_STATE_DIR": "torchtune.training.distributed._checkpoint",
+    "SHARDED_STATE_MARKER": "torchtune.training.distributed._checkpoint",
+    "ShardedCheckpointWriter": "torchtune.training.distributed._checkpoint",
+    "load_sharded_checkpoint": "torchtune.training.distributed._checkpoint",
+    "save_sharded_checkpoint": "torchtune.training.distributed._checkpoint",
+    "check_offload_host_memory": "torchtune.training.estimate._offload_memory",
+    "check_offload_for_run": "torchtune.training.estimate._offload_memory",
+    "offload_plan": "torchtune.training.estimate._offload_memory",
+    "ShardedModelReader": "torchtune.training.distributed._sharded_read",
+    "holds_only_sharded_weights": "torchtune.training.distributed._sharded_read",
+    "load_sharded_model": "torchtune.training.distributed._sharded_read",
+    "export_hf_folder": "torchtune.training.checkpointing._hf_export",
 }
 
 
@@ -157,6 +158,9 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "FullModelHFCheckpointer",
+    "FullModelMetaCheckpointer",
+    "checkpointing",
     "EVAL_AFTER_TRAINING_KEYS",
     "EvalAfterTraining",
     "StepMetrics",

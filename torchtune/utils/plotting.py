@@ -27,7 +27,7 @@ def _series(rows: list[dict], key: str) -> tuple[list[float], list[float]]:
 
 def plotted_series(metrics_jsonl_path: Union[str, Path]) -> list[str]:
     """The curves ``plot_metrics`` draws from this file: ``loss``, any held-out losses, ``lr``."""
-    from torchtune.utils.metric_logging import read_metrics
+    from torchtune.training.metric_logging import read_metrics
 
     rows = read_metrics(Path(metrics_jsonl_path).expanduser())
     return [key for key in ("loss", *_EVAL_LOSS_KEYS, "lr") if _series(rows, key)[1]]
@@ -57,14 +57,14 @@ def plot_metrics(metrics_jsonl_path: Union[str, Path], png_path: Union[str, Path
     Raises:
         TuneError: the file is missing, has no ``loss`` values, or matplotlib is not installed.
     """
-    from torchtune.utils.metric_logging import read_metrics
+    from torchtune.training.metric_logging import read_metrics
 
     metrics_path = Path(metrics_jsonl_path).expanduser()
     if not metrics_path.is_file():
         raise TuneError(
             f"The metrics file {metrics_path} does not exist. A run writes it to "
             f"<output_dir>/logs/metrics.jsonl when metric_logger is "
-            f"torchtune.utils.metric_logging.DiskLogger; pass that run's output_dir."
+            f"torchtune.training.metric_logging.DiskLogger; pass that run's output_dir."
         )
     rows = read_metrics(metrics_path)
     loss_steps, losses = _series(rows, "loss")

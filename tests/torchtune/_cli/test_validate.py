@@ -125,10 +125,10 @@ COMPONENTS = [
     "torchao.optim.AdamW8bit",
     "torchtune.models.llama2.llama2_7b",
     "torchtune.datasets.alpaca_dataset",
-    "torchtune.utils.FullModelHFCheckpointer",
+    "torchtune.training.FullModelHFCheckpointer",
     "torchtune.training.lr_schedulers.get_cosine_schedule_with_warmup",
     "torchtune.modules.loss.ChunkedCrossEntropyLoss",
-    "torchtune.utils.metric_logging.WandBLogger",
+    "torchtune.training.metric_logging.WandBLogger",
 ]
 
 

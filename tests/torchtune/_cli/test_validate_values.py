@@ -78,7 +78,7 @@ def test_bad_value_is_one_paragraph_naming_the_key(capsys, config, override):
 
 @pytest.mark.parametrize("override", ["seed=abc", "loss.num_output_chunks=0"])
 def test_tune_run_says_what_validate_says(capsys, tmp_path, override):
-    """The two that gave tracebacks from `tune run` (utils/_seed.py, modules/loss.py)."""
+    """The two that gave tracebacks from `tune run` (training/seed.py, modules/loss.py)."""
     _, expected = _validate(capsys, "llama2/tiny_full", override)
     result = run_tune(
         ["run", "full_finetune_single_device", "--config", "llama2/tiny_full", f"output_dir={tmp_path}", override]

@@ -39,7 +39,7 @@ QUESTIONS = json.loads(open(asset_path("demo/eval/demo_eval.json"), encoding="ut
 @pytest.fixture(scope="module")
 def hf_folder(tmp_path_factory):
     """The demo base model as a finetune's output folder: HF format, fp32, with tokenizer files."""
-    from torchtune.utils import FullModelHFCheckpointer
+    from torchtune.training import FullModelHFCheckpointer
 
     out = tmp_path_factory.mktemp("eval_ckpt")
     ckpt = FullModelHFCheckpointer(
@@ -53,7 +53,7 @@ def hf_folder(tmp_path_factory):
 def model_and_tokenizer(hf_folder):
     from omegaconf import OmegaConf
 
-    from torchtune.utils import FullModelHFCheckpointer
+    from torchtune.training import FullModelHFCheckpointer
 
     ckpt = FullModelHFCheckpointer(
         checkpoint_dir=hf_folder, checkpoint_files=["model.safetensors"], output_dir=hf_folder.parent / "unused"

@@ -3,13 +3,13 @@
 import pytest
 import torch
 
+from torchtune.modules import _native_kernels
 from torchtune.modules.position_embeddings import (
     LongRoPE,
     PartialRotaryEmbeddings,
     RotaryPositionalEmbeddings,
     _RotateOnCPU,
 )
-from torchtune.training import _native_kernels
 
 pytestmark = pytest.mark.skipif(_native_kernels.library() is None, reason="no C compiler: the PyTorch ops run")
 

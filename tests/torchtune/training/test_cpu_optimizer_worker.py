@@ -15,7 +15,7 @@ from torchtune import training
 from torchtune._errors import TuneError
 from torchtune.models.llama2 import llama2
 from torchtune.modules.loss import ChunkedCrossEntropyLoss
-from torchtune.training._cpu_optimizer_worker import CPUOptimizerWorker, WorkerOptimInBackward
+from torchtune.training.optim._cpu_optimizer_worker import CPUOptimizerWorker, WorkerOptimInBackward
 
 TINY = dict(vocab_size=64, num_layers=2, num_heads=4, num_kv_heads=2, embed_dim=32, max_seq_len=32)
 ADAMW = OmegaConf.create({"_component_": "torch.optim.AdamW", "lr": 1e-2, "weight_decay": 0.01, "foreach": True})
@@ -192,7 +192,7 @@ def test_resume_of_the_offloaded_worker_state_is_bit_exact(world_of_one, tmp_pat
 
 def test_torchao_adamw8bit_on_offloaded_bf16_shards_worker_and_resume_are_bit_exact(world_of_one, tmp_path):
     # torchao's compiled step fails on FSDP2's DTensor shards of bf16 parameters; the recipe steps it on
-    # the local tensors (training._torchao_local_step). Its own stochastic rounding draws from the
+    # the local tensors (training.optim._torchao_local_step). Its own stochastic rounding draws from the
     # default generator, which the recipe saves with the RNG state: reset here for each run.
     cfg = OmegaConf.create({"_component_": "torchao.optim.AdamW8bit", "lr": 1e-2, "bf16_stochastic_round": True})
 

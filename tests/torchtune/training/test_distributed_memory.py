@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from torchtune.config import load_config
-from torchtune.training._distributed_memory import (
+from torchtune.training.estimate._distributed_memory import (
     DISTRIBUTED_CATEGORIES,
     estimate_distributed_memory,
     fake_world,
@@ -199,7 +199,7 @@ def test_host_memory_of_llama2_70b_on_8_ranks_is_one_tensor_not_the_model():
     embedding (32000 x 8192), larger than a permuted q copy (2 x 8192 x 8192) or w1 (28672 x 8192); the
     load's largest in-flight rows are rank 0's 4000 embedding rows; with CPU offload the shards add an
     eighth of the model."""
-    from torchtune.training._distributed_memory import estimate_host_memory
+    from torchtune.training.estimate._distributed_memory import estimate_host_memory
 
     cfg = load_config("llama2/70B_full_distributed")
     host = estimate_host_memory(cfg, 8)

@@ -43,8 +43,8 @@ def _rank(rank: int, port: int, folder: str, out: str, results: str) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1")
     os.environ["MASTER_PORT"] = str(port)
     from torchtune import training
-    from torchtune.utils import FullModelHFCheckpointer
-    from torchtune.utils._checkpointing import _checkpointer
+    from torchtune.training import FullModelHFCheckpointer
+    from torchtune.training.checkpointing import _checkpointer
 
     _checkpointer._write_safetensors_file = _full_disk_after_one_tensor
     info = training.init_distributed("cpu")

@@ -42,7 +42,7 @@ def _logits(folder: Path, tokens: torch.Tensor) -> torch.Tensor:
 
 def test_single_device_step_exports_to_a_folder_transformers_loads_with_the_models_logits(run, tmp_path, capsys):
     from torchtune.models.llama2 import llama2
-    from torchtune.utils import FullModelHFCheckpointer
+    from torchtune.training import FullModelHFCheckpointer
 
     out = tmp_path / "hf"
     rc, err = _export(capsys, run / "step_2", "--output-dir", out, "--max-shard-size", "40KB")
@@ -69,7 +69,7 @@ def test_meta_format_step_exports_with_the_base_models_config(run, tmp_path, cap
     --base-model-dir for config.json; the export gives the logits of the weights it holds."""
     from torchtune.models.llama2 import llama2
     from torchtune.models.llama2._convert_weights import tune_to_meta
-    from torchtune.utils import FullModelHFCheckpointer
+    from torchtune.training import FullModelHFCheckpointer
     from torchtune.utils._checkpointing._manifest import build_manifest
 
     base = run.parent / "base"
@@ -172,7 +172,7 @@ def test_sharded_state_of_each_converter_family_exports_to_its_base_weights(fami
     from safetensors.torch import load_file
 
     from torchtune.models._hf_family import detect_family
-    from torchtune.utils import FullModelHFCheckpointer
+    from torchtune.training import FullModelHFCheckpointer
     from torchtune.utils._checkpointing._manifest import build_manifest
 
     if family == "gemma3":

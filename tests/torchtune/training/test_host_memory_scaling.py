@@ -103,7 +103,7 @@ def _rank(rank: int, port: int, folder: str, out: str, results: str) -> None:
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
     from torchtune import training
-    from torchtune.utils import FullModelHFCheckpointer
+    from torchtune.training import FullModelHFCheckpointer
 
     info = training.init_distributed("cpu")
     try:

@@ -162,7 +162,7 @@ def test_bad_grouping_is_a_config_error():
 
 def test_the_memory_estimate_counts_one_layers_gradients():
     from torchtune.config import load_config
-    from torchtune.training._memory_estimator import estimate_recipe_memory
+    from torchtune.training.estimate._memory_estimator import estimate_recipe_memory
 
     def estimate(group):
         cfg = load_config(

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from torchtune.config import load_config
-from torchtune.training._memory_estimator import (
+from torchtune.training.estimate._memory_estimator import (
     CATEGORIES,
     StorageCounter,
     estimate_recipe_memory,
@@ -250,7 +250,7 @@ def test_low_rank_state_solved_from_small_matrices_equals_a_real_step(shape):
     ones, is what one real step of the class makes on that matrix."""
     apollo = pytest.importorskip("apollo_torch")
     galore = pytest.importorskip("galore_torch")
-    from torchtune.training._memory_estimator import _measured_low_rank_bytes, measure_low_rank_state
+    from torchtune.training.estimate._memory_estimator import _measured_low_rank_bytes, measure_low_rank_state
 
     for cls, group in [
         (
@@ -277,7 +277,7 @@ def test_low_rank_state_solved_from_small_matrices_equals_a_real_step(shape):
 
 
 def test_paged_state_reports_bytes_and_pcie_seconds_per_step():
-    from torchtune.training._memory_estimator import PCIE_GB_PER_S, MemoryEstimate
+    from torchtune.training.estimate._memory_estimator import PCIE_GB_PER_S, MemoryEstimate
 
     est = MemoryEstimate(peak_bytes=1, breakdown={c: 0 for c in CATEGORIES}, paged_optimizer_bytes=int(53.91e9))
     line = next(x for x in est.format().splitlines() if "paged per step" in x)
@@ -295,7 +295,7 @@ def test_llama2_7b_16gb_apollo_mini_fits_without_paging():
     pytest.importorskip("apollo_torch")
     pytest.importorskip("torchao")
     from torchtune.config._load import resolve_config_path
-    from torchtune.training._checkpoint_memory import estimate_run_memory
+    from torchtune.training.estimate._checkpoint_memory import estimate_run_memory
 
     cfg = load_config("llama2/7B_full_16gb_apollo_mini", [])
     est = estimate_run_memory(cfg, seq_len=2048, batch_size=2)

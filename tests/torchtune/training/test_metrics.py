@@ -3,9 +3,9 @@
 from omegaconf import OmegaConf
 
 from torchtune import training
-from torchtune.utils.metric_logging import read_metrics
+from torchtune.training.metric_logging import read_metrics
 
-STDOUT = {"_component_": "torchtune.utils.metric_logging.StdoutLogger"}
+STDOUT = {"_component_": "torchtune.training.metric_logging.StdoutLogger"}
 
 
 def _loggers(tmp_path, metric_logger):

@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from torchtune import training
 from torchtune._errors import TuneError
 from torchtune.models.llama3_1 import llama3_1_8b
-from torchtune.training import _offload_memory
+from torchtune.training.estimate import _offload_memory
 
 GB = 1e9
 ADAMW8BIT = OmegaConf.create({"_component_": "torchao.optim.AdamW8bit", "lr": 2e-5})

@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 
 from torchtune import ConfigError, TuneError, training
 from torchtune.models.llama2 import llama2_tiny, tune_to_hf
-from torchtune.utils import FullModelHFCheckpointer
+from torchtune.training import FullModelHFCheckpointer
 
 HEADS, KV_HEADS, DIM = 4, 2, 64  # llama2_tiny
 SETTINGS = training.RunSettings(
@@ -51,7 +51,7 @@ def _cfg(folder: Path, recipe_checkpoint, resume: bool = True):
         {
             "resume_from_checkpoint": resume,
             "checkpointer": {
-                "_component_": "torchtune.utils.FullModelHFCheckpointer",
+                "_component_": "torchtune.training.FullModelHFCheckpointer",
                 "checkpoint_dir": str(folder.parent.parent / "base"),
                 "checkpoint_files": ["model.safetensors"],
                 "recipe_checkpoint": recipe_checkpoint,

@@ -7,9 +7,9 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from torchtune.config import load_config
-from torchtune.training._attention_kernels import target_attention
-from torchtune.training._checkpoint_memory import estimate_run_memory
-from torchtune.training._memory_estimator import StorageCounter
+from torchtune.training.estimate._attention_kernels import target_attention
+from torchtune.training.estimate._checkpoint_memory import estimate_run_memory
+from torchtune.training.estimate._memory_estimator import StorageCounter
 
 # big enough that bitsandbytes pages the state of most weights (>= 1e5 elements), small enough for seconds
 DIMS = ["+model.vocab_size=2048", "+model.num_layers=2", "+model.embed_dim=256", "+model.num_heads=4"]

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from torchtune.training._stochastic_rounding import ShardedStochasticRounding, StochasticRounding, step_parameter
+from torchtune.training.optim._stochastic_rounding import ShardedStochasticRounding, StochasticRounding, step_parameter
 
 N, STEPS = 4096, 1000
 

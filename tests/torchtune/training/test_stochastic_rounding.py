@@ -30,11 +30,11 @@ OPTIMIZERS = [
 
 @pytest.fixture(params=["c", "inductor"])
 def kernel(request, monkeypatch):
-    """The kernel a CPU run uses (``c``: torchtune/training/stochastic_rounding.c, built once per machine)
-    or, with it switched off, the one Inductor compiles (what a GPU runs). Returns a check that the kernel
+    """The kernel a CPU run uses (``c``: torchtune/modules/_native_kernels/stochastic_rounding.c, built once per
+    machine) or, with it switched off, the one Inductor compiles (what a GPU runs). Returns a check that the kernel
     ran for ``name`` (``round`` or ``adam``)."""
-    import torchtune.training._stochastic_rounding as sr
-    from torchtune.training import _native_kernels
+    import torchtune.training.optim._stochastic_rounding as sr
+    from torchtune.modules import _native_kernels
 
     if request.param == "inductor":
         monkeypatch.setattr(_native_kernels, "library", lambda: None)
@@ -221,7 +221,7 @@ def test_config_checks_pass_what_works(caplog):
 )
 def test_elementwise_torch_optimizers_step_in_slices_with_the_same_result(monkeypatch, cls, kwargs):
     """AdamW/SGD step large parameters slice by slice (bounded fp32 copies); the result is the whole step's."""
-    import torchtune.training._stochastic_rounding as sr
+    import torchtune.training.optim._stochastic_rounding as sr
 
     def run(slice_size, elementwise):
         monkeypatch.setattr(sr, "_SLICE", slice_size)
@@ -274,7 +274,7 @@ def test_bitsandbytes_in_backward_step_skips_its_device_syncs(monkeypatch, compo
 def test_bitsandbytes_steps_in_slices_with_the_same_result(monkeypatch, component):
     """bitsandbytes' update runs slice by slice on views of its state (32-bit, and 8-bit blockwise with
     one absmax per 256 elements): the same weights and state as the parameter swapped to fp32 whole."""
-    import torchtune.training._stochastic_rounding as sr
+    import torchtune.training.optim._stochastic_rounding as sr
 
     def run(sliced):
         monkeypatch.setattr(sr, "_SLICE", 1024)  # 4 slices of 4 blocks each for 4096 elements
@@ -300,7 +300,7 @@ def test_compiled_rounding_is_unbiased_resumes_exactly_and_counts(kernel):
     """The rounding kernel (C on a CPU, Inductor's on CUDA): a million draws land on the
     two bf16 neighbours with the right odds, a resume from the saved counters draws the same bits, the
     global generator is untouched, and the count of changed weights is exact."""
-    import torchtune.training._stochastic_rounding as sr
+    import torchtune.training.optim._stochastic_rounding as sr
 
     ulp = 2.0**-7
     fractions = torch.arange(8, dtype=torch.float32) / 8
@@ -336,7 +336,7 @@ def test_compiled_rounding_is_unbiased_resumes_exactly_and_counts(kernel):
 def test_random_bits_are_uniform_and_independent():
     """Each of the 16 bits an element gets is 1 half the time over a million elements, independently of its
     neighbour's and of the same element's bits in the next call (within 4 standard errors, 0.002)."""
-    from torchtune.training._stochastic_rounding import _hash16, _key_tensor
+    from torchtune.training.optim._stochastic_rounding import _hash16, _key_tensor
 
     rounding = StochasticRounding(seed=0, device=torch.device("cpu"))
     index = torch.arange(1 << 20, dtype=torch.int32)
@@ -377,8 +377,8 @@ def test_rounding_adds_the_hash_below_bf16s_bits_and_truncates(path, monkeypatch
         + [float("inf"), float("-inf"), float("nan")]
     )
     src[: edges.numel() * 64] = edges.repeat(64)
-    import torchtune.training._stochastic_rounding as sr
-    from torchtune.training import _native_kernels
+    import torchtune.training.optim._stochastic_rounding as sr
+    from torchtune.modules import _native_kernels
 
     if path == "inductor":
         monkeypatch.setattr(_native_kernels, "library", lambda: None)
@@ -401,8 +401,8 @@ def test_c_inductor_and_plain_kernels_write_the_same_bits(monkeypatch):
     """The three ways a rounding runs: the C kernel (a CPU), Inductor's (a GPU, or a CPU without a C
     compiler) and plain PyTorch on chunks (not fused, or where neither builds): bitwise the same rounding,
     and the same bits for the one-pass AdamW step up to an FMA contraction (one bf16 step, rarely)."""
-    import torchtune.training._stochastic_rounding as sr
-    from torchtune.training import _native_kernels
+    import torchtune.training.optim._stochastic_rounding as sr
+    from torchtune.modules import _native_kernels
 
     numel = (1 << 20) + 4099
     torch.manual_seed(0)
@@ -457,7 +457,7 @@ def test_fused_adam_step_is_torchs_update_with_the_same_bits(monkeypatch, cls, k
     """The one-pass Adam/AdamW step (bf16 in, fp32 in registers, bf16 out) against torch's own step on fp32
     slices, with the same random bits: torch's update to fp32 rounding, so at most a bf16 step apart where
     the two fp32 results straddle a rounding boundary, and the same state (keys, dtypes, step count)."""
-    import torchtune.training._stochastic_rounding as sr
+    import torchtune.training.optim._stochastic_rounding as sr
 
     def run(fused_step):
         if not fused_step:
@@ -493,7 +493,7 @@ def test_one_pass_adam_step_runs_the_optimizer_step_hooks():
     the optimizer state through the global pre-hook; without it the state was counted as temporaries)."""
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-    import torchtune.training._stochastic_rounding as sr
+    import torchtune.training.optim._stochastic_rounding as sr
 
     param = torch.nn.Parameter(torch.ones(8, 8, dtype=torch.bfloat16))
     opt = torch.optim.AdamW([param], lr=1e-2)
@@ -596,7 +596,7 @@ def test_rounding_allocates_no_fp32_copy_of_a_whole_parameter(monkeypatch, compo
     slice at a time: no 4-byte tensor larger than a slice is ever allocated."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    import torchtune.training._stochastic_rounding as sr
+    import torchtune.training.optim._stochastic_rounding as sr
 
     slice_ = 4096
     monkeypatch.setattr(sr, "_SLICE", slice_)

@@ -81,7 +81,7 @@ def test_training_layer_alone_gives_the_recipes_first_losses(tiny, tmp_path, opt
     )
     assert proc.returncode == 0, proc.stderr
     assert losses == read_losses(out)  # the same steps, bit for bit
-    from torchtune.utils.metric_logging import read_metrics
+    from torchtune.training.metric_logging import read_metrics
 
     logged_norms = [row["grad_norm"] for row in read_metrics(out / "logs" / "metrics.jsonl")]
     assert norms == pytest.approx(logged_norms, rel=1e-6)

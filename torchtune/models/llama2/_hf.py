@@ -10,13 +10,13 @@ from torchtune.models._hf_family import HFFamily, ModelShape, config_int
 
 
 def _llama_family(config: Dict[str, Any]) -> str:
-    from torchtune.utils._checkpointing._hf_config import HFModelConfig
+    from torchtune.models._hf_config import HFModelConfig
 
     return HFModelConfig.from_dict(config, Path("config.json")).family()
 
 
 def _shape(config: Dict[str, Any], path: Path) -> ModelShape:
-    from torchtune.utils._checkpointing._hf_config import HFModelConfig
+    from torchtune.models._hf_config import HFModelConfig
 
     parsed = HFModelConfig.from_dict(config, path)  # RoPE scaling is checked by HFModelConfig.check_model
     return ModelShape(

@@ -1,5 +1,5 @@
 """Mistral 7B (v0.3; v0.1 with its sliding window): builders and tokenizer; Hugging Face folders are read and written by
-``torchtune.utils.FullModelHFCheckpointer`` through this family's ``_hf.py`` registration."""
+``torchtune.training.FullModelHFCheckpointer`` through this family's ``_hf.py`` registration."""
 
 from torchtune.models.mistral._component_builders import mistral
 from torchtune.models.mistral._model_builders import (

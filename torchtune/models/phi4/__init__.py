@@ -1,5 +1,5 @@
 """Phi-4 (14B) and Phi-4-mini (3.8B): builders and tokenizer; Hugging Face folders are read and written by
-``torchtune.utils.FullModelHFCheckpointer`` through this family's ``_hf.py`` registration."""
+``torchtune.training.FullModelHFCheckpointer`` through this family's ``_hf.py`` registration."""
 
 from torchtune.models.phi4._component_builders import phi4
 from torchtune.models.phi4._model_builders import (

@@ -1,5 +1,5 @@
 """Qwen2.5 (0.5B-32B): builders and tokenizer; Hugging Face folders are read and written by
-``torchtune.utils.FullModelHFCheckpointer`` through this family's ``_hf.py`` registration."""
+``torchtune.training.FullModelHFCheckpointer`` through this family's ``_hf.py`` registration."""
 
 from torchtune.models.qwen2_5._component_builders import qwen2_5
 from torchtune.models.qwen2_5._model_builders import (

@@ -1,5 +1,5 @@
 """Qwen3 (dense 0.6B-32B): builders and tokenizer; Hugging Face folders are read and written by
-``torchtune.utils.FullModelHFCheckpointer`` through this family's ``_hf.py`` registration."""
+``torchtune.training.FullModelHFCheckpointer`` through this family's ``_hf.py`` registration."""
 
 from torchtune.models.qwen3._component_builders import qwen3
 from torchtune.models.qwen3._model_builders import (

@@ -1,11 +1,8 @@
-"""Checkpointers for full-model finetuning: format conversion, atomic saves, manifests."""
+"""Checkpoint files, format-free: atomic folders, manifests and checksums, streaming writes, safe loads,
+per-tensor reads, and the optimizer-in-backward state (``OptimInBackwardWrapper``). The checkpointers that
+convert model formats are in ``torchtune.training.checkpointing``."""
 
 from torchtune.utils._checkpointing._atomic import write_folder_atomically
-from torchtune.utils._checkpointing._checkpointer import (
-    FullModelHFCheckpointer,
-    FullModelMetaCheckpointer,
-    validate_state_dict,
-)
 from torchtune.utils._checkpointing._manifest import (
     RECIPE_STATE_NAME,
     find_latest_checkpoint,
@@ -16,12 +13,9 @@ from torchtune.utils._checkpointing._safe_load import load_recipe_state
 
 __all__ = [
     "RECIPE_STATE_NAME",
-    "FullModelHFCheckpointer",
-    "FullModelMetaCheckpointer",
     "find_latest_checkpoint",
     "load_recipe_state",
     "previous_checkpoint",
-    "validate_state_dict",
     "verify_manifest",
     "write_folder_atomically",
 ]

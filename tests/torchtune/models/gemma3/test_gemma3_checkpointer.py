@@ -14,7 +14,7 @@ transformers = pytest.importorskip("transformers")
 from torchtune._errors import TuneError  # noqa: E402
 from torchtune.models.gemma3 import gemma3  # noqa: E402
 from torchtune.models.gemma3._hf import builder_args  # noqa: E402
-from torchtune.utils import FullModelHFCheckpointer  # noqa: E402
+from torchtune.training import FullModelHFCheckpointer  # noqa: E402
 
 TEXT = dict(
     vocab_size=300,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from torchtune._errors import TuneError
-from torchtune.utils import FullModelHFCheckpointer
+from torchtune.training import FullModelHFCheckpointer
 
 QWEN3 = {
     "architectures": ["Qwen3ForCausalLM"],
@@ -93,7 +93,7 @@ def test_unsupported_config_features_are_refused(tmp_path):
 
 
 def test_meta_checkpointer_refuses_other_families(tmp_path):
-    from torchtune.utils import FullModelMetaCheckpointer
+    from torchtune.training import FullModelMetaCheckpointer
 
     folder = _folder(tmp_path, QWEN3)
     with pytest.raises(TuneError, match="Meta's consolidated.00.pth format holds Llama 2 and Llama 3 / 3.1 only"):

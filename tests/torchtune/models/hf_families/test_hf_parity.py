@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from torchtune._errors import TuneError
-from torchtune.utils import FullModelHFCheckpointer
+from torchtune.training import FullModelHFCheckpointer
 
 transformers = pytest.importorskip("transformers")
 

@@ -14,13 +14,8 @@ from safetensors.torch import save_file
 
 from torchtune import TuneError
 from torchtune.models.llama2 import llama2_tiny, tune_to_hf, tune_to_meta
-from torchtune.utils._checkpointing import (
-    FullModelHFCheckpointer,
-    FullModelMetaCheckpointer,
-    _streaming_write,
-    find_latest_checkpoint,
-    verify_manifest,
-)
+from torchtune.training import FullModelHFCheckpointer, FullModelMetaCheckpointer
+from torchtune.utils._checkpointing import _streaming_write, find_latest_checkpoint, verify_manifest
 
 HEADS, KV_HEADS, DIM = 4, 2, 64  # llama2_tiny
 

@@ -11,8 +11,9 @@ import xxhash
 from safetensors.torch import load_file, save_file
 
 from torchtune.models.llama2 import llama2, scale_hidden_dim_for_mlp, tune_to_hf
-from torchtune.training._memory_estimator import StorageCounter
-from torchtune.utils._checkpointing import FullModelHFCheckpointer, _manifest
+from torchtune.training import FullModelHFCheckpointer
+from torchtune.training.estimate._memory_estimator import StorageCounter
+from torchtune.utils._checkpointing import _manifest
 from torchtune.utils._checkpointing._streaming_write import (
     HashingFile,
     safetensors_order,

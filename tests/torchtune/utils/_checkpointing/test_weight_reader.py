@@ -14,8 +14,8 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from tests.torchtune.models.hf_families.test_hf_parity import CASES, make_hf_folder  # noqa: E402
-from torchtune.training._distributed import _local_rows  # noqa: E402
-from torchtune.utils import FullModelHFCheckpointer  # noqa: E402
+from torchtune.training import FullModelHFCheckpointer  # noqa: E402
+from torchtune.training.distributed._fsdp import _local_rows  # noqa: E402
 
 
 def _assert_rows_match(reader, full):

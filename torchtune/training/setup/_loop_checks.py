@@ -1,0 +1,56 @@
+"""The checks of the keys both recipes' training loops read, in one call, and every check of a config
+both finetune recipes make before building anything.
+
+Apart from ``_checks`` because it gathers checks from the modules that own those keys (resume, output
+folder, validation, metric loggers), several of which import ``_checks`` themselves.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from torchtune import config, utils
+from torchtune.training.run._eval_after_training import EvalAfterTraining
+from torchtune.training.run._metrics import check_metric_logger
+from torchtune.training.run._output_dir import check_overwrite
+from torchtune.training.run._resume import check_resume_keys
+from torchtune.training.run._validation import check_validation_settings
+from torchtune.training.setup._checks import check_liger, check_optimizer_settings, check_value_types, positive_int
+
+__all__ = ["check_finetune_config", "check_loop_keys"]
+
+
+def check_finetune_config(cfg: Any, recipe_keys: Sequence[str], recipe_name: str, shipped_config: str) -> None:
+    """What both finetune recipes check of ``cfg`` before building anything: its keys (those of
+    ``recipe_keys``, no others; ``shipped_config`` is named as an example), value types and ranges,
+    device and dtype spellings, optimizer settings, liger-kernel's device and package, the loop's keys
+    and ``eval_after_training``.
+
+    Raises:
+        ConfigError: naming the key to change.
+    """
+    config.check_recipe_keys(cfg, recipe_keys, recipe_name, shipped_config)
+    check_value_types(cfg)
+    utils.parse_device(cfg.device)
+    utils.dtype_name(cfg.dtype)
+    check_optimizer_settings(cfg)
+    check_liger(cfg)
+    check_loop_keys(cfg)
+    EvalAfterTraining(cfg)
+
+
+def check_loop_keys(cfg: Any) -> None:
+    """The checks of the keys the training loop of both recipes reads: step counts and intervals, resume,
+    output folder, validation and metric loggers.
+
+    Raises:
+        ConfigError: naming the key to change.
+    """
+    for key in ("batch_size", "epochs", "log_every_n_steps"):
+        positive_int(cfg, key)
+    for key in ("max_steps_per_epoch", "save_every_n_steps", "keep_last_n_checkpoints"):
+        positive_int(cfg, key, allow_none=True)
+    check_resume_keys(cfg)
+    check_overwrite(cfg)
+    check_validation_settings(cfg)
+    check_metric_logger(cfg)
