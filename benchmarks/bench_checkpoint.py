@@ -45,7 +45,8 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 
 from torchtune import training  # noqa: E402
 from torchtune.models.llama2 import llama2, tune_to_hf  # noqa: E402
-from torchtune.utils._checkpointing import FullModelHFCheckpointer, load_recipe_state  # noqa: E402
+from torchtune.training import FullModelHFCheckpointer  # noqa: E402
+from torchtune.utils._checkpointing import load_recipe_state  # noqa: E402
 from torchtune.utils._checkpointing._atomic import fsync_file  # noqa: E402
 from torchtune.utils._checkpointing._manifest import check_checksums, verify_checkpoint_files  # noqa: E402
 
