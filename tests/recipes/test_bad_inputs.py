@@ -196,7 +196,7 @@ def results(folder) -> dict:
     # the device cases are about a machine without a GPU: hide any GPU this one has
     env = {
         **os.environ,
-        "PYTHONPATH": str(site),
+        "PYTHONPATH": os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p),
         "HF_DATASETS_OFFLINE": "1",
         "HF_HUB_OFFLINE": "1",
         "CUDA_VISIBLE_DEVICES": "",

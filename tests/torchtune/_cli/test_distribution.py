@@ -52,7 +52,9 @@ def _fake_pytorch_torchtune(folder: Path) -> Path:
 @pytest.mark.parametrize("command", [["ls"], ["validate", "generate"]])
 def test_pytorch_torchtune_in_the_same_environment_is_reported(tmp_path, command):
     site = _fake_pytorch_torchtune(tmp_path / "site")
-    result = _tune(*command, env={"PYTHONPATH": str(site)})
+    result = _tune(
+        *command, env={"PYTHONPATH": os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)}
+    )
     assert result.returncode == 0, result.stderr  # a warning, the command still runs
     text = " ".join(result.stderr.split())
     assert "the distribution 'torchtune' 0.6.1 is installed in this Python environment" in text

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 import subprocess
 import sys
 
@@ -183,10 +184,18 @@ def test_source_signature_is_confirmed_by_importing(tmp_path):
         "import tt_src_patch  # noqa\nfrom tt_src_base import Base\n\nclass Thing(Base):\n    pass\n"
     )
     (tmp_path / "c.yaml").write_text("thing:\n  _component_: tt_src_thing.Thing\n  a: 1\n  extra: 2\n")
-    result = run_tune(["validate", "c.yaml"], cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)})
+    result = run_tune(
+        ["validate", "c.yaml"],
+        cwd=tmp_path,
+        env={"PYTHONPATH": os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p)},
+    )
     assert result.returncode == 0, result.stderr
     (tmp_path / "c.yaml").write_text("thing:\n  _component_: tt_src_thing.Thing\n  a: 1\n  extr: 2\n")
-    result = run_tune(["validate", "c.yaml"], cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)})
+    result = run_tune(
+        ["validate", "c.yaml"],
+        cwd=tmp_path,
+        env={"PYTHONPATH": os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p)},
+    )
     assert result.returncode == 2 and "'extr' (did you mean 'extra'?)" in _flat(result.stderr)
 
 
