@@ -91,15 +91,16 @@ class KeptRows:
                     f"{described} has nothing to learn in any row ({why}): with {key}.train_on_input=False the "
                     f"loss is on the replies only. Raise {key}.max_seq_len, or check the data's reply column."
                 )
+            more = len(dropped_rows) - _SHOWN_ROWS
             log.warning(
-                "%s: %d of %d rows have nothing to learn and are left out (%s); rows %s%s. %s",
+                "%s: %d of %d rows have nothing to learn and are left out (%s): rows %s%s.%s",
                 key,
                 len(dropped_rows),
                 total,
                 why,
                 ", ".join(str(i) for i in dropped_rows[:_SHOWN_ROWS]),
-                " ..." if len(dropped_rows) > _SHOWN_ROWS else "",
-                f"A larger {key}.max_seq_len keeps the cut ones." if CUT_AWAY in dropped else "",
+                f" and {more} more" if more > 0 else "",
+                f" A larger {key}.max_seq_len keeps the cut ones." if CUT_AWAY in dropped else "",
             )
         return kept
 

@@ -105,7 +105,10 @@ def test_rows_cut_before_their_reply_are_left_out_and_counted(tok, openai_file, 
     full = chat_dataset(tok, source=str(openai_file), cache_dir=str(tmp_path / "c"))[1]
     assert ds[0]["tokens"] == full["tokens"][:31] + full["tokens"][-1:]
     assert [i for i, t in enumerate(ds[0]["labels"]) if t != -100] == [30, 31]
-    assert "1 of 2 rows have nothing to learn and are left out (1 cut away by max_seq_len); rows 0." in caplog.text
+    assert (
+        "1 of 2 rows have nothing to learn and are left out (1 cut away by max_seq_len): rows 0. A larger"
+        in caplog.text
+    )
     with pytest.raises(TuneError, match="has nothing to learn in any row .*Raise dataset.max_seq_len"):
         chat_dataset(tok, source=str(openai_file), max_seq_len=31, cache_dir=str(tmp_path / "c"))
     with caplog.at_level("WARNING", logger="torchtune"):

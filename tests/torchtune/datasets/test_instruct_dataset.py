@@ -84,7 +84,7 @@ def test_rows_with_nothing_to_learn_are_left_out(tokenizer, tmp_path, cache_dir,
         ds = alpaca_dataset(tokenizer, source="json", data_files=data, cache_dir=cache_dir, train_on_input=False)
     assert len(ds) == 2 and ds.dropped == {"empty reply": 2}
     assert tokenizer.decode([t for t in ds[1]["labels"] if t != -100]) == "bye"
-    assert "2 of 4 rows have nothing to learn and are left out (2 empty reply); rows 1, 2." in caplog.text
+    assert "2 of 4 rows have nothing to learn and are left out (2 empty reply): rows 1, 2." in caplog.text
     packed = alpaca_dataset(
         tokenizer, source="json", data_files=data, cache_dir=cache_dir, train_on_input=False, packed=True
     )

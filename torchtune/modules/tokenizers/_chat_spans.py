@@ -175,7 +175,8 @@ def chat_spans(
         eot = next((e for s, e in specials if s >= content_end and e <= limit), content_end)
         char_turns[i] = (position, max(position, eot))
         if generation_blocks is None and messages[i].get("role") == "assistant":
-            previous = rendered[k - 1] if k else None
+            # the message rendered last before the reply that also comes before it in the conversation
+            previous = next((j for j in reversed(rendered[:k]) if j < i), None)
             start = _reply_start(messages, i, previous, regions, text, render)
             char_replies[i] = (max(position, start), char_turns[i][1])
         position = char_turns[i][1]
