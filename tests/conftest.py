@@ -70,3 +70,25 @@ def llama3_tokenizer_dir(tmp_path_factory):
     from tests._helpers.llama3_tokenizer import make_llama3_tokenizer_files
 
     return make_llama3_tokenizer_files(tmp_path_factory.mktemp("llama3_tokenizer"))
+
+
+@pytest.fixture(scope="session")
+def chat_tokenizer_dir(tmp_path_factory, llama3_tokenizer_dir):
+    """``family -> folder``: a tiny tokenizer folder with that family's chat template (qwen2_5, qwen3,
+    mistral, phi4, phi4_mini, gemma3, llama3), each made once per session on first use (training the
+    BPE takes a second or two)."""
+    made = {"llama3": llama3_tokenizer_dir}
+
+    def folder(family: str):
+        if family not in made:
+            if family == "gemma3":
+                from tests._helpers.gemma3_tokenizer import make_gemma3_tokenizer
+
+                made[family] = make_gemma3_tokenizer(tmp_path_factory.mktemp(family)).parent
+            else:
+                from tests._helpers.hf_tokenizers import make_hf_tokenizer_folder
+
+                made[family] = make_hf_tokenizer_folder(tmp_path_factory.mktemp(family), family)
+        return made[family]
+
+    return folder

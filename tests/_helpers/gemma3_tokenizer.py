@@ -8,52 +8,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from tests._helpers.chat_templates import TEMPLATES
 from tests._helpers.llama3_tokenizer import CHAT_CORPUS
 from tests._helpers.tokenizer import DEFAULT_CORPUS
 
-# Gemma 3 instruct's chat template, as its tokenizer_config.json has it.
-GEMMA3_CHAT_TEMPLATE = (
-    "{{ bos_token }}\n"
-    "{%- if messages[0]['role'] == 'system' -%}\n"
-    "    {%- if messages[0]['content'] is string -%}\n"
-    "        {%- set first_user_prefix = messages[0]['content'] + '\\n\\n' -%}\n"
-    "    {%- else -%}\n"
-    "        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\\n\\n' -%}\n"
-    "    {%- endif -%}\n"
-    "    {%- set loop_messages = messages[1:] -%}\n"
-    "{%- else -%}\n"
-    '    {%- set first_user_prefix = "" -%}\n'
-    "    {%- set loop_messages = messages -%}\n"
-    "{%- endif -%}\n"
-    "{%- for message in loop_messages -%}\n"
-    "    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}\n"
-    '        {{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}\n'
-    "    {%- endif -%}\n"
-    "    {%- if (message['role'] == 'assistant') -%}\n"
-    '        {%- set role = "model" -%}\n'
-    "    {%- else -%}\n"
-    "        {%- set role = message['role'] -%}\n"
-    "    {%- endif -%}\n"
-    "    {{ '<start_of_turn>' + role + '\\n' + (first_user_prefix if loop.first else \"\") }}\n"
-    "    {%- if message['content'] is string -%}\n"
-    "        {{ message['content'] | trim }}\n"
-    "    {%- elif message['content'] is iterable -%}\n"
-    "        {%- for item in message['content'] -%}\n"
-    "            {%- if item['type'] == 'image' -%}\n"
-    "                {{ '<start_of_image>' }}\n"
-    "            {%- elif item['type'] == 'text' -%}\n"
-    "                {{ item['text'] | trim }}\n"
-    "            {%- endif -%}\n"
-    "        {%- endfor -%}\n"
-    "    {%- else -%}\n"
-    '        {{ raise_exception("Invalid content type") }}\n'
-    "    {%- endif -%}\n"
-    "    {{ '<end_of_turn>\\n' }}\n"
-    "{%- endfor -%}\n"
-    "{%- if add_generation_prompt -%}\n"
-    "    {{'<start_of_turn>model\\n'}}\n"
-    "{%- endif -%}\n"
-)
+GEMMA3_CHAT_TEMPLATE = TEMPLATES["gemma3"]
 
 # Gemma 3's first special tokens, at their ids (0-4), then the turn markers.
 SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<start_of_turn>", "<end_of_turn>", "<start_of_image>"]

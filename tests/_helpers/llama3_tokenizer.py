@@ -10,16 +10,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Dict, Iterable, Optional
 
+from tests._helpers.chat_templates import TEMPLATES
 from tests._helpers.tokenizer import DEFAULT_CORPUS
 
-# Llama 3 Instruct's chat template (Meta-Llama-3-8B-Instruct's tokenizer_config.json).
-LLAMA3_CHAT_TEMPLATE = (
-    "{% set loop_messages = messages %}{% for message in loop_messages %}"
-    "{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'"
-    "+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}"
-    "{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
-)
+LLAMA3_CHAT_TEMPLATE = TEMPLATES["llama3"]
 
 CHAT_CORPUS = (
     "You are a helpful assistant. Answer briefly and politely.",

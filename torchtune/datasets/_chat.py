@@ -11,6 +11,7 @@ from torchtune._errors import TuneError
 from torchtune.config._types import checked_by
 from torchtune.datasets._collate import CROSS_ENTROPY_IGNORE_IDX
 from torchtune.datasets._loading import describe_source, load_hf_dataset
+from torchtune.datasets._rows import CUT_AWAY, EMPTY_REPLY, KeptRows, column_batches, has_targets, truncate
 
 ROLES = ("system", "user", "assistant", "ipython")
 # ShareGPT's speaker names -> roles. "ipython" is Llama 3.1's role for tool output.
@@ -42,11 +43,17 @@ class ChatDataset(Dataset):
     Every row is checked when the dataset is built, so a malformed conversation stops the run before
     training, with its row number, rather than at the step that reaches it.
 
-    Labels: by default only what the assistant writes is learnt, the content of each assistant message
-    and its closing ``<|eot_id|>``; system and user messages and every header are -100
+    Labels: by default only what the assistant writes is learnt, exactly as the chat template lays it out
+    (``tokenizer.message_spans``): each reply from the end of its generation prompt through its
+    end-of-turn token (``<|eot_id|>``, ``<|im_end|>``, ``<end_of_turn>`` ...), whitespace included;
+    system and user messages, every header and what a template puts after an end-of-turn token are -100
     (``train_on_input=True`` learns every token). Past ``max_seq_len`` tokens (default
-    ``tokenizer.max_seq_len``) a conversation is cut, keeping its last token (the closing
-    ``<|eot_id|>``) and that token's label.
+    ``tokenizer.max_seq_len``) a conversation is cut, keeping its last token, and that token's label when
+    a reply token survives the cut.
+
+    With ``train_on_input=False`` a row with nothing to learn is left out and counted in the log: every
+    reply empty (or blank), or, with ``max_seq_len``, the first reply starting past it (finding those
+    tokenizes every row once at build time). ``len`` is the number of rows trained on.
 
     Args:
         tokenizer: a tokenizer with ``tokenize_messages`` (``torchtune.models.llama3.llama3_tokenizer``).
@@ -56,12 +63,15 @@ class ChatDataset(Dataset):
         train_on_input: also learn the system/user messages and the headers.
         max_seq_len: longest example in tokens (None: no limit).
         split: the split to load.
+        drop_unlabelled: leave out rows with nothing to learn (``PackedDataset`` does it itself, so the
+            packed builder passes False).
         **load_dataset_kwargs: passed to ``datasets.load_dataset`` (``data_files``, ``cache_dir``, ...).
 
     Raises:
         TuneError: a tokenizer without a chat format; no conversation column; a conversation that is not
             a list of messages, a message without its role/content keys, an unknown role, content that is
-            not text, or a conversation with no assistant message (nothing to learn) -- naming the rows.
+            not text (null included), or a conversation with no assistant message (nothing to learn) --
+            naming the rows; no row with anything to learn.
     """
 
     def __init__(
@@ -73,6 +83,7 @@ class ChatDataset(Dataset):
         train_on_input: bool = False,
         max_seq_len: Optional[int] = None,
         split: str = "train",
+        drop_unlabelled: bool = True,
         **load_dataset_kwargs: Any,
     ) -> None:
         if not callable(getattr(tokenizer, "tokenize_messages", None)):
@@ -100,6 +111,23 @@ class ChatDataset(Dataset):
         self._data = load_hf_dataset(source, split=split, **load_dataset_kwargs)
         self.conversation_column = self._find_column(conversation_column, list(self._data.column_names))
         self._check_all_rows()
+        self._kept = KeptRows(len(self._data))
+        if drop_unlabelled and not self.train_on_input:
+            rows = column_batches(self._data, [self.conversation_column])
+            self._kept = KeptRows.scan(rows, len(self._data), self._why_unlabelled, self._described)
+
+    @property
+    def dropped(self) -> Dict[str, int]:
+        """Rows left out for having nothing to learn, per reason."""
+        return self._kept.dropped
+
+    def _why_unlabelled(self, row: Mapping[str, Any]) -> Optional[str]:
+        messages = self.to_messages(row[self.conversation_column])
+        if not any(m["content"].strip() for m in messages if m["role"] == "assistant"):
+            return EMPTY_REPLY
+        if self.max_seq_len is not None and not has_targets(self.tokenize_row(row)["labels"]):
+            return CUT_AWAY
+        return None
 
     def _find_column(self, column: Optional[str], available: List[str]) -> str:
         if column is not None:
@@ -122,15 +150,13 @@ class ChatDataset(Dataset):
     def _check_all_rows(self) -> None:
         problems: List[str] = []
         count = 0
-        # Batches of the one column: bounded memory however large the dataset is.
-        for start, batch in _column_batches(self._data, self.conversation_column):
-            for offset, conversation in enumerate(batch):
-                try:
-                    self.to_messages(conversation)
-                except TuneError as err:
-                    count += 1
-                    if len(problems) < _SHOWN_ERRORS:
-                        problems.append(f"row {start + offset}: {err}")
+        for index, row in column_batches(self._data, [self.conversation_column]):
+            try:
+                self.to_messages(row[self.conversation_column])
+            except TuneError as err:
+                count += 1
+                if len(problems) < _SHOWN_ERRORS:
+                    problems.append(f"row {index}: {err}")
         if problems:
             more = f" (and {count - len(problems)} more rows)" if count > len(problems) else ""
             raise TuneError(
@@ -169,28 +195,22 @@ class ChatDataset(Dataset):
         return messages
 
     def __len__(self) -> int:
-        return len(self._data)
+        return len(self._kept)
 
     def __getitem__(self, index: int) -> Dict[str, List[int]]:
-        return self.tokenize_row(self._data[index])
+        return self.tokenize_row(self._data[self._kept.row(index)])
 
     def tokenize_row(self, row: Mapping[str, Any]) -> Dict[str, List[int]]:
         """Tokens and labels of one row (see the class docstring)."""
-        tokens, is_assistant = self._tokenizer.tokenize_messages(self.to_messages(row[self.conversation_column]))
+        messages = self.to_messages(row[self.conversation_column])
+        tokens, is_assistant = self._tokenizer.tokenize_messages(messages)
         if self.train_on_input:
             labels = list(tokens)
-        else:
+        elif any(m["content"].strip() for m in messages if m["role"] == "assistant"):
             labels = [t if learn else CROSS_ENTROPY_IGNORE_IDX for t, learn in zip(tokens, is_assistant)]
-        if self.max_seq_len is not None and len(tokens) > self.max_seq_len:
-            tokens = tokens[: self.max_seq_len - 1] + tokens[-1:]
-            labels = labels[: self.max_seq_len - 1] + labels[-1:]
-        return {"tokens": tokens, "labels": labels}
-
-
-def _column_batches(data: Any, column: str, batch_size: int = 1000):
-    column_only = data.select_columns([column])
-    for start in range(0, len(column_only), batch_size):
-        yield start, column_only[start : start + batch_size][column]
+        else:  # only empty replies: nothing to learn, not even to stop
+            labels = [CROSS_ENTROPY_IGNORE_IDX] * len(tokens)
+        return dict(zip(("tokens", "labels"), truncate(tokens, labels, self.max_seq_len)))
 
 
 def _short(value: Any) -> str:
@@ -233,6 +253,7 @@ def chat_dataset(
         train_on_input=train_on_input,
         max_seq_len=max_seq_len,
         split=split,
+        drop_unlabelled=not packed,  # packing tokenizes every row anyway and leaves those rows out itself
         **load_dataset_kwargs,
     )
     if packed:

@@ -9,9 +9,18 @@ from torch.utils.data import Dataset
 
 from torchtune._errors import ConfigError, TuneError
 from torchtune.config._types import checked_by, whole_number
-from torchtune.datasets._loading import describe_source, load_hf_dataset
+from torchtune.datasets._loading import describe_source, load_text_dataset
 from torchtune.datasets._pack_cache import pack_cache_file
 from torchtune.datasets._packed import PackedDataset
+from torchtune.datasets._rows import (
+    CUT_AWAY,
+    EMPTY_REPLY,
+    KeptRows,
+    check_text_columns,
+    column_batches,
+    has_targets,
+    truncate,
+)
 from torchtune.datasets._templates import InstructTemplate, TemplateLike, resolve_template
 from torchtune.modules.loss import CROSS_ENTROPY_IGNORE_IDX
 
@@ -38,7 +47,13 @@ class InstructDataset(Dataset):
     those of the joined text. ``labels`` equal ``tokens``, except that the prompt's are -100 when
     ``train_on_input=False``. Past ``max_seq_len`` (default: ``tokenizer.max_seq_len`` if set) tokens
     and labels are cut and the last one set to EOS, so a truncated example still teaches the model to
-    stop. Rows are tokenized on access, so a large dataset starts at once; ``len`` is the row count.
+    stop. Rows are tokenized on access; ``len`` is the number of rows trained on.
+
+    Every row is checked when the dataset is built: a field the template reads that is null (an optional
+    one, Alpaca's ``input``, may be null: it is left out) or not text is an error naming the column and
+    rows. With ``train_on_input=False`` a row with nothing to learn is left out and counted in the log:
+    an empty (or blank) response, or, with ``max_seq_len``, a prompt so long that no response token is
+    left (finding those tokenizes every row once at build time).
 
     Args:
         tokenizer: encodes text (``SentencePieceTokenizer``).
@@ -49,11 +64,14 @@ class InstructDataset(Dataset):
         train_on_input: also compute the loss on prompt tokens.
         max_seq_len: longest example in tokens (None: no limit).
         split: the split to load.
+        drop_unlabelled: leave out rows with nothing to learn (``PackedDataset`` does it itself, so the
+            packed builders pass False).
         **load_dataset_kwargs: passed to ``datasets.load_dataset`` (``data_files``, ``cache_dir``, ...).
 
     Raises:
-        TuneError: a missing, empty or malformed data file, an unreachable hub dataset, or columns the
-            template needs that the dataset lacks (the message shows the ``column_map`` to set).
+        TuneError: a missing, empty or malformed data file, an unreachable hub dataset, columns the
+            template needs that the dataset lacks (the message shows the ``column_map`` to set), a null or
+            non-text field, or no row with anything to learn.
     """
 
     def __init__(
@@ -65,6 +83,7 @@ class InstructDataset(Dataset):
         train_on_input: bool = True,
         max_seq_len: Optional[int] = None,
         split: str = "train",
+        drop_unlabelled: bool = True,
         **load_dataset_kwargs: Any,
     ) -> None:
         self._tokenizer = tokenizer
@@ -78,8 +97,28 @@ class InstructDataset(Dataset):
         self.max_seq_len = max_seq_len
         self.source = source
         self._described = describe_source(source, load_dataset_kwargs.get("data_files"))
-        self._data = load_hf_dataset(source, split=split, **load_dataset_kwargs)
+        self._data = load_text_dataset(source, split=split, **load_dataset_kwargs)
         self._check_columns(list(self._data.column_names))
+        required = [self._column(f) for f in (*self.template.columns, self.template.response_column)]
+        optional = [self._column(f) for f in self.template.optional_columns]
+        check_text_columns(self._data, required, optional, self._described)
+        self._kept = KeptRows(len(self._data))
+        if drop_unlabelled and not train_on_input:
+            used = [c for c in dict.fromkeys([*required, *optional]) if c in self._data.column_names]
+            rows = column_batches(self._data, used)
+            self._kept = KeptRows.scan(rows, len(self._data), self._why_unlabelled, self._described)
+
+    @property
+    def dropped(self) -> Dict[str, int]:
+        """Rows left out for having nothing to learn, per reason."""
+        return self._kept.dropped
+
+    def _why_unlabelled(self, row: Mapping[str, Any]) -> Optional[str]:
+        if not row[self._column(self.template.response_column)].strip():
+            return EMPTY_REPLY
+        if self.max_seq_len is not None and not has_targets(self.tokenize_row(row)["labels"]):
+            return CUT_AWAY
+        return None
 
     def _column(self, field: str) -> str:
         return self.column_map.get(field, field)
@@ -117,10 +156,10 @@ class InstructDataset(Dataset):
         )
 
     def __len__(self) -> int:
-        return len(self._data)
+        return len(self._kept)
 
     def __getitem__(self, index: int) -> Dict[str, List[int]]:
-        return self.tokenize_row(self._data[index])
+        return self.tokenize_row(self._data[self._kept.row(index)])
 
     def tokenize_row(self, row: Mapping[str, Any]) -> Dict[str, List[int]]:
         """Tokens and labels of one dataset row (see the class docstring)."""
@@ -128,20 +167,16 @@ class InstructDataset(Dataset):
         sample = {f: row[self._column(f)] for f in fields if self._column(f) in row}
         prompt = self.template.format(sample)
         response = row[self._column(self.template.response_column)]
-        response = "" if response is None else str(response)
         prompt_ids = self._tokenizer.encode(prompt, add_bos=True, add_eos=False)
         response_ids = self._tokenizer.encode(response, add_bos=False, add_eos=True, trim_leading_whitespace=True)
         tokens = prompt_ids + response_ids
         if self.train_on_input:
             labels = list(tokens)
-        else:
+        elif response.strip():
             labels = [CROSS_ENTROPY_IGNORE_IDX] * len(prompt_ids) + response_ids
-        if self.max_seq_len is not None and len(tokens) > self.max_seq_len:
-            eos = self._tokenizer.eos_id
-            # Keep the final EOS (and its label) so that a cut example still ends like one.
-            tokens = tokens[: self.max_seq_len - 1] + [eos]
-            labels = labels[: self.max_seq_len - 1] + [eos]
-        return {"tokens": tokens, "labels": labels}
+        else:  # an empty reply teaches nothing, not even to stop
+            labels = [CROSS_ENTROPY_IGNORE_IDX] * len(tokens)
+        return dict(zip(("tokens", "labels"), truncate(tokens, labels, self.max_seq_len)))
 
 
 # Column names datasets commonly use for a template field, best first.
@@ -225,6 +260,7 @@ def instruct_dataset(
         train_on_input=train_on_input,
         max_seq_len=max_seq_len,
         split=split,
+        drop_unlabelled=not packed,  # packing tokenizes every row anyway and leaves those rows out itself
         **load_dataset_kwargs,
     )
     if packed:

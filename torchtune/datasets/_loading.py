@@ -115,6 +115,21 @@ def load_hf_dataset(source: str, split: str = "train", **load_dataset_kwargs: An
     return dataset
 
 
+def load_text_dataset(source: str, split: str = "train", **load_dataset_kwargs: Any):
+    """``load_hf_dataset``, with every column of a CSV file read as text: CSV has no types, but the CSV
+    reader guesses them, so an answer column of ``4`` and ``3`` would arrive as numbers (and an answer
+    ``3.50`` as ``3.5``). Other formats keep their types (a JSON number is a number)."""
+    data = load_hf_dataset(source, split=split, **load_dataset_kwargs)
+    if getattr(data.info, "builder_name", None) != "csv" or "features" in load_dataset_kwargs:
+        return data
+    import datasets
+
+    if all(getattr(f, "dtype", None) in ("string", "large_string") for f in data.features.values()):
+        return data
+    text = datasets.Features({column: datasets.Value("string") for column in data.column_names})
+    return load_hf_dataset(source, split=split, features=text, **load_dataset_kwargs)
+
+
 def describe_source(source: str, data_files: Any = None) -> str:
     """How errors name a dataset: its local files if any, else its source."""
     if data_files is not None:

@@ -31,7 +31,7 @@ import torch
 __all__ = ["pack_cache_file", "load_packs", "save_packs"]
 
 # Bump when the file layout below changes.
-_FORMAT = 1
+_FORMAT = 2
 
 
 def _file_sha256(path: Path) -> str:
@@ -107,7 +107,13 @@ def _packing_sources() -> list:
 
 
 def save_packs(
-    path: Path, tokens: torch.Tensor, labels: torch.Tensor, seq_lens: list, padding: torch.Tensor, num_examples: int
+    path: Path,
+    tokens: torch.Tensor,
+    labels: torch.Tensor,
+    seq_lens: list,
+    padding: torch.Tensor,
+    num_examples: int,
+    num_dropped: int = 0,
 ) -> None:
     """Write the packs to ``path`` atomically (a temporary file in the same folder, then a rename), so
     a crash or a concurrent run never leaves a half-written cache under the final name."""
@@ -123,6 +129,7 @@ def save_packs(
         "segments_per_pack": lengths,
         "padding": padding.to(torch.int32),
         "num_examples": torch.tensor(num_examples),
+        "num_dropped": torch.tensor(num_dropped),
     }
     tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
     try:
@@ -136,7 +143,7 @@ def save_packs(
 
 def load_packs(path: Path) -> Optional[Dict[str, Any]]:
     """The packs saved at ``path`` (``tokens``/``labels`` ``[P, L]``, ``seq_lens`` per pack, ``padding``
-    per pack, ``num_examples``), or None if there is no readable cache file of this format."""
+    per pack, ``num_examples``, ``num_dropped``), or None if there is no readable cache file of this format."""
     if not path.is_file():
         return None
     try:
@@ -152,4 +159,5 @@ def load_packs(path: Path) -> Optional[Dict[str, Any]]:
         "seq_lens": seq_lens,
         "padding": payload["padding"].to(torch.int64),
         "num_examples": int(payload["num_examples"]),
+        "num_dropped": int(payload["num_dropped"]),
     }

@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 from torchtune._errors import TuneError
 from torchtune.datasets._collate import packed_collate, padded_collate
 from torchtune.datasets._pack_cache import load_packs, save_packs
+from torchtune.datasets._rows import has_targets, truncate
 from torchtune.modules.loss import CROSS_ENTROPY_IGNORE_IDX
 
 log = logging.getLogger("torchtune")
@@ -53,7 +54,8 @@ class PackedDataset(Dataset):
     keyed by data, tokenizer and max_seq_len) the packs are read from that file when it exists and
     written to it after packing otherwise: the examples are tokenized and packed once, not per run.
     ``padding_share`` is the fraction of all pack positions that are padding; ``num_examples`` how
-    many examples went in.
+    many examples went in; ``num_dropped`` how many were left out for having nothing to learn (no label
+    after their first: an empty reply, or a reply ``max_seq_len`` cut away), which the log line counts.
     """
 
     def __init__(
@@ -75,13 +77,21 @@ class PackedDataset(Dataset):
         if cached is not None:
             self._tokens, self._labels = cached["tokens"], cached["labels"]
             self._seq_lens, self._padding = cached["seq_lens"], cached["padding"]
-            self.num_examples = cached["num_examples"]
+            self.num_examples, self.num_dropped = cached["num_examples"], cached["num_dropped"]
             how = f"read from the cache {cache_file}"
         else:
             self._build(ds)
             how = f"packed in {time.perf_counter() - start:.1f}s"
             if cache_file is not None:
-                save_packs(cache_file, self._tokens, self._labels, self._seq_lens, self._padding, self.num_examples)
+                save_packs(
+                    cache_file,
+                    self._tokens,
+                    self._labels,
+                    self._seq_lens,
+                    self._padding,
+                    self.num_examples,
+                    self.num_dropped,
+                )
                 how += f", cached in {cache_file}"
             else:
                 how += " (not cached: the data was not loaded from cache files, or the tokenizer has no model file)"
@@ -94,13 +104,29 @@ class PackedDataset(Dataset):
             100 * self.padding_share,
             how,
         )
+        if self.num_dropped:
+            log.warning(
+                "Packed dataset: %d examples have nothing to learn and are left out (an empty reply, or a reply "
+                "that max_seq_len=%d cuts away; a larger dataset.max_seq_len keeps the cut ones).",
+                self.num_dropped,
+                self.max_seq_len,
+            )
+
+    @property
+    def dropped(self) -> Dict[str, int]:
+        """Examples left out for having nothing to learn."""
+        return {"with nothing to learn": self.num_dropped} if self.num_dropped else {}
 
     def _build(self, ds: Any) -> None:
         self._rows: Dict[str, List[Any]] = {"tokens": [], "labels": [], "seq_lens": [], "padding": []}
-        self.num_examples = 0
+        self.num_examples = self.num_dropped = 0
         self._pack(ds)
         if not self._rows["tokens"]:
-            raise TuneError("The dataset to pack has no examples; check dataset.source / dataset.data_files.")
+            more = f" ({self.num_dropped} had nothing to learn)" if self.num_dropped else ""
+            raise TuneError(
+                f"The dataset to pack has no examples{more}; check dataset.source / dataset.data_files"
+                + (", and raise dataset.max_seq_len if the replies were cut away." if more else ".")
+            )
         self._tokens = torch.tensor(self._rows["tokens"], dtype=torch.long)
         self._labels = torch.tensor(self._rows["labels"], dtype=torch.long)
         self._seq_lens = [torch.tensor(n, dtype=torch.long) for n in self._rows["seq_lens"]]
@@ -122,10 +148,12 @@ class PackedDataset(Dataset):
             raise ValueError(f"example {index}: tokens and labels differ in length")
         if not tokens:
             return None
+        if not self.split_across_pack:
+            tokens, labels = truncate(tokens, labels, self.max_seq_len)
+        if not has_targets(labels):
+            self.num_dropped += 1
+            return None
         self.num_examples += 1
-        if not self.split_across_pack and len(tokens) > self.max_seq_len:
-            tokens = tokens[: self.max_seq_len - 1] + tokens[-1:]
-            labels = labels[: self.max_seq_len - 1] + labels[-1:]
         return tokens, labels
 
     def _pack_best_fit(self, examples: Any) -> None:

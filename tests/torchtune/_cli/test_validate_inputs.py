@@ -231,6 +231,12 @@ def test_template_that_fails_on_a_row_and_the_lengths_of_the_first_examples(caps
     assert err.strip() == format_message(f"Error: {raised.value}").strip()
 
     capsys.readouterr()  # the lengths of the first examples are reported, cut at max_seq_len
-    assert main(["validate", TINY, f"output_dir={tmp_path / 'out'}", "dataset.max_seq_len=8"]) == 0
+    overrides = [f"output_dir={tmp_path / 'out'}", "dataset.max_seq_len=8", "dataset.train_on_input=True"]
+    assert main(["validate", TINY, *overrides]) == 0
     out = capsys.readouterr().out
     assert "dataset: 3000 examples, 188 steps per epoch; the first 8 examples are 8 to 8 tokens long" in out, out
+    # with the loss on the responses only, the rows whose prompt (40 to 72 tokens) leaves no response token
+    # under max_seq_len are left out, and counted
+    assert main(["validate", TINY, f"output_dir={tmp_path / 'out'}", "dataset.max_seq_len=60"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "dataset: 1954 examples" in out and "; 1046 rows with nothing to learn left out (1046 cut away" in out, out

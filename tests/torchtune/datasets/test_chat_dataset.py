@@ -87,10 +87,37 @@ def test_train_on_input_learns_everything(tok, openai_file, tmp_path):
 
 def test_truncation_keeps_the_closing_eot(tok, openai_file, tmp_path):
     full = chat_dataset(tok, source=str(openai_file), cache_dir=str(tmp_path / "c1"))[0]
-    cut = chat_dataset(tok, source=str(openai_file), max_seq_len=20, cache_dir=str(tmp_path / "c2"))[0]
-    assert len(cut["tokens"]) == 20
-    assert cut["tokens"] == full["tokens"][:19] + [tok.eot_id]
-    assert cut["labels"] == full["labels"][:19] + [tok.eot_id]
+    # the first reply is tokens 47-55 of 83: at 50 tokens three of its tokens survive, and the final
+    # <|eot_id|> keeps its label
+    cut = chat_dataset(tok, source=str(openai_file), max_seq_len=50, cache_dir=str(tmp_path / "c2"))
+    assert len(cut) == 2 and len(cut[0]["tokens"]) == 50
+    assert cut[0]["tokens"] == full["tokens"][:49] + [tok.eot_id]
+    assert cut[0]["labels"] == full["labels"][:49] + [tok.eot_id]
+
+
+def test_rows_cut_before_their_reply_are_left_out_and_counted(tok, openai_file, tmp_path, caplog):
+    """At 32 tokens the first conversation (reply at 47) keeps nothing of its reply: it would only teach the
+    model to end its turn in the middle of the question, so it is left out and counted. The second (reply
+    at 30) keeps its first reply token, and its final token's label."""
+    with caplog.at_level("WARNING", logger="torchtune"):
+        ds = chat_dataset(tok, source=str(openai_file), max_seq_len=32, cache_dir=str(tmp_path / "c"))
+    assert len(ds) == 1 and ds.dropped == {"cut away by max_seq_len": 1}
+    full = chat_dataset(tok, source=str(openai_file), cache_dir=str(tmp_path / "c"))[1]
+    assert ds[0]["tokens"] == full["tokens"][:31] + full["tokens"][-1:]
+    assert [i for i, t in enumerate(ds[0]["labels"]) if t != -100] == [30, 31]
+    assert (
+        "1 of 2 rows have nothing to learn and are left out (1 cut away by max_seq_len): rows 0. A larger"
+        in caplog.text
+    )
+    with pytest.raises(TuneError, match="has nothing to learn in any row .*Raise dataset.max_seq_len"):
+        chat_dataset(tok, source=str(openai_file), max_seq_len=31, cache_dir=str(tmp_path / "c"))
+    with caplog.at_level("WARNING", logger="torchtune"):
+        packed = chat_dataset(tok, source=str(openai_file), max_seq_len=32, packed=True, cache_dir=str(tmp_path / "p"))
+    assert packed.num_examples == 1 and packed.num_dropped == 1 and packed.dropped == {"with nothing to learn": 1}
+    assert "Packed dataset: 1 examples have nothing to learn and are left out" in caplog.text
+    # train_on_input=True learns the prompt too: nothing is left out
+    learn_all = chat_dataset(tok, source=str(openai_file), max_seq_len=20, train_on_input=True, cache_dir=str(tmp_path))
+    assert len(learn_all) == 2 and learn_all[0]["labels"] == learn_all[0]["tokens"]
 
 
 def test_packed(tok, openai_file, tmp_path):

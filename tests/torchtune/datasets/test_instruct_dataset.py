@@ -54,28 +54,46 @@ def test_train_on_input_false_masks_prompt(tokenizer, alpaca_json, cache_dir):
     assert tokenizer.decode(item["labels"][n_prompt:]) == "Bonjour, comment allez-vous?"
 
 
-@pytest.mark.parametrize("train_on_input", [True, False])
-def test_truncation_keeps_final_eos(tokenizer, alpaca_json, cache_dir, train_on_input):
-    full = alpaca_dataset(
-        tokenizer,
-        source="json",
-        data_files=str(alpaca_json),
-        cache_dir=cache_dir,
-        max_seq_len=None,
-        train_on_input=train_on_input,
-    )[0]
-    cut = alpaca_dataset(
-        tokenizer,
-        source="json",
-        data_files=str(alpaca_json),
-        cache_dir=cache_dir,
-        max_seq_len=20,
-        train_on_input=train_on_input,
-    )[0]
-    assert len(full["tokens"]) > 20
-    assert len(cut["tokens"]) == len(cut["labels"]) == 20
-    assert cut["tokens"][:19] == full["tokens"][:19] and cut["tokens"][-1] == tokenizer.eos_id
-    assert cut["labels"][:19] == full["labels"][:19] and cut["labels"][-1] == tokenizer.eos_id
+# The rows' prompts are 100, 155 and 88 tokens long, their responses 41, 21 and 6 (with EOS).
+@pytest.mark.parametrize("train_on_input, max_seq_len", [(True, 20), (False, 110)])
+def test_truncation_keeps_final_eos(tokenizer, alpaca_json, cache_dir, train_on_input, max_seq_len):
+    kwargs = dict(source="json", data_files=str(alpaca_json), cache_dir=cache_dir, train_on_input=train_on_input)
+    full = alpaca_dataset(tokenizer, max_seq_len=None, **kwargs)[0]
+    cut = alpaca_dataset(tokenizer, max_seq_len=max_seq_len, **kwargs)
+    n = max_seq_len - 1
+    assert len(full["tokens"]) > max_seq_len
+    assert len(cut[0]["tokens"]) == len(cut[0]["labels"]) == max_seq_len
+    assert cut[0]["tokens"][:n] == full["tokens"][:n] and cut[0]["tokens"][-1] == tokenizer.eos_id
+    assert cut[0]["labels"][:n] == full["labels"][:n] and cut[0]["labels"][-1] == tokenizer.eos_id
+    # without the prompt's labels, a row whose response lies past max_seq_len teaches nothing: left out
+    assert len(cut) == (3 if train_on_input else 2)
+    assert cut.dropped == ({} if train_on_input else {"cut away by max_seq_len": 1})
+
+
+def test_rows_with_nothing_to_learn_are_left_out(tokenizer, tmp_path, cache_dir, caplog):
+    """An empty or blank response, with the loss on responses only: left out and counted, also when packed
+    (by the packer); with train_on_input=True the row still teaches its prompt."""
+    rows = [
+        {"instruction": "Say hi.", "input": "", "output": "hi"},
+        {"instruction": "Say nothing.", "input": "", "output": ""},
+        {"instruction": "Say a space.", "input": "", "output": " \n"},
+        {"instruction": "Say bye.", "input": "", "output": "bye"},
+    ]
+    data = _write(tmp_path / "empty.json", rows)
+    with caplog.at_level("WARNING", logger="torchtune"):
+        ds = alpaca_dataset(tokenizer, source="json", data_files=data, cache_dir=cache_dir, train_on_input=False)
+    assert len(ds) == 2 and ds.dropped == {"empty reply": 2}
+    assert tokenizer.decode([t for t in ds[1]["labels"] if t != -100]) == "bye"
+    assert "2 of 4 rows have nothing to learn and are left out (2 empty reply): rows 1, 2." in caplog.text
+    packed = alpaca_dataset(
+        tokenizer, source="json", data_files=data, cache_dir=cache_dir, train_on_input=False, packed=True
+    )
+    assert packed.num_examples == 2 and packed.num_dropped == 2
+    assert len(alpaca_dataset(tokenizer, source="json", data_files=data, cache_dir=cache_dir)) == 4
+    with pytest.raises(TuneError, match="has nothing to learn in any row"):
+        alpaca_dataset(
+            tokenizer, source="json", data_files=_write(tmp_path / "none.json", rows[1:3]), train_on_input=False
+        )
 
 
 def test_padded_collate_pads_tokens_and_labels():

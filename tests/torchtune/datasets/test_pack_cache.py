@@ -80,7 +80,7 @@ def test_a_damaged_cache_file_is_rebuilt(tokenizer, data, cache_dir):
     first.cache_file.write_bytes(b"not a torch file")
     again = _packed(tokenizer, data, cache_dir)
     _same(first, again)
-    assert torch.load(again.cache_file, weights_only=True)["format"] == 1
+    assert torch.load(again.cache_file, weights_only=True)["format"] == 2
 
 
 def test_padding_share_counts_pad_positions():

@@ -8,6 +8,7 @@ from typing import Any, List, Mapping, Optional, Sequence, Tuple, Union
 
 from torchtune._errors import TuneError
 from torchtune.config._types import checked_by
+from torchtune.modules.tokenizers._chat_spans import ChatEncoding
 from torchtune.modules.tokenizers._checks import check_tokenizer_args
 from torchtune.modules.tokenizers._format import (
     DESCRIPTIONS,
@@ -167,33 +168,42 @@ class Llama3Tokenizer:
             [int(i) for i in ids if 0 <= int(i) < size], skip_special_tokens=skip_special_tokens
         )
 
-    def tokenize_messages(
-        self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = False
-    ) -> Tuple[List[int], List[bool]]:
-        """Tokens of a conversation in Llama 3's chat format, and which of them are the assistant's.
+    def message_spans(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = False) -> ChatEncoding:
+        """A conversation in Llama 3's chat format: its ids, and per message its turn and (assistant
+        messages) the tokens the model writes, as ``HFModelTokenizer.message_spans`` gives them for the
+        same chat template.
 
         Args:
             messages: ``{"role": system|user|assistant|ipython, "content": str}`` in order.
             add_generation_prompt: end with an empty assistant header, for generation.
 
         Returns:
-            ``(tokens, is_assistant)``: ``is_assistant[i]`` is True for the content and closing
-            ``<|eot_id|>`` of assistant messages, the tokens a model learns to write. Headers,
-            including ``<|start_header_id|>assistant<|end_header_id|>\\n\\n``, are the prompt.
+            ``ChatEncoding``: a turn is a message's header, content and ``<|eot_id|>`` (the first turn also
+            holds ``<|begin_of_text|>``); an assistant reply is its content and closing ``<|eot_id|>``, the
+            header ``<|start_header_id|>assistant<|end_header_id|>\\n\\n`` being the generation prompt.
         """
         tokens = [self.bos_id]
-        is_assistant = [False]
+        turns: List[Tuple[int, int]] = []
+        replies: List[Optional[Tuple[int, int]]] = []
         for message in messages:
             role, content = message["role"], message["content"]
-            header = self._header(role)
-            body = self.encode(content.strip(), add_bos=False, add_eos=False) + [self.eot_id]
-            tokens += header + body
-            is_assistant += [False] * len(header) + [role == "assistant"] * len(body)
+            start = len(tokens) if turns else 0
+            tokens += self._header(role)
+            reply_start = len(tokens)
+            tokens += self.encode(content.strip(), add_bos=False, add_eos=False) + [self.eot_id]
+            turns.append((start, len(tokens)))
+            replies.append((reply_start, len(tokens)) if role == "assistant" else None)
         if add_generation_prompt:
-            header = self._header("assistant")
-            tokens += header
-            is_assistant += [False] * len(header)
-        return tokens, is_assistant
+            tokens += self._header("assistant")
+        return ChatEncoding(tokens=tokens, turns=turns, replies=replies)
+
+    def tokenize_messages(
+        self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = False
+    ) -> Tuple[List[int], List[bool]]:
+        """Tokens of a conversation in Llama 3's chat format, and which of them the assistant writes: the
+        content and closing ``<|eot_id|>`` of each assistant message (see :meth:`message_spans`)."""
+        encoded = self.message_spans(messages, add_generation_prompt=add_generation_prompt)
+        return encoded.tokens, encoded.is_assistant
 
     def _header(self, role: str) -> List[int]:
         role_ids = self.encode(role, add_bos=False, add_eos=False)

@@ -6,12 +6,15 @@ rendered with jinja2 as transformers' ``apply_chat_template`` renders it."""
 from __future__ import annotations
 
 import json
+import re
+from contextvars import ContextVar
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from torchtune._assets import missing_path_hint
 from torchtune._errors import TuneError
+from torchtune.modules.tokenizers._chat_spans import ChatEncoding, chat_spans
 
 TOKENIZER_JSON = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -21,6 +24,7 @@ _SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")
 # Put before a text encoded with trim_leading_whitespace=True and stripped again: a newline is a byte
 # token of SentencePiece-style vocabularies that never merges with what follows.
 _TRIM_PREFIX = "\n"
+_GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
 
 def _token_text(value: Any) -> Optional[str]:
@@ -30,10 +34,43 @@ def _token_text(value: Any) -> Optional[str]:
     return value if isinstance(value, str) else None
 
 
+# While a conversation is rendered with its ``{% generation %}`` blocks tracked: the output so far and the
+# character span of each block (what ``_GenerationBlocks`` records).
+_TRACKING: ContextVar[Optional[Tuple[List[int], List[Tuple[int, int]]]]] = ContextVar(
+    "chat_template_tracking", default=None
+)
+
+
+def _generation_tag():
+    """The ``{% generation %}...{% endgeneration %}`` tag of transformers' chat templates: it renders its
+    body unchanged and, while a render is tracked, records the body's character span (the text the
+    assistant writes, by the template's own account)."""
+    from jinja2 import nodes
+    from jinja2.ext import Extension
+
+    class _GenerationBlocks(Extension):
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return nodes.CallBlock(self.call_method("_block"), [], [], body).set_lineno(lineno)
+
+        def _block(self, caller) -> str:
+            text = caller()
+            tracking = _TRACKING.get()
+            if tracking is not None:
+                length, blocks = tracking
+                blocks.append((length[0], length[0] + len(text)))
+            return text
+
+    return _GenerationBlocks
+
+
 def _compile_template(source: str, origin: str):
     """The template compiled in the environment transformers uses: sandboxed, ``trim_blocks`` and
-    ``lstrip_blocks``, loop controls, a ``tojson`` that keeps non-ASCII text, ``raise_exception`` and
-    ``strftime_now``."""
+    ``lstrip_blocks``, loop controls, the ``{% generation %}`` tag, a ``tojson`` that keeps non-ASCII
+    text, ``raise_exception`` and ``strftime_now``."""
     import jinja2
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -43,7 +80,9 @@ def _compile_template(source: str, origin: str):
     def tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys: bool = False):
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols", _generation_tag()]
+    )
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
@@ -214,24 +253,35 @@ class HFModelTokenizer:
             TuneError: the folder has no chat template, or the template fails on these messages (its
                 error and line).
         """
+        return self._render(messages, add_generation_prompt)[0]
+
+    def _render(
+        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool, track: bool = False
+    ) -> Tuple[str, Optional[List[Tuple[int, int]]]]:
+        """The render, and with ``track`` the character spans of its ``{% generation %}`` blocks."""
         import jinja2
 
-        if self._template_source is None:
-            raise TuneError(
-                f"The tokenizer folder {self.path.parent} has no chat template (no chat_template.jinja and no "
-                "chat_template in tokenizer_config.json): a base model's folder often has none. Use the "
-                "instruct model's tokenizer files, or instruction data (torchtune.datasets.instruct_dataset)."
-            )
-        if self._template is None:
-            self._template = _compile_template(self._template_source, self._template_origin)
+        template = self._compiled()
+        kwargs = dict(
+            messages=[dict(m) for m in messages],
+            add_generation_prompt=add_generation_prompt,
+            tools=None,
+            documents=None,
+            **self.special_tokens_map,
+        )
         try:
-            return self._template.render(
-                messages=[dict(m) for m in messages],
-                add_generation_prompt=add_generation_prompt,
-                tools=None,
-                documents=None,
-                **self.special_tokens_map,
-            )
+            if not track:
+                return template.render(**kwargs), None
+            length, blocks = [0], []
+            chunks = []
+            token = _TRACKING.set((length, blocks))
+            try:
+                for chunk in template.generate(**kwargs):
+                    chunks.append(chunk)
+                    length[0] += len(chunk)
+            finally:
+                _TRACKING.reset(token)
+            return "".join(chunks), blocks
         except jinja2.TemplateError as err:
             line = _template_line(err)
             raise TuneError(
@@ -240,46 +290,54 @@ class HFModelTokenizer:
                 "or the template needs what this library does not pass (tools, documents)."
             ) from err
 
+    def _compiled(self):
+        if self._template_source is None:
+            raise TuneError(
+                f"The tokenizer folder {self.path.parent} has no chat template (no chat_template.jinja and no "
+                "chat_template in tokenizer_config.json): a base model's folder often has none. Use the "
+                "instruct model's tokenizer files, or instruction data (torchtune.datasets.instruct_dataset)."
+            )
+        if self._template is None:
+            self._template = _compile_template(self._template_source, self._template_origin)
+        return self._template
+
+    def message_spans(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = False) -> ChatEncoding:
+        """A conversation in the model's chat format: its ids, and per message its turn and (assistant
+        messages) the tokens the model writes.
+
+        The text is rendered once and tokenized once, so the ids equal ``apply_chat_template``'s. Where
+        each message lies is found from further renders of the template (``_chat_spans``), never by
+        looking for a message's text: a reply runs from the end of the generation prompt (Qwen3's empty
+        ``<think>`` block of the last turn included, which the model writes) through its end-of-turn token,
+        whitespace included; a template's ``{% generation %}`` blocks, where it has them, are the replies.
+
+        Raises:
+            TuneError: no chat template, or the template fails on the conversation.
+        """
+        self._compiled()
+        track = bool(_GENERATION_TAG.search(self._template_source))
+        text, blocks = self._render(messages, add_generation_prompt, track=track)
+        encoding = self._tokenizer.encode(text, add_special_tokens=False)
+        tokens = list(encoding.ids)
+        is_special = [t in self._special_ids for t in tokens]
+        turns, replies = chat_spans(
+            messages,
+            text,
+            encoding.offsets,
+            is_special,
+            lambda msgs, gen: self._render(msgs, gen)[0],
+            add_generation_prompt,
+            generation_blocks=blocks,
+        )
+        return ChatEncoding(tokens=tokens, turns=turns, replies=replies)
+
     def tokenize_messages(
         self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = False
     ) -> Tuple[List[int], List[bool]]:
-        """Tokens of a conversation in the model's chat format, and which of them are the assistant's.
-
-        The text is rendered once and tokenized once (the ids equal ``apply_chat_template``'s). An
-        assistant message's span starts where its content starts in the text (searched after the end
-        of the previous message's content) and ends after its content, plus the special token that
-        directly follows it (the end of the turn); a token is the assistant's if it lies inside a span.
-        """
-        text = self.render(messages, add_generation_prompt=add_generation_prompt)
-        encoding = self._tokenizer.encode(text, add_special_tokens=False)
-        spans: List[Tuple[int, int]] = []
-        cursor = 0
-        for message in messages:
-            content = message.get("content")
-            if not isinstance(content, str) or not content.strip():
-                continue
-            # Templates may strip the content (Llama 3, Qwen3's reasoning split): look for the stripped text.
-            needle = content.strip()
-            start = text.find(needle, cursor)
-            if start < 0:
-                continue  # the template dropped or rewrote it; nothing of it is labelled
-            end = start + len(needle)
-            cursor = end
-            if message.get("role") == "assistant":
-                spans.append((start, end))
-        tokens = list(encoding.ids)
-        offsets = encoding.offsets
-        is_assistant = [False] * len(tokens)
-        for i, (a, b) in enumerate(offsets):
-            piece = text[a:b]
-            a += len(piece) - len(piece.lstrip())  # a word-start token carries the space before the word
-            is_assistant[i] = b > a and any(s <= a and b <= e for s, e in spans)
-        # The special token right after an assistant content closes the turn: the model must learn it.
-        ends = {e for _, e in spans}
-        for i, (a, _) in enumerate(offsets):
-            if a in ends and tokens[i] in self._special_ids:
-                is_assistant[i] = True
-        return tokens, is_assistant
+        """Tokens of a conversation in the model's chat format, and which of them the assistant writes
+        (see :meth:`message_spans`)."""
+        encoded = self.message_spans(messages, add_generation_prompt=add_generation_prompt)
+        return encoded.tokens, encoded.is_assistant
 
     def __repr__(self) -> str:
         return f"HFModelTokenizer(path='{self.path}', vocab_size={self.vocab_size})"

@@ -84,7 +84,11 @@ def num_tokens(batch: Dict[str, torch.Tensor], pad_id: int) -> int:
 
 def check_data_head(dataset: Any, key: str = "dataset", examples: int = HEAD_EXAMPLES) -> str:
     """Tokenize the first ``examples`` examples as the first steps will, so that a template that does not render
-    or a row that does not tokenize stops set-up before any weight is read; log and return their token lengths.
+    or a row that does not tokenize stops set-up before any weight is read; log and return their token lengths,
+    and how many rows the dataset left out for having nothing to learn.
+
+    Every row's fields (null or non-text values) and labels were already checked when the dataset was built
+    (``torchtune.datasets``): this is only the first steps' tokenization, done early.
 
     Raises:
         TuneError: naming the example, ``key`` and the error.
@@ -107,6 +111,10 @@ def check_data_head(dataset: Any, key: str = "dataset", examples: int = HEAD_EXA
     head = f"the first {count} examples are {min(lengths)} to {max(lengths)} tokens long"
     if getattr(dataset, "max_seq_len", None) is not None:
         head += f" (max_seq_len {dataset.max_seq_len})"
+    dropped = getattr(dataset, "dropped", None) or {}
+    if dropped:
+        why = ", ".join(f"{n} {reason}" for reason, n in sorted(dropped.items()))
+        head += f"; {sum(dropped.values())} rows with nothing to learn left out ({why})"
     log.info("%s: %s", key, head)
     return head
 

@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from tests._helpers.chat_templates import marked
 from tests._helpers.hf_tokenizers import FAMILIES, make_hf_tokenizer_folder
 from torchtune._errors import TuneError
 from torchtune.modules.tokenizers import HFModelTokenizer
@@ -36,9 +37,9 @@ CHATS = [
 ]
 
 
-@pytest.fixture(scope="module", params=sorted(FAMILIES))
-def folder(request, tmp_path_factory):
-    return request.param, make_hf_tokenizer_folder(tmp_path_factory.mktemp(request.param), request.param)
+@pytest.fixture(params=sorted(FAMILIES))
+def folder(request, chat_tokenizer_dir):
+    return request.param, chat_tokenizer_dir(request.param)
 
 
 def test_ids_equal_autotokenizer(folder):
@@ -52,10 +53,11 @@ def test_ids_equal_autotokenizer(folder):
         )
     assert ours.eos_id == theirs.eos_token_id
     assert ours.vocab_size == len(theirs)
-    assert (ours.bos_id is not None) == (family == "mistral")
+    # Mistral's post-processor puts <s> first; Phi-4-mini's tokenizer_config.json names <|endoftext|> as BOS
+    assert (ours.bos_id is not None) == (family in ("mistral", "phi4_mini"))
 
 
-def test_alpaca_example_equals_autotokenizer_on_the_joined_text(folder):
+def test_alpaca_example_equals_autotokenizer_on_the_joined_text(folder, tmp_path):
     """An instruction dataset encodes prompt and response apart; joined they are the ids of the joined text,
     without the word-start marker a SentencePiece-style tokenizer (Mistral) puts before a text's start."""
     from torchtune.datasets import alpaca_dataset
@@ -67,9 +69,11 @@ def test_alpaca_example_equals_autotokenizer_on_the_joined_text(folder):
         {"instruction": "Reverse the word stone.", "input": "", "output": "The word reversed is enots."},
         {"instruction": "Add the numbers.", "input": "2 and 3", "output": "\nFive"},
     ]
-    data = path.parent / f"{family}_alpaca.json"
+    data = tmp_path / f"{family}_alpaca.json"
     data.write_text(json.dumps(rows))
-    dataset = alpaca_dataset(ours, source="json", data_files=str(data), train_on_input=False)
+    dataset = alpaca_dataset(
+        ours, source="json", data_files=str(data), train_on_input=False, cache_dir=str(tmp_path / "cache")
+    )
     for i, row in enumerate(rows):
         prompt = dataset.template.format(row)
         expected = theirs(prompt + row["output"])["input_ids"] + [theirs.eos_token_id]
@@ -83,25 +87,20 @@ def test_alpaca_example_equals_autotokenizer_on_the_joined_text(folder):
 
 
 def test_chat_equals_apply_chat_template_with_labels_on_assistant_only(folder):
+    """The ids of apply_chat_template, and the labels of its assistant mask on the template marked with
+    {% generation %} (the per-case comparison for every family is tests/torchtune/modules/tokenizers/
+    test_chat_labels.py)."""
     family, path = folder
     ours = HFModelTokenizer(path / "tokenizer.json")
     theirs = transformers.AutoTokenizer.from_pretrained(str(path))
     for chat in CHATS:
-        if family == "mistral":
-            chat = [m for m in chat if m["role"] != "system"]
         tokens, is_assistant = ours.tokenize_messages(chat)
-        expected = theirs.apply_chat_template(chat, tokenize=True, return_dict=True)["input_ids"]
-        assert tokens == expected
-        learnt = [t for t, a in zip(tokens, is_assistant) if a]
-        # What is learnt is exactly each assistant message and the token that ends its turn.
-        want = []
-        for message in chat:
-            if message["role"] == "assistant":
-                want += theirs(message["content"], add_special_tokens=False)["input_ids"] + [ours.eos_id]
-        # (compared as text without spaces: a SentencePiece-style decode puts a space after </s>)
-        assert theirs.decode(learnt).replace(" ", "") == theirs.decode(want).replace(" ", "")
-        last_eos = len(tokens) - 1 - tokens[::-1].index(ours.eos_id)
-        assert is_assistant[last_eos] and not any(is_assistant[last_eos + 1 :]) and not is_assistant[0]
+        expected = theirs.apply_chat_template(
+            chat, chat_template=marked(family), return_dict=True, return_assistant_tokens_mask=True
+        )
+        assert tokens == theirs.apply_chat_template(chat, tokenize=True, return_dict=True)["input_ids"]
+        assert tokens == expected["input_ids"] and is_assistant == [bool(m) for m in expected["assistant_masks"]]
+        assert not is_assistant[0]
         generation = ours.tokenize_messages(chat[:-1], add_generation_prompt=True)[0]
         kwargs = dict(add_generation_prompt=True, tokenize=True, return_dict=True)
         assert generation == theirs.apply_chat_template(chat[:-1], **kwargs)["input_ids"]
@@ -110,8 +109,8 @@ def test_chat_equals_apply_chat_template_with_labels_on_assistant_only(folder):
 def test_template_error_names_line(tmp_path):
     path = make_hf_tokenizer_folder(tmp_path / "m", "mistral")
     tok = HFModelTokenizer(path / "tokenizer.json")
-    with pytest.raises(TuneError, match=r"Only user and assistant roles are supported!.*line \d+ of the template"):
-        tok.tokenize_messages([{"role": "system", "content": "x"}, {"role": "user", "content": "y"}])
+    with pytest.raises(TuneError, match=r"conversation roles must alternate.*line \d+ of the template"):
+        tok.tokenize_messages([{"role": "user", "content": "x"}, {"role": "user", "content": "y"}])
 
 
 def test_missing_or_unreadable_tokenizer_json(tmp_path):
