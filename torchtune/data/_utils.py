@@ -9,20 +9,34 @@ from urllib import request
 from torchtune._errors import TuneValueError
 
 
-def truncate(tokens: List[Any], max_seq_len: int, eos_id: Optional[Any] = None) -> List[Any]:
-    """The first ``max_seq_len`` items of ``tokens``; with ``eos_id``, the last item kept is set to it
-    (unless it already is), so a cut sequence still ends like a whole one. Works for masks as well as ids:
+def truncate(
+    tokens: List[Any], max_seq_len: int, eos_id: Optional[Any] = None, truncation_type: str = "right"
+) -> List[Any]:
+    """``tokens`` cut to ``max_seq_len`` items; with ``eos_id``, the last item kept is set to it (unless it
+    already is), so a cut sequence still ends like a whole one. Works for masks as well as ids:
     ``truncate(mask, n, True)`` keeps the replaced end masked.
 
     Args:
         tokens: token ids (or mask flags).
         max_seq_len: the most items to keep.
         eos_id: the value the last kept item becomes; ``None`` keeps it as it is.
+        truncation_type: ``"right"`` keeps the first ``max_seq_len`` items, ``"left"`` the last ones.
 
     Returns:
         A new list of at most ``max_seq_len`` items.
+
+    Raises:
+        TuneValueError: ``truncation_type`` is neither ``"left"`` nor ``"right"``.
     """
-    kept = list(tokens[:max_seq_len])
+    if truncation_type == "right":
+        kept = list(tokens[:max_seq_len])
+    elif truncation_type == "left":
+        kept = list(tokens[len(tokens) - max_seq_len :]) if len(tokens) > max_seq_len else list(tokens)
+    else:
+        raise TuneValueError(
+            f"truncation_type must be 'left' or 'right', got {truncation_type!r} (config key "
+            "tokenizer.truncation_type)."
+        )
     if eos_id is not None and kept and kept[-1] != eos_id:
         kept[-1] = eos_id
     return kept

@@ -21,12 +21,13 @@ _SHOWN_ERRORS = 5
 
 
 class ChatTokenizer(Protocol):
-    """What a chat dataset needs: a tokenizer with a chat format (``Llama3Tokenizer`` has one)."""
+    """What a chat dataset needs: a tokenizer with a chat format, i.e. ``tokenize_messages`` (a model
+    tokenizer: ``Llama3Tokenizer``, ``Llama2Tokenizer`` with its template, ``HFModelTokenizer``; see
+    ``_chat_tokens``)."""
 
-    eot_id: int
     pad_id: int
 
-    def tokenize_messages(self, messages: Sequence[Mapping[str, str]]) -> Tuple[List[int], List[bool]]: ...
+    def tokenize_messages(self, messages: Sequence[Any]) -> Tuple[List[int], List[bool]]: ...
 
 
 class ChatDataset(Dataset):
@@ -176,7 +177,7 @@ class ChatDataset(Dataset):
 
     def tokenize_row(self, row: Mapping[str, Any]) -> Dict[str, List[int]]:
         """Tokens and labels of one row (see the class docstring)."""
-        tokens, is_assistant = self._tokenizer.tokenize_messages(self.to_messages(row[self.conversation_column]))
+        tokens, is_assistant = _chat_tokens(self._tokenizer, self.to_messages(row[self.conversation_column]))
         if self.train_on_input:
             labels = list(tokens)
         else:
@@ -185,6 +186,27 @@ class ChatDataset(Dataset):
             tokens = tokens[: self.max_seq_len - 1] + tokens[-1:]
             labels = labels[: self.max_seq_len - 1] + labels[-1:]
         return {"tokens": tokens, "labels": labels}
+
+
+def _chat_tokens(tokenizer: Any, messages: List[Dict[str, str]]) -> Tuple[List[int], List[bool]]:
+    """Tokens of one conversation in the tokenizer's chat format, and which of them the model learns.
+
+    Llama 3 (``tokenize_chat``) and a model folder's own chat template (``HFModelTokenizer``) give the ids of
+    transformers' ``apply_chat_template`` and mark the assistant's contents and turn ends. Any other model
+    tokenizer formats torchtune's way: ``tokenize_messages`` of ``Message`` objects, the non-assistant ones
+    masked, learning what its mask leaves unmasked (a turn's own special tokens included).
+    """
+    from torchtune.modules.tokenizers import HFModelTokenizer
+
+    if callable(getattr(tokenizer, "tokenize_chat", None)):
+        return tokenizer.tokenize_chat(messages)
+    if isinstance(tokenizer, HFModelTokenizer):
+        return tokenizer.tokenize_messages(messages)
+    from torchtune.data import Message
+
+    turns = [Message(m["role"], m["content"], masked=m["role"] != "assistant") for m in messages]
+    tokens, mask = tokenizer.tokenize_messages(turns)
+    return tokens, [not masked for masked in mask]
 
 
 def _column_batches(data: Any, column: str, batch_size: int = 1000):
