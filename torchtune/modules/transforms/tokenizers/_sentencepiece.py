@@ -193,24 +193,24 @@ class SentencePieceModelTokenizer(SentencePieceTokenizer):
         # Generation stops at EOS.
         self.stop_tokens = [self.eos_id]
 
+    def _tokenize(self, messages: List[Message], add_bos: bool, add_eos: bool) -> Tuple[List[int], List[bool]]:
+        if self.prompt_template is not None:
+            messages = self.prompt_template(messages)
+        return tokenize_messages_no_special_tokens(
+            self, messages, bos_id=self.bos_id if add_bos else None, eos_id=self.eos_id if add_eos else None
+        )
+
     def tokenize_messages(
         self, messages: List[Message], *, add_start_tokens: bool = True, add_end_tokens: bool = True
     ) -> Tuple[List[int], List[bool]]:
         """``(tokens, mask)`` of the templated messages, joined as their text is; mask True = not learnt.
         ``add_start_tokens`` puts BOS before each turn, ``add_end_tokens`` EOS after each assistant message."""
-        if self.prompt_template is not None:
-            messages = self.prompt_template(messages)
-        return tokenize_messages_no_special_tokens(
-            self,
-            messages,
-            bos_id=self.bos_id if add_start_tokens else None,
-            eos_id=self.eos_id if add_end_tokens else None,
-        )
+        return self._tokenize(messages, add_start_tokens, add_end_tokens)
 
     def __call__(self, sample: Mapping[str, Any], inference: bool = False) -> Mapping[str, Any]:
         """``sample["messages"]`` replaced by ``tokens`` and ``mask`` (``inference``: no EOS at the end)."""
         messages = sample.pop("messages")
-        sample["tokens"], sample["mask"] = self.tokenize_messages(messages, add_end_tokens=not inference)
+        sample["tokens"], sample["mask"] = self._tokenize(messages, True, not inference)
         return sample
 
     def __repr__(self) -> str:
