@@ -15,7 +15,6 @@ from torch.nn.utils.rnn import pad_sequence
 
 from torchtune._errors import TuneValueError
 from torchtune.data._common import CROSS_ENTROPY_IGNORE_IDX, PACK_TYPE
-from torchtune.modules import attention_utils
 
 
 def _long(x: Any) -> torch.Tensor:
@@ -109,6 +108,9 @@ def padded_collate_packed(batch: List[PACK_TYPE]) -> Dict[str, Any]:
     and ``mask``, the block-causal mask that keeps attention inside each sample of a pack
     (``torchtune.modules.attention_utils.packed_block_causal_mask``: a flex-attention ``BlockMask`` on a
     GPU that runs flex attention, else ``Bool[b, s, s]``, True where a position may attend)."""
+    # Imported here: attention_utils imports flex attention, which imports the compiler and FSDP.
+    from torchtune.modules import attention_utils
+
     return _collate_packs(batch, attention_utils.packed_block_causal_mask)
 
 

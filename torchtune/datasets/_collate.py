@@ -8,7 +8,6 @@ from typing import Any, Dict, Mapping, Sequence
 import torch
 
 from torchtune.data._collate import _collate_packs, padded_collate_sft
-from torchtune.modules.attention_utils import create_block_causal_mask
 from torchtune.modules.loss import CROSS_ENTROPY_IGNORE_IDX
 
 # Right-pad ``tokens`` with ``padding_idx`` and ``labels`` with ``ignore_idx``: torchtune's function.
@@ -20,6 +19,8 @@ __all__ = ["CROSS_ENTROPY_IGNORE_IDX", "block_causal_mask", "packed_collate", "p
 def block_causal_mask(seq_lens: Sequence[int]) -> torch.Tensor:
     """Bool ``[sum(seq_lens), sum(seq_lens)]``: True where a position may attend, i.e. to itself and
     earlier positions of its own segment (each row has at least its diagonal, so no NaN softmax)."""
+    from torchtune.modules.attention_utils import create_block_causal_mask  # imports flex attention: on use only
+
     return create_block_causal_mask([torch.as_tensor(seq_lens, dtype=torch.long)])[0]
 
 
@@ -28,4 +29,6 @@ def packed_collate(batch: Sequence[Mapping[str, Any]]) -> Dict[str, torch.Tensor
     ``mask`` as ``Bool[b, s, s]``, the block-diagonal causal "may attend" mask (True = attend) that
     keeps attention inside each example of a pack. ``torchtune.data.padded_collate_packed`` is the same
     with a flex-attention mask where the GPU runs it; the recipes' attention takes this tensor."""
+    from torchtune.modules.attention_utils import create_block_causal_mask  # imports flex attention: on use only
+
     return _collate_packs(batch, create_block_causal_mask)
