@@ -79,10 +79,10 @@ class ChatDataset(Dataset):
         if not callable(getattr(tokenizer, "tokenize_messages", None)):
             raise TuneError(
                 f"dataset._component_ is a chat dataset, which needs a tokenizer with a chat format, but "
-                f"{type(tokenizer).__name__} has none. Use the Llama 3 tokenizer "
-                "(tokenizer._component_=torchtune.models.llama3.llama3_tokenizer) with a Llama 3.x model; "
-                "for a Llama 2 model use instruction data (torchtune.datasets.alpaca_dataset or "
-                "instruct_dataset)."
+                f"{type(tokenizer).__name__} has none. Use the model's tokenizer builder "
+                "(tokenizer._component_=torchtune.models.llama3.llama3_tokenizer for Llama 3.x, "
+                "torchtune.models.llama2.llama2_tokenizer with its [INST] template for Llama 2), or "
+                "instruction data (torchtune.datasets.alpaca_dataset or instruct_dataset)."
             )
         if conversation_style not in STYLES:
             raise TuneError(
