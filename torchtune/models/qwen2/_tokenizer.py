@@ -206,16 +206,25 @@ def build_qwen_tokenizer(
     max_seq_len: Optional[int],
     prompt_template: Any,
     truncation_type: str,
-    **kwargs: Any,
+    options: Dict[str, Any],
 ) -> Any:
     """What ``qwen2_tokenizer`` and ``qwen2_5_tokenizer`` do: a model folder's ``tokenizer.json`` (no
-    ``merges_file``) gives an ``HFModelTokenizer``; ``vocab.json`` + ``merges.txt`` give ``cls``.
+    ``merges_file``) gives an ``HFModelTokenizer``; ``vocab.json`` + ``merges.txt`` give ``cls`` with
+    ``options`` (its keyword arguments).
 
     Raises:
-        TuneError: a ``vocab.json`` without its ``merges_file``.
+        TuneError: a ``vocab.json`` without its ``merges_file``; ``options`` other than the defaults with a
+            ``tokenizer.json`` (its folder's files set them).
     """
     if merges_file is None:
         if is_hf_tokenizer_json(path) and not str(path).endswith("vocab.json"):
+            changed = [k for k, v in options.items() if v != _OPTION_DEFAULTS[k]]
+            if changed:
+                raise TuneError(
+                    f"{builder}: tokenizer.{changed[0]} is set, but tokenizer.path={path} is a tokenizer.json, whose "
+                    "folder's tokenizer_config.json sets the special tokens. Remove it, or give the vocab.json and "
+                    "merges.txt."
+                )
             return folder_tokenizer(path, max_seq_len, prompt_template, None, builder)
         raise TuneError(
             f"{builder}: tokenizer.path={path} needs tokenizer.merges_file (the merges.txt beside it), or point "
@@ -234,8 +243,18 @@ def build_qwen_tokenizer(
         max_seq_len=max_seq_len,
         prompt_template=_get_prompt_template(prompt_template) if prompt_template is not None else None,
         truncation_type=truncation_type,
-        **kwargs,
+        **options,
     )
+
+
+_OPTION_DEFAULTS: Dict[str, Any] = {
+    "errors": "replace",
+    "unk_token": None,
+    "bos_token": None,
+    "eos_token": IM_END,
+    "pad_token": ENDOFTEXT,
+    "bpe_cache_size": DEFAULT_QWEN2_TOKENIZER_BPE_CACHE_SIZE,
+}
 
 
 @checked_by(check_tokenizer_args)
@@ -246,7 +265,13 @@ def qwen2_tokenizer(
     max_seq_len: Optional[int] = None,
     prompt_template: Optional[Any] = None,
     truncation_type: str = "right",
-    **kwargs: Any,
+    *,
+    errors: str = "replace",
+    unk_token: Optional[str] = None,
+    bos_token: Optional[str] = None,
+    eos_token: str = IM_END,
+    pad_token: Optional[str] = ENDOFTEXT,
+    bpe_cache_size: int = DEFAULT_QWEN2_TOKENIZER_BPE_CACHE_SIZE,
 ) -> Any:
     """Qwen2's tokenizer (torchtune's builder).
 
@@ -259,8 +284,17 @@ def qwen2_tokenizer(
         max_seq_len: the longest ``tokenize_messages`` returns, and the datasets' default; None for no limit.
         prompt_template: a template's dotted path, ``{role: [before, after]}``, or None.
         truncation_type: ``"right"`` or ``"left"``: which end of a long conversation is cut.
-        **kwargs: ``Qwen2Tokenizer``'s keyword arguments (``eos_token``, ``pad_token`` ...).
+        errors, unk_token, bos_token, eos_token, pad_token, bpe_cache_size: ``Qwen2Tokenizer``'s (torchtune
+            passes them as ``**kwargs``).
     """
+    options = dict(
+        errors=errors,
+        unk_token=unk_token,
+        bos_token=bos_token,
+        eos_token=eos_token,
+        pad_token=pad_token,
+        bpe_cache_size=bpe_cache_size,
+    )
     return build_qwen_tokenizer(
         Qwen2Tokenizer,
         QWEN2_SPECIAL_TOKENS,
@@ -271,5 +305,5 @@ def qwen2_tokenizer(
         max_seq_len,
         prompt_template,
         truncation_type,
-        **kwargs,
+        options,
     )

@@ -114,7 +114,13 @@ def qwen2_5_tokenizer(
     max_seq_len: Optional[int] = None,
     prompt_template: Optional[Any] = None,
     truncation_type: str = "right",
-    **kwargs: Any,
+    *,
+    errors: str = "replace",
+    unk_token: Optional[str] = None,
+    bos_token: Optional[str] = None,
+    eos_token: str = IM_END,
+    pad_token: Optional[str] = ENDOFTEXT,
+    bpe_cache_size: int = DEFAULT_QWEN2_TOKENIZER_BPE_CACHE_SIZE,
 ) -> Any:
     """Qwen2.5's tokenizer (torchtune's builder).
 
@@ -128,8 +134,17 @@ def qwen2_5_tokenizer(
         max_seq_len: the longest ``tokenize_messages`` returns, and the datasets' default; None for no limit.
         prompt_template: a template's dotted path, ``{role: [before, after]}``, or None.
         truncation_type: ``"right"`` or ``"left"``: which end of a long conversation is cut.
-        **kwargs: ``Qwen2_5Tokenizer``'s keyword arguments (``eos_token``, ``pad_token`` ...).
+        errors, unk_token, bos_token, eos_token, pad_token, bpe_cache_size: ``Qwen2_5Tokenizer``'s (torchtune
+            passes them as ``**kwargs``).
     """
+    options = dict(
+        errors=errors,
+        unk_token=unk_token,
+        bos_token=bos_token,
+        eos_token=eos_token,
+        pad_token=pad_token,
+        bpe_cache_size=bpe_cache_size,
+    )
     return build_qwen_tokenizer(
         Qwen2_5Tokenizer,
         QWEN2_5_SPECIAL_TOKENS,
@@ -140,5 +155,5 @@ def qwen2_5_tokenizer(
         max_seq_len,
         prompt_template,
         truncation_type,
-        **kwargs,
+        options,
     )

@@ -90,5 +90,8 @@ def test_builders_read_torchtunes_files_or_a_tokenizer_json(files, tmp_path):
     assert isinstance(tok, Qwen2Tokenizer) and tok.im_end_id == 151645 and tok.max_seq_len == 8
     folder = make_hf_tokenizer_folder(tmp_path / "qwen", "qwen2_5")
     assert isinstance(qwen2_5_tokenizer(str(folder / "tokenizer.json")), HFModelTokenizer)
+    with pytest.raises(TuneError, match="tokenizer.eos_token is set"):  # the folder's config sets it
+        qwen2_5_tokenizer(str(folder / "tokenizer.json"), eos_token="<|endoftext|>")
+    assert qwen2_tokenizer(str(files[0]), str(files[1]), eos_token="<|endoftext|>").eos_id == 151643
     with pytest.raises(TuneError, match="needs tokenizer.merges_file"):
         qwen2_5_tokenizer(str(files[0]))
