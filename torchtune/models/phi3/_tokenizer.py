@@ -68,6 +68,12 @@ class Phi3MiniTokenizer(SentencePieceTokenizer, ModelTokenizer, Transform):
         self.truncation_type = truncation_type
         self._special_text = {i: t for t, i in self.special_tokens.items()}
 
+    @property
+    def text_vocab_size(self) -> int:
+        """One past the highest id a sample can hold: ``vocab_size`` counts only the SentencePiece pieces
+        (torchtune's), the special tokens come after them."""
+        return max([self.vocab_size, *(i + 1 for i in self.special_tokens.values())])
+
     def decode(self, ids: List[int], skip_special_tokens: bool = True) -> str:
         """The text of ``ids``; Phi-3's added ids (32000-32064) are left out, or written as their text with
         ``skip_special_tokens=False``."""

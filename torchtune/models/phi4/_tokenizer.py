@@ -79,6 +79,11 @@ class Phi4Tokenizer(ModelTokenizer, Transform):
         """Entries of ``vocab.json`` (the special tokens follow them)."""
         return self.tokenizer_model.vocab_size
 
+    @property
+    def text_vocab_size(self) -> int:
+        """One past the highest id a sample can hold (the special tokens follow ``vocab.json``)."""
+        return max([self.vocab_size, *(i + 1 for i in self.special_tokens.values())])
+
     def encode(self, text: str, add_bos: bool = True, add_eos: bool = True, **_: Any) -> List[int]:
         """Token ids of ``text``, BOS / EOS around them on request (other keywords change nothing)."""
         return self.tokenizer_model.encode(text, add_bos=add_bos, add_eos=add_eos)

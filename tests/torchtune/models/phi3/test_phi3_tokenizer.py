@@ -14,6 +14,7 @@ def tok(tmp_path_factory):
 
 def test_phi3_format(tok):
     assert isinstance(tok, Phi3MiniTokenizer) and tok.eos_id == tok.pad_id == PHI3_SPECIAL_TOKENS["<|endoftext|>"]
+    assert (tok.vocab_size, tok.text_vocab_size) == (400, 32011)  # the model's table must hold the special ids
     messages = [
         Message("system", "Be brief.", masked=True),
         Message("user", "Hi!", masked=True),

@@ -15,6 +15,7 @@ def test_phi4_format_from_vocab_and_merges(tmp_path):
     vocab, merges = make_bpe_files(tmp_path, GPT2_PATTERN)
     tok = phi4_tokenizer(vocab_path=str(vocab), merges_path=str(merges))
     assert isinstance(tok, Phi4Tokenizer) and (tok.bos_id, tok.eos_id, tok.pad_id) == (100257, 100265, 100349)
+    assert tok.text_vocab_size == 100352  # the model's table must hold the special ids
     messages = [Message("user", "Hi there!  ", masked=True), Message("assistant", "Hello.")]
     tokens, mask = tok.tokenize_messages(messages, add_eos=True)
     im_start, im_sep, im_end = (PHI4_SPECIAL_TOKENS[t] for t in ("<|im_start|>", "<|im_sep|>", "<|im_end|>"))
