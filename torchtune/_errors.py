@@ -29,6 +29,11 @@ class ConfigError(UsageError):
     """A config that is malformed, names an unknown key, or has an invalid value."""
 
 
+class TuneValueError(TuneError, ValueError):
+    """A bad argument to a function of torchtune's Python API (a message, a template, a batch): also a
+    ``ValueError``, which is what torchtune raises there, so code that catches that keeps working."""
+
+
 def debug_enabled() -> bool:
     """True when ``TUNE_DEBUG`` asks for full tracebacks."""
     return os.environ.get("TUNE_DEBUG", "").strip().lower() in {"1", "true", "yes", "on"}

@@ -21,10 +21,10 @@ def make_tiny_gemma3_folder(folder: Path, seed: int = 0) -> Path:
     from safetensors.torch import save_file
 
     from torchtune.models.gemma3 import gemma3_tiny, tune_to_hf
-    from torchtune.modules.tokenizers import HuggingFaceBaseTokenizer
+    from torchtune.modules.transforms.tokenizers._hf_tokenizer import TokenizerJson
 
     folder = Path(folder)
-    vocab = HuggingFaceBaseTokenizer(make_gemma3_tokenizer(folder)).vocab_size
+    vocab = TokenizerJson(make_gemma3_tokenizer(folder)).vocab_size
     torch.manual_seed(seed)
     model = gemma3_tiny(vocab_size=vocab)
     with torch.no_grad():

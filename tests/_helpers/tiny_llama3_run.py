@@ -96,7 +96,8 @@ def make_tiny_llama3_run(tmp_path: Path, tokenizer_dir: Path, num_examples: int 
     data = tmp_path / "chats.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in chat_examples(num_examples)))
     tokenizer_file = tokenizer_dir / "original" / "tokenizer.model"
-    vocab = llama3_tokenizer(str(tokenizer_file)).vocab_size
+    # the tiny vocabulary's special tokens follow its ranks: torchtune's special_tokens_path names them
+    vocab = llama3_tokenizer(str(tokenizer_file), special_tokens_path=str(tokenizer_dir / "tokenizer.json")).vocab_size
     ckpt = make_llama3_hf_checkpoint(tmp_path / "base", vocab_size=vocab)
     (ckpt / "original").mkdir()
     shutil.copyfile(tokenizer_file, ckpt / "original" / "tokenizer.model")
@@ -104,6 +105,7 @@ def make_tiny_llama3_run(tmp_path: Path, tokenizer_dir: Path, num_examples: int 
         shutil.copyfile(tokenizer_dir / name, ckpt / name)
     cfg = OmegaConf.create(base_config(tmp_path, ckpt, ckpt / "original" / "tokenizer.model", data, vocab))
     cfg.tokenizer._component_ = "torchtune.models.llama3.llama3_tokenizer"
+    cfg.tokenizer.special_tokens_path = str(ckpt / "tokenizer.json")
     cfg.dataset = {
         "_component_": "torchtune.datasets.chat_dataset",
         "source": "json",

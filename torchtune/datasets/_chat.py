@@ -22,12 +22,13 @@ _SHOWN_ERRORS = 5
 
 
 class ChatTokenizer(Protocol):
-    """What a chat dataset needs: a tokenizer with a chat format (``Llama3Tokenizer`` has one)."""
+    """What a chat dataset needs: a tokenizer with a chat format, i.e. ``tokenize_messages`` (a model
+    tokenizer: ``Llama3Tokenizer``, ``Llama2Tokenizer`` with its template, ``HFModelTokenizer``; see
+    ``_chat_tokens``)."""
 
-    eot_id: int
     pad_id: int
 
-    def tokenize_messages(self, messages: Sequence[Mapping[str, str]]) -> Tuple[List[int], List[bool]]: ...
+    def tokenize_messages(self, messages: Sequence[Any]) -> Tuple[List[int], List[bool]]: ...
 
 
 class ChatDataset(Dataset):
@@ -89,10 +90,10 @@ class ChatDataset(Dataset):
         if not callable(getattr(tokenizer, "tokenize_messages", None)):
             raise TuneError(
                 f"dataset._component_ is a chat dataset, which needs a tokenizer with a chat format, but "
-                f"{type(tokenizer).__name__} has none. Use the Llama 3 tokenizer "
-                "(tokenizer._component_=torchtune.models.llama3.llama3_tokenizer) with a Llama 3.x model; "
-                "for a Llama 2 model use instruction data (torchtune.datasets.alpaca_dataset or "
-                "instruct_dataset)."
+                f"{type(tokenizer).__name__} has none. Use the model's tokenizer builder "
+                "(tokenizer._component_=torchtune.models.llama3.llama3_tokenizer for Llama 3.x, "
+                "torchtune.models.llama2.llama2_tokenizer with its [INST] template for Llama 2), or "
+                "instruction data (torchtune.datasets.alpaca_dataset or instruct_dataset)."
             )
         if conversation_style not in STYLES:
             raise TuneError(
@@ -203,7 +204,7 @@ class ChatDataset(Dataset):
     def tokenize_row(self, row: Mapping[str, Any]) -> Dict[str, List[int]]:
         """Tokens and labels of one row (see the class docstring)."""
         messages = self.to_messages(row[self.conversation_column])
-        tokens, is_assistant = self._tokenizer.tokenize_messages(messages)
+        tokens, is_assistant = _chat_tokens(self._tokenizer, messages)
         if self.train_on_input:
             labels = list(tokens)
         elif any(m["content"].strip() for m in messages if m["role"] == "assistant"):
@@ -211,6 +212,24 @@ class ChatDataset(Dataset):
         else:  # only empty replies: nothing to learn, not even to stop
             labels = [CROSS_ENTROPY_IGNORE_IDX] * len(tokens)
         return dict(zip(("tokens", "labels"), truncate(tokens, labels, self.max_seq_len)))
+
+
+def _chat_tokens(tokenizer: Any, messages: List[Dict[str, str]]) -> Tuple[List[int], List[bool]]:
+    """Tokens of one conversation in the tokenizer's chat format, and which of them the model learns.
+
+    Llama 3 and a model folder's own chat template (``HFModelTokenizer``) give the ids of transformers'
+    ``apply_chat_template`` and each reply's span from the template's own renders (``message_spans``). Any other model
+    tokenizer formats torchtune's way: ``tokenize_messages`` of ``Message`` objects, the non-assistant ones
+    masked, learning what its mask leaves unmasked (a turn's own special tokens included).
+    """
+    if callable(getattr(tokenizer, "message_spans", None)):
+        encoded = tokenizer.message_spans(messages)
+        return encoded.tokens, encoded.is_assistant
+    from torchtune.data import Message
+
+    turns = [Message(m["role"], m["content"], masked=m["role"] != "assistant") for m in messages]
+    tokens, mask = tokenizer.tokenize_messages(turns)
+    return tokens, [not masked for masked in mask]
 
 
 def _short(value: Any) -> str:

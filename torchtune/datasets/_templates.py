@@ -7,6 +7,7 @@ import string
 from typing import Any, Mapping, Tuple, Type, Union
 
 from torchtune._errors import TuneError
+from torchtune.data._messages import ALPACA_PROMPT_INPUT, ALPACA_PROMPT_NO_INPUT
 
 
 class InstructTemplate:
@@ -38,15 +39,8 @@ class AlpacaInstructTemplate(InstructTemplate):
     optional_columns = ("input",)
     response_column = "output"
 
-    PROMPT_INPUT = (
-        "Below is an instruction that describes a task, paired with an input that provides further "
-        "context. Write a response that appropriately completes the request.\n\n"
-        "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
-    )
-    PROMPT_NO_INPUT = (
-        "Below is an instruction that describes a task. Write a response that appropriately completes "
-        "the request.\n\n### Instruction:\n{instruction}\n\n### Response:\n"
-    )
+    PROMPT_INPUT = ALPACA_PROMPT_INPUT
+    PROMPT_NO_INPUT = ALPACA_PROMPT_NO_INPUT
 
     def format(self, sample: Mapping[str, Any]) -> str:
         text_input = sample.get("input")

@@ -27,7 +27,10 @@ SHAREGPT_SPEAKER = {"system": "system", "user": "human", "assistant": "gpt"}
 
 @pytest.fixture(scope="module")
 def tok(llama3_tokenizer_dir):
-    return llama3_tokenizer(str(llama3_tokenizer_dir / "original" / "tokenizer.model"))
+    return llama3_tokenizer(
+        str(llama3_tokenizer_dir / "original" / "tokenizer.model"),
+        special_tokens_path=str(llama3_tokenizer_dir / "tokenizer.json"),
+    )
 
 
 @pytest.fixture(scope="module")

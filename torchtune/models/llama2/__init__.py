@@ -8,9 +8,13 @@ from torchtune.models.llama2._convert_weights import (
     tune_to_hf,
     tune_to_meta,
 )
-from torchtune.models.llama2._model_builders import llama2_7b, llama2_13b, llama2_70b, llama2_tiny, llama2_tokenizer
+from torchtune.models.llama2._model_builders import llama2_7b, llama2_13b, llama2_70b, llama2_tiny
+from torchtune.models.llama2._prompt_template import Llama2ChatTemplate
+from torchtune.models.llama2._tokenizer import Llama2Tokenizer, llama2_tokenizer
 
 __all__ = [
+    "Llama2ChatTemplate",
+    "Llama2Tokenizer",
     "hf_to_tune",
     "iter_tune_to_hf",
     "llama2",

@@ -1,13 +1,12 @@
-"""Fixed-size Llama2 models (the published 7B/13B/70B shapes) and a tiny one for tests and demos."""
+"""Fixed-size Llama2 models (the published 7B/13B/70B shapes) and a tiny one for tests and demos (the tokenizer
+builder is in ``_tokenizer``)."""
 
 from __future__ import annotations
 
 from typing import Any, Optional
 
-from torchtune.config._types import checked_by
 from torchtune.models.llama2._component_builders import llama2
 from torchtune.modules import TransformerDecoder
-from torchtune.modules.tokenizers._checks import check_tokenizer_args
 
 
 def llama2_7b(**overrides: Any) -> TransformerDecoder:
@@ -90,17 +89,3 @@ def llama2_tiny(
         norm_eps=norm_eps,
         rope_base=rope_base,
     )
-
-
-@checked_by(check_tokenizer_args)
-def llama2_tokenizer(path: str, max_seq_len: Optional[int] = None):
-    """Llama2's SentencePiece tokenizer from ``path`` (the ``tokenizer.model`` file).
-
-    Args:
-        path: path to ``tokenizer.model``.
-        max_seq_len: stored as ``tokenizer.max_seq_len`` (datasets truncate to it); ``None`` for no limit.
-    """
-    # Imported here so building a model never pulls in sentencepiece.
-    from torchtune.modules.tokenizers import SentencePieceTokenizer
-
-    return SentencePieceTokenizer(path, max_seq_len=max_seq_len)

@@ -5,10 +5,13 @@ from torchtune.models.mistral._component_builders import mistral
 from torchtune.models.mistral._model_builders import (
     mistral_7b,
     mistral_7b_v0_1,
-    mistral_tokenizer,
 )
+from torchtune.models.mistral._prompt_template import MistralChatTemplate
+from torchtune.models.mistral._tokenizer import MistralTokenizer, mistral_tokenizer
 
 __all__ = [
+    "MistralChatTemplate",
+    "MistralTokenizer",
     "mistral",
     "mistral_7b",
     "mistral_7b_v0_1",

@@ -1,8 +1,8 @@
-"""Fixed-size Mistral models (the published shapes, as their config.json files give them) and the tokenizer."""
+"""Fixed-size Mistral models (the published shapes, as their config.json files give them)."""
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from torchtune.models.mistral._component_builders import mistral
 from torchtune.modules import TransformerDecoder
@@ -44,17 +44,3 @@ def mistral_7b_v0_1(**overrides: Any) -> TransformerDecoder:
         sliding_window=4_096,
     )
     return mistral(**{**kwargs, **overrides})
-
-
-def mistral_tokenizer(path: str, max_seq_len: Optional[int] = None):
-    """Mistral's tokenizer from the model folder's ``tokenizer.json`` (``path``), with the special tokens,
-    BOS/EOS behaviour and chat template of the folder's ``tokenizer_config.json`` / ``chat_template.jinja``.
-    ``<s>`` first (the post-processor of tokenizer.json), ``</s>`` ends a turn.
-
-    Args:
-        path: the ``tokenizer.json`` file (config key ``tokenizer.path``).
-        max_seq_len: stored as ``tokenizer.max_seq_len`` (datasets truncate to it); ``None`` for no limit.
-    """
-    from torchtune.modules.tokenizers import HFModelTokenizer
-
-    return HFModelTokenizer(path, max_seq_len=max_seq_len)

@@ -5,10 +5,12 @@ from torchtune.models.phi4._component_builders import phi4
 from torchtune.models.phi4._model_builders import (
     phi4_14b,
     phi4_mini,
-    phi4_tokenizer,
 )
+from torchtune.models.phi4._tokenizer import PHI4_SPECIAL_TOKENS, Phi4Tokenizer, phi4_tokenizer
 
 __all__ = [
+    "PHI4_SPECIAL_TOKENS",
+    "Phi4Tokenizer",
     "phi4",
     "phi4_14b",
     "phi4_mini",

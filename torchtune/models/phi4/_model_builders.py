@@ -1,8 +1,8 @@
-"""Fixed-size Phi-4 models (the published shapes, as their config.json files give them) and the tokenizer."""
+"""Fixed-size Phi-4 models (the published shapes, as their config.json files give them)."""
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from torchtune.models.phi4._component_builders import phi4
 from torchtune.modules import TransformerDecoder
@@ -61,17 +61,3 @@ def phi4_mini(**overrides: Any) -> TransformerDecoder:
         rope_scale_factor=131_072 / 4_096,
     )
     return phi4(**{**kwargs, **overrides})
-
-
-def phi4_tokenizer(path: str, max_seq_len: Optional[int] = None):
-    """Phi-4's tokenizer from the model folder's ``tokenizer.json`` (``path``), with the special tokens,
-    BOS/EOS behaviour and chat template of the folder's ``tokenizer_config.json`` / ``chat_template.jinja``.
-    No BOS; ``<|im_end|>`` ends a chat turn.
-
-    Args:
-        path: the ``tokenizer.json`` file (config key ``tokenizer.path``).
-        max_seq_len: stored as ``tokenizer.max_seq_len`` (datasets truncate to it); ``None`` for no limit.
-    """
-    from torchtune.modules.tokenizers import HFModelTokenizer
-
-    return HFModelTokenizer(path, max_seq_len=max_seq_len)

@@ -9,10 +9,12 @@ from torchtune.models.qwen2_5._model_builders import (
     qwen2_5_7b,
     qwen2_5_14b,
     qwen2_5_32b,
-    qwen2_5_tokenizer,
 )
+from torchtune.models.qwen2_5._tokenizer import QWEN2_5_SPECIAL_TOKENS, Qwen2_5Tokenizer, qwen2_5_tokenizer
 
 __all__ = [
+    "QWEN2_5_SPECIAL_TOKENS",
+    "Qwen2_5Tokenizer",
     "qwen2_5",
     "qwen2_5_0_5b",
     "qwen2_5_14b",

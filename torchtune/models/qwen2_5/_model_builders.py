@@ -1,8 +1,8 @@
-"""Fixed-size Qwen2.5 models (the published shapes, as their config.json files give them) and the tokenizer."""
+"""Fixed-size Qwen2.5 models (the published shapes, as their config.json files give them)."""
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from torchtune.models.qwen2_5._component_builders import qwen2_5
 from torchtune.modules import TransformerDecoder
@@ -114,17 +114,3 @@ def qwen2_5_32b(**overrides: Any) -> TransformerDecoder:
         tie_word_embeddings=False,
     )
     return qwen2_5(**{**kwargs, **overrides})
-
-
-def qwen2_5_tokenizer(path: str, max_seq_len: Optional[int] = None):
-    """Qwen2.5's tokenizer from the model folder's ``tokenizer.json`` (``path``), with the special tokens,
-    BOS/EOS behaviour and chat template of the folder's ``tokenizer_config.json`` / ``chat_template.jinja``.
-    No BOS; ``<|im_end|>`` ends a chat turn.
-
-    Args:
-        path: the ``tokenizer.json`` file (config key ``tokenizer.path``).
-        max_seq_len: stored as ``tokenizer.max_seq_len`` (datasets truncate to it); ``None`` for no limit.
-    """
-    from torchtune.modules.tokenizers import HFModelTokenizer
-
-    return HFModelTokenizer(path, max_seq_len=max_seq_len)

@@ -118,7 +118,7 @@ class HFModelTokenizer:
     """
 
     def __init__(self, path: Union[str, Path], max_seq_len: Optional[int] = None) -> None:
-        from torchtune.modules.tokenizers._hf_tokenizers import HuggingFaceBaseTokenizer
+        from torchtune.modules.transforms.tokenizers._hf_tokenizer import TokenizerJson
 
         path = Path(path).expanduser()
         if path.is_dir():
@@ -131,7 +131,7 @@ class HFModelTokenizer:
             )
         self.path = path
         self.max_seq_len = max_seq_len
-        self._backend = HuggingFaceBaseTokenizer(path)
+        self._backend = TokenizerJson(path)
         self._tokenizer = self._backend._tokenizer
         folder = path.parent
         self._config = self._read_json(folder / TOKENIZER_CONFIG)

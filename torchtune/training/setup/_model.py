@@ -143,19 +143,22 @@ def check_tokenizer_fits_model(tokenizer: Any, model: nn.Module, cfg_tokenizer: 
     """
     vocab_size = model.tok_embeddings.num_embeddings
     source = cfg_tokenizer.get("path", cfg_tokenizer.get(config.COMPONENT_KEY))
-    if tokenizer.vocab_size > vocab_size:
+    # Ids only an image produces (Llama 3's <|image|> = 128256 after a text model's 128256 rows) never reach
+    # a text model: the tokenizer says how many ids a text-only sample can hold where that differs.
+    tokens = getattr(tokenizer, "text_vocab_size", tokenizer.vocab_size)
+    if tokens > vocab_size:
         raise TuneError(
-            f"The tokenizer ({source}) has {tokenizer.vocab_size} tokens but the model's embedding table has "
+            f"The tokenizer ({source}) has {tokens} tokens but the model's embedding table has "
             f"{vocab_size} rows: token ids past the table would crash training, so the tokenizer does not belong "
             "to this model. Use the tokenizer that belongs to the checkpoint (tokenizer.path and "
             "tokenizer._component_), or a model builder whose vocab_size is at least the tokenizer's."
         )
-    if vocab_size > tokenizer.vocab_size:
+    if vocab_size > tokens:
         log.info(
             "The model's embedding table has %d rows for the tokenizer's %d tokens (%s); the extra rows are never "
             "looked up, as in the published checkpoint.",
             vocab_size,
-            tokenizer.vocab_size,
+            tokens,
             source,
         )
 

@@ -1,11 +1,13 @@
 """Llama3Tokenizer against transformers: the same ids from the tiktoken file and from tokenizer.json on
-mixed text with special tokens, the same chat template ids; the released id layout; wrong files refused."""
+mixed text with special tokens, the same chat template ids; torchtune's message API and id layout; wrong
+files refused."""
 
 import base64
 
 import pytest
 
 from torchtune import TuneError
+from torchtune.data import Message
 from torchtune.models.llama2 import llama2_tokenizer
 from torchtune.models.llama3 import LLAMA3_SPECIAL_TOKENS, Llama3Tokenizer, llama3_tokenizer
 
@@ -38,10 +40,18 @@ def hf(llama3_tokenizer_dir):
     return transformers.AutoTokenizer.from_pretrained(str(llama3_tokenizer_dir))
 
 
+def _tiny(folder, name="original/tokenizer.model", **kwargs):
+    """The tiny files' tokenizer; a tiktoken file takes its special tokens from the tokenizer.json beside it
+    (the tiny vocabulary puts them right after its ranks, not at Llama 3's 128000)."""
+    if name.endswith("tokenizer.model"):
+        kwargs.setdefault("special_tokens_path", str(folder / "tokenizer.json"))
+    return llama3_tokenizer(str(folder / name), **kwargs)
+
+
 @pytest.fixture(scope="module", params=["tiktoken", "tokenizer.json"])
 def tok(request, llama3_tokenizer_dir):
     name = "original/tokenizer.model" if request.param == "tiktoken" else "tokenizer.json"
-    return llama3_tokenizer(str(llama3_tokenizer_dir / name), max_seq_len=64)
+    return _tiny(llama3_tokenizer_dir, name, max_seq_len=64)
 
 
 @pytest.mark.parametrize("text", TEXTS)
@@ -61,9 +71,10 @@ def test_special_tokens_in_text_are_single_ids(tok):
 
 @pytest.mark.parametrize("conversation", CONVERSATIONS, ids=["multi-turn", "unicode-empty-reply"])
 def test_chat_format_equals_transformers_chat_template(tok, hf, conversation):
-    tokens, is_assistant = tok.tokenize_messages(conversation)
+    encoded = tok.message_spans(conversation)
+    tokens, is_assistant = encoded.tokens, encoded.is_assistant
     assert tokens == hf.apply_chat_template(conversation, tokenize=True, return_dict=False)
-    prompt, _ = tok.tokenize_messages(conversation[:-1], add_generation_prompt=True)
+    prompt = tok.message_spans(conversation[:-1], add_generation_prompt=True).tokens
     assert prompt == hf.apply_chat_template(
         conversation[:-1], tokenize=True, add_generation_prompt=True, return_dict=False
     )
@@ -78,8 +89,8 @@ def test_chat_format_equals_transformers_chat_template(tok, hf, conversation):
 
 
 def test_both_files_give_the_same_ids(llama3_tokenizer_dir):
-    a = llama3_tokenizer(str(llama3_tokenizer_dir / "original" / "tokenizer.model"))
-    b = llama3_tokenizer(str(llama3_tokenizer_dir / "tokenizer.json"))
+    a = _tiny(llama3_tokenizer_dir)
+    b = _tiny(llama3_tokenizer_dir, "tokenizer.json")
     text = " ".join(TEXTS) * 20
     assert a.encode(text) == b.encode(text)
     ids = lambda t: (t.vocab_size, t.bos_id, t.eos_id, t.pad_id, t.eot_id)  # noqa: E731
@@ -88,7 +99,8 @@ def test_both_files_give_the_same_ids(llama3_tokenizer_dir):
 
 
 def test_released_layout_puts_special_tokens_at_128000(tmp_path):
-    """A file with Llama 3's 128000 ranks: <|begin_of_text|> is 128000, <|eot_id|> 128009, 128256 in all."""
+    """A file with Llama 3's 128000 ranks and torchtune's default special tokens: <|begin_of_text|> is 128000,
+    <|eot_id|> 128009, <|image|> 128256 (vocab_size 128257); a text model's 128256 rows hold every text id."""
     ranks = [bytes([b]) for b in range(256)]
     ranks += [bytes([a, b]) for a in range(256) for b in range(256)]
     ranks += [bytes([a, b, c]) for a in range(97, 123) for b in range(97, 123) for c in range(256)]
@@ -97,7 +109,12 @@ def test_released_layout_puts_special_tokens_at_128000(tmp_path):
     path = tmp_path / "tokenizer.model"
     path.write_text("".join(f"{base64.b64encode(t).decode()} {i}\n" for i, t in enumerate(ranks)))
     tok = Llama3Tokenizer(path)
-    assert tok.vocab_size == 128_256 and len(LLAMA3_SPECIAL_TOKENS) == 256
+    assert (tok.base_vocab_size, tok.vocab_size, tok.text_vocab_size, len(LLAMA3_SPECIAL_TOKENS)) == (
+        128_000,
+        128_257,
+        128_256,
+        256,
+    )
     assert (tok.bos_id, tok.eos_id, tok.pad_id, tok.start_header_id, tok.end_header_id, tok.eot_id) == (
         128000,
         128001,
@@ -106,8 +123,49 @@ def test_released_layout_puts_special_tokens_at_128000(tmp_path):
         128007,
         128009,
     )
-    assert tok.encode("<|reserved_special_token_247|>", add_bos=False, add_eos=False) == [128255]
-    assert tok.stop_tokens == [128001, 128009]
+    assert (tok.eom_id, tok.python_tag, tok.step_id, tok.image_id) == (128008, 128010, 128005, 128256)
+    assert tok.encode("<|reserved_special_token_244|>", add_bos=False, add_eos=False) == [128255]
+    assert tok.stop_tokens == [128001, 128009, 128008]
+
+
+def test_tokenize_messages_is_torchtunes_format_and_mask(llama3_tokenizer_dir):
+    """Header, stripped content and <|eot_id|> per message, <|end_of_text|> last; each message's tokens take
+    its ``masked`` (header included), BOS and EOS are masked; a tool call gets <|python_tag|> and <|eom_id|>."""
+    tok = _tiny(llama3_tokenizer_dir)
+    messages = [
+        Message("user", " What is two plus three? ", masked=True),
+        Message("assistant", "five()", ipython=True, eot=False),
+        Message("assistant", "Five."),
+    ]
+    tokens, mask = tok.tokenize_messages(messages)
+
+    def header(role):
+        return [tok.start_header_id, *tok.encode(role, add_bos=False, add_eos=False), tok.end_header_id] + (
+            tok.encode("\n\n", add_bos=False, add_eos=False)
+        )
+
+    def text(t):
+        return tok.encode(t, add_bos=False, add_eos=False)
+
+    user = header("user") + text("What is two plus three?") + [tok.eot_id]
+    call = header("assistant") + [tok.python_tag] + text("five()") + [tok.eom_id]
+    reply = header("assistant") + text("Five.") + [tok.eot_id]
+    assert tokens == [tok.bos_id] + user + call + reply + [tok.eos_id]
+    assert mask == [True] + [True] * len(user) + [False] * (len(call) + len(reply)) + [True]
+    assert tok.decode(tokens) == "What is two plus three?five()Five."
+    # generation: the last message stays open, no EOS
+    open_tokens, open_mask = tok.tokenize_messages(messages[:1] + [Message("assistant", "")], add_end_tokens=False)
+    assert open_tokens == [tok.bos_id] + user + header("assistant") and len(open_mask) == len(open_tokens)
+    sample = tok({"messages": messages, "id": 7})
+    assert sample == {"id": 7, "tokens": tokens, "mask": mask}
+    short = _tiny(llama3_tokenizer_dir, max_seq_len=10)
+    cut, cut_mask = short.tokenize_messages(messages)
+    assert cut == tokens[:9] + [tok.eos_id] and cut_mask == mask[:9] + [True]
+
+
+def test_missing_chat_token_is_a_value_error(llama3_tokenizer_dir):
+    with pytest.raises(ValueError, match="<\\|begin_of_text\\|> missing from special_tokens"):
+        Llama3Tokenizer(llama3_tokenizer_dir / "original" / "tokenizer.model", special_tokens={"<|end_of_text|>": 1})
 
 
 # --- wrong files -----------------------------------------------------------------------------------
