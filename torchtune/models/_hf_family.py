@@ -57,6 +57,9 @@ class ModelShape:
     rotary_dim: Optional[int] = None
     # LongRoPE's settings as sorted (key, value) pairs (lists as tuples); None: no RoPE scaling.
     rope_scaling: Optional[Tuple[Tuple[str, Any], ...]] = None
+    # The family builders' RoPE layout (not in config.json): interleaved channel pairs (Llama, Mistral), whose
+    # q/k rows are permuted from HF's order on load, or HF's halves (Qwen2, Phi-3), copied as they are.
+    rope_interleaved: bool = True
 
 
 # Fields a config.json may leave out (older converted Llama folders): then not compared.
@@ -80,6 +83,7 @@ CONFIG_KEYS = {
     "sliding_window": ("sliding_window", "sliding_window"),
     "rotary_dim": ("partial_rotary_factor x head_dim", "rotary_dim"),
     "rope_scaling": ("rope_scaling / rope_parameters", "rope_short_factor, rope_long_factor, ..."),
+    "rope_interleaved": ("the family's RoPE channel layout (interleaved pairs or halves)", "the family's builder"),
 }
 
 
@@ -333,7 +337,8 @@ def shape_of_model(model: nn.Module) -> ModelShape:
     rms = model.layers[0].sa_norm
     rope = attn.pos_embeddings
     rotary_dim = getattr(rope, "dim", attn.head_dim)
-    inner = getattr(rope, "rope", rope)  # the RoPE of a PartialRotaryEmbeddings
+    inner = getattr(rope, "rope", rope)  # the RoPE of a PartialRotaryEmbeddings (or of a LigerRoPE)
+    inner = getattr(inner, "rope", inner)
     return ModelShape(
         vocab_size=model.tok_embeddings.num_embeddings,
         num_layers=len(model.layers),
@@ -359,6 +364,7 @@ def shape_of_model(model: nn.Module) -> ModelShape:
         )
         if isinstance(inner, LongRoPE)
         else None,
+        rope_interleaved=bool(getattr(inner, "interleaved", True)),
     )
 
 

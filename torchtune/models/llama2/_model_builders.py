@@ -70,7 +70,7 @@ def llama2_tiny(
     intermediate_dim: Optional[int] = None,
     attn_dropout: float = 0.0,
     norm_eps: float = 1e-5,
-    rope_base: int = 10_000,
+    rope_base: float = 10_000.0,
 ) -> TransformerDecoder:
     """A tiny grouped-query Llama2 for CPU tests and the demo.
 
@@ -93,14 +93,29 @@ def llama2_tiny(
 
 
 @checked_by(check_tokenizer_args)
-def llama2_tokenizer(path: str, max_seq_len: Optional[int] = None):
-    """Llama2's SentencePiece tokenizer from ``path`` (the ``tokenizer.model`` file).
+def llama2_tokenizer(
+    path: str,
+    max_seq_len: Optional[int] = None,
+    prompt_template: Optional[Any] = "torchtune.models.llama2.Llama2ChatTemplate",
+    truncation_type: str = "right",
+):
+    """Llama2's SentencePiece tokenizer from ``path`` (the ``tokenizer.model`` file), with torchtune's
+    arguments.
 
     Args:
         path: path to ``tokenizer.model``.
         max_seq_len: stored as ``tokenizer.max_seq_len`` (datasets truncate to it); ``None`` for no limit.
+        prompt_template: torchtune's prompt template (a dotted class path, a role -> tags mapping, or
+            ``None``), kept as ``tokenizer.prompt_template`` for the message layer.
+        truncation_type: which end a too-long sample is cut at (``"left"`` / ``"right"``), kept as
+            ``tokenizer.truncation_type``.
     """
     # Imported here so building a model never pulls in sentencepiece.
+    from torchtune.models._tokenizer_args import keep_args
     from torchtune.modules.tokenizers import SentencePieceTokenizer
 
-    return SentencePieceTokenizer(path, max_seq_len=max_seq_len)
+    return keep_args(
+        SentencePieceTokenizer(path, max_seq_len=max_seq_len),
+        prompt_template=prompt_template,
+        truncation_type=truncation_type,
+    )

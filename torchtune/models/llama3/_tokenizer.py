@@ -204,11 +204,29 @@ class Llama3Tokenizer:
 
 
 @checked_by(check_tokenizer_args)
-def llama3_tokenizer(path: str, max_seq_len: Optional[int] = None) -> Llama3Tokenizer:
-    """Llama 3.x's tokenizer from ``path``: ``original/tokenizer.model`` or ``tokenizer.json``.
+def llama3_tokenizer(
+    path: str,
+    special_tokens_path: Optional[str] = None,
+    max_seq_len: Optional[int] = None,
+    prompt_template: Optional[Any] = None,
+    truncation_type: str = "right",
+) -> Llama3Tokenizer:
+    """Llama 3.x's tokenizer from ``path``: ``original/tokenizer.model`` or ``tokenizer.json`` (torchtune's
+    arguments).
 
     Args:
         path: the tokenizer file (config key ``tokenizer.path``).
+        special_tokens_path: torchtune's ``tokenizer.json`` to read the special tokens from; kept as
+            ``tokenizer.special_tokens_path`` (Llama 3.1's special tokens are built in).
         max_seq_len: stored as ``tokenizer.max_seq_len`` (datasets truncate to it); ``None`` for no limit.
+        prompt_template: torchtune's prompt template, kept as ``tokenizer.prompt_template``.
+        truncation_type: ``"left"`` or ``"right"``, kept as ``tokenizer.truncation_type``.
     """
-    return Llama3Tokenizer(path, max_seq_len=max_seq_len)
+    from torchtune.models._tokenizer_args import keep_args
+
+    return keep_args(
+        Llama3Tokenizer(path, max_seq_len=max_seq_len),
+        special_tokens_path=special_tokens_path,
+        prompt_template=prompt_template,
+        truncation_type=truncation_type,
+    )

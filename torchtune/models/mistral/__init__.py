@@ -1,10 +1,12 @@
-"""Mistral 7B (v0.3; v0.1 with its sliding window): builders and tokenizer; Hugging Face folders are read and written by
-``torchtune.utils.FullModelHFCheckpointer`` through this family's ``_hf.py`` registration."""
+"""Mistral 7B (v0.1 with its sliding window, v0.3): builders and tokenizer; Hugging Face folders are read and
+written by ``torchtune.utils.FullModelHFCheckpointer`` through this family's ``_hf.py`` registration."""
 
-from torchtune.models.mistral._component_builders import mistral
+from torchtune.models.mistral._component_builders import mistral, mistral_classifier, mistral_mlp
 from torchtune.models.mistral._model_builders import (
     mistral_7b,
     mistral_7b_v0_1,
+    mistral_7b_v0_3,
+    mistral_reward_7b,
     mistral_tokenizer,
 )
 
@@ -12,5 +14,9 @@ __all__ = [
     "mistral",
     "mistral_7b",
     "mistral_7b_v0_1",
+    "mistral_7b_v0_3",
+    "mistral_classifier",
+    "mistral_mlp",
+    "mistral_reward_7b",
     "mistral_tokenizer",
 ]

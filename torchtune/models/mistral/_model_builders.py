@@ -4,32 +4,13 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from torchtune.models.mistral._component_builders import mistral
+from torchtune.models.mistral._component_builders import mistral, mistral_classifier
 from torchtune.modules import TransformerDecoder
 
 
-def mistral_7b(**overrides: Any) -> TransformerDecoder:
-    """Mistral 7B v0.3: 32 layers, 32 query / 8 key-value heads, width 4096, feed-forward
-    14336, untied embeddings. ``overrides`` replace any argument."""
-    kwargs = dict(
-        num_layers=32,
-        num_heads=32,
-        num_kv_heads=8,
-        embed_dim=4_096,
-        intermediate_dim=14_336,
-        max_seq_len=32_768,
-        norm_eps=1e-05,
-        tie_word_embeddings=False,
-        vocab_size=32_768,
-        rope_base=1000000.0,
-        sliding_window=None,
-    )
-    return mistral(**{**kwargs, **overrides})
-
-
 def mistral_7b_v0_1(**overrides: Any) -> TransformerDecoder:
-    """Mistral 7B v0.1: 32 layers, 32 query / 8 key-value heads, width 4096, feed-forward
-    14336, untied embeddings. ``overrides`` replace any argument."""
+    """Mistral 7B v0.1: 32 layers, 32 query / 8 key-value heads, width 4096, feed-forward 14336, vocab 32000,
+    RoPE base 10000, a 4096-token sliding window, untied embeddings. ``overrides`` replace any argument."""
     kwargs = dict(
         num_layers=32,
         num_heads=32,
@@ -46,15 +27,72 @@ def mistral_7b_v0_1(**overrides: Any) -> TransformerDecoder:
     return mistral(**{**kwargs, **overrides})
 
 
-def mistral_tokenizer(path: str, max_seq_len: Optional[int] = None):
-    """Mistral's tokenizer from the model folder's ``tokenizer.json`` (``path``), with the special tokens,
-    BOS/EOS behaviour and chat template of the folder's ``tokenizer_config.json`` / ``chat_template.jinja``.
-    ``<s>`` first (the post-processor of tokenizer.json), ``</s>`` ends a turn.
+def mistral_7b(**overrides: Any) -> TransformerDecoder:
+    """torchtune's ``mistral_7b``: Mistral 7B v0.1 (the weights torchtune's configs load), as
+    :func:`mistral_7b_v0_1`. torchtune 0.6.1 builds it without v0.1's 4096-token window; here the window is
+    there, as in transformers and the published config.json (the same numbers up to 4096 tokens). For
+    v0.3 use :func:`mistral_7b_v0_3`."""
+    return mistral_7b_v0_1(**overrides)
+
+
+def mistral_7b_v0_3(**overrides: Any) -> TransformerDecoder:
+    """Mistral 7B v0.3: 32 layers, 32 query / 8 key-value heads, width 4096, feed-forward 14336, vocab
+    32768, RoPE base 1000000, no sliding window, untied embeddings. ``overrides`` replace any argument."""
+    kwargs = dict(
+        num_layers=32,
+        num_heads=32,
+        num_kv_heads=8,
+        embed_dim=4_096,
+        intermediate_dim=14_336,
+        max_seq_len=32_768,
+        norm_eps=1e-05,
+        tie_word_embeddings=False,
+        vocab_size=32_768,
+        rope_base=1000000.0,
+        sliding_window=None,
+    )
+    return mistral(**{**kwargs, **overrides})
+
+
+def mistral_reward_7b(**overrides: Any) -> TransformerDecoder:
+    """torchtune's Mistral 7B reward model: the v0.1 body (no window, as torchtune builds it) with one score
+    per position. ``overrides`` replace any argument."""
+    kwargs = dict(
+        num_classes=1,
+        vocab_size=32_000,
+        num_layers=32,
+        num_heads=32,
+        num_kv_heads=8,
+        embed_dim=4096,
+        intermediate_dim=14336,
+        max_seq_len=32768,
+        attn_dropout=0.0,
+        norm_eps=1e-5,
+    )
+    return mistral_classifier(**{**kwargs, **overrides})
+
+
+def mistral_tokenizer(
+    path: str,
+    max_seq_len: Optional[int] = None,
+    prompt_template: Optional[Any] = "torchtune.models.mistral.MistralChatTemplate",
+    truncation_type: str = "right",
+):
+    """Mistral's tokenizer (torchtune's arguments): the folder's ``tokenizer.json`` (``path``) with the
+    special tokens, BOS/EOS behaviour and chat template of its ``tokenizer_config.json`` /
+    ``chat_template.jinja`` (``<s>`` first, ``</s>`` ends a turn), or torchtune's SentencePiece
+    ``tokenizer.model``.
 
     Args:
-        path: the ``tokenizer.json`` file (config key ``tokenizer.path``).
+        path: the ``tokenizer.json`` or ``tokenizer.model`` file (config key ``tokenizer.path``).
         max_seq_len: stored as ``tokenizer.max_seq_len`` (datasets truncate to it); ``None`` for no limit.
+        prompt_template: torchtune's prompt template, kept as ``tokenizer.prompt_template``.
+        truncation_type: ``"left"`` or ``"right"``, kept as ``tokenizer.truncation_type``.
     """
-    from torchtune.modules.tokenizers import HFModelTokenizer
+    from torchtune.models._tokenizer_args import keep_args, model_or_json_tokenizer
 
-    return HFModelTokenizer(path, max_seq_len=max_seq_len)
+    return keep_args(
+        model_or_json_tokenizer(path, max_seq_len),
+        prompt_template=prompt_template,
+        truncation_type=truncation_type,
+    )

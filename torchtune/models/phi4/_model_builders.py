@@ -63,15 +63,50 @@ def phi4_mini(**overrides: Any) -> TransformerDecoder:
     return phi4(**{**kwargs, **overrides})
 
 
-def phi4_tokenizer(path: str, max_seq_len: Optional[int] = None):
-    """Phi-4's tokenizer from the model folder's ``tokenizer.json`` (``path``), with the special tokens,
-    BOS/EOS behaviour and chat template of the folder's ``tokenizer_config.json`` / ``chat_template.jinja``.
-    No BOS; ``<|im_end|>`` ends a chat turn.
+def phi4_tokenizer(
+    vocab_path: Optional[str] = None,
+    merges_path: Optional[str] = None,
+    special_tokens_path: Optional[str] = None,
+    max_seq_len: Optional[int] = None,
+    prompt_template: Optional[Any] = None,
+    truncation_type: str = "right",
+    *,
+    path: Optional[str] = None,
+):
+    """Phi-4's tokenizer (torchtune's arguments): the model folder's ``tokenizer.json``, with the special
+    tokens, BOS/EOS behaviour and chat template of the folder's ``tokenizer_config.json`` /
+    ``chat_template.jinja``. No BOS; ``<|im_end|>`` ends a chat turn.
 
     Args:
-        path: the ``tokenizer.json`` file (config key ``tokenizer.path``).
+        vocab_path: torchtune's ``vocab.json`` (the ``tokenizer.json`` beside it is read), or the
+            ``tokenizer.json``.
+        merges_path: torchtune's ``merges.txt`` (in ``tokenizer.json`` too), kept as ``tokenizer.merges_path``.
+        special_tokens_path: torchtune's ``tokenizer.json`` of special tokens, kept as
+            ``tokenizer.special_tokens_path``.
         max_seq_len: stored as ``tokenizer.max_seq_len`` (datasets truncate to it); ``None`` for no limit.
+        prompt_template: torchtune's prompt template, kept as ``tokenizer.prompt_template``.
+        truncation_type: ``"left"`` or ``"right"``, kept as ``tokenizer.truncation_type``.
+        path: the ``tokenizer.json`` (our configs' key ``tokenizer.path``), instead of ``vocab_path``.
+
+    Raises:
+        TuneError: neither ``vocab_path`` nor ``path`` is given.
     """
+    from torchtune._errors import TuneError
+    from torchtune.models._tokenizer_args import keep_args, tokenizer_json
     from torchtune.modules.tokenizers import HFModelTokenizer
 
-    return HFModelTokenizer(path, max_seq_len=max_seq_len)
+    given = path if path is not None else vocab_path
+    if given is None:
+        raise TuneError(
+            "phi4_tokenizer needs the tokenizer file: set tokenizer.path to the model folder's tokenizer.json "
+            "(or tokenizer.vocab_path to its vocab.json, as torchtune's configs do)."
+        )
+    key = "tokenizer.path" if path is not None else "tokenizer.vocab_path"
+    tokenizer = HFModelTokenizer(tokenizer_json(given, merges_path, family="Phi-4", key=key), max_seq_len=max_seq_len)
+    return keep_args(
+        tokenizer,
+        merges_path=merges_path,
+        special_tokens_path=special_tokens_path,
+        prompt_template=prompt_template,
+        truncation_type=truncation_type,
+    )

@@ -1,14 +1,24 @@
-"""Qwen2.5 (0.5B-32B): builders and tokenizer; Hugging Face folders are read and written by
+"""Qwen2.5 (0.5B-72B): builders and tokenizer; Hugging Face folders are read and written by
 ``torchtune.utils.FullModelHFCheckpointer`` through this family's ``_hf.py`` registration."""
 
 from torchtune.models.qwen2_5._component_builders import qwen2_5
 from torchtune.models.qwen2_5._model_builders import (
     qwen2_5_0_5b,
     qwen2_5_1_5b,
+    qwen2_5_1_5b_base,
+    qwen2_5_1_5b_instruct,
     qwen2_5_3b,
     qwen2_5_7b,
+    qwen2_5_7b_base,
+    qwen2_5_7b_instruct,
     qwen2_5_14b,
+    qwen2_5_14b_base,
+    qwen2_5_14b_instruct,
     qwen2_5_32b,
+    qwen2_5_32b_base,
+    qwen2_5_32b_instruct,
+    qwen2_5_72b_base,
+    qwen2_5_72b_instruct,
     qwen2_5_tokenizer,
 )
 
@@ -16,9 +26,19 @@ __all__ = [
     "qwen2_5",
     "qwen2_5_0_5b",
     "qwen2_5_14b",
+    "qwen2_5_14b_base",
+    "qwen2_5_14b_instruct",
     "qwen2_5_1_5b",
+    "qwen2_5_1_5b_base",
+    "qwen2_5_1_5b_instruct",
     "qwen2_5_32b",
+    "qwen2_5_32b_base",
+    "qwen2_5_32b_instruct",
     "qwen2_5_3b",
+    "qwen2_5_72b_base",
+    "qwen2_5_72b_instruct",
     "qwen2_5_7b",
+    "qwen2_5_7b_base",
+    "qwen2_5_7b_instruct",
     "qwen2_5_tokenizer",
 ]

@@ -1,130 +1,284 @@
-"""Fixed-size Qwen2.5 models (the published shapes, as their config.json files give them) and the tokenizer."""
+"""Fixed-size Qwen2.5 models (torchtune's builders: the published shapes, base and instruct where their
+config.json files differ) and the tokenizer. Our shorter names (``qwen2_5_1_5b``, ``qwen2_5_7b``,
+``qwen2_5_14b``, ``qwen2_5_32b``) are the instruct builders."""
 
 from __future__ import annotations
 
 from typing import Any, Optional
 
-from torchtune.models.qwen2_5._component_builders import qwen2_5
+from torchtune.models.qwen2._component_builders import qwen2
 from torchtune.modules import TransformerDecoder
 
 
 def qwen2_5_0_5b(**overrides: Any) -> TransformerDecoder:
-    """Qwen2.5 0.5B: 24 layers, 14 query / 2 key-value heads, width 896, feed-forward
-    4864, tied embeddings, q/k/v biases, RoPE base 1000000, 32768 tokens. ``overrides`` replace any argument."""
+    """Qwen2.5 0.5B (base and instruct): 24 layers, 14 query / 2 key-value heads, width 896,
+    feed-forward 4864, tied embeddings, 32768 tokens, RMSNorm epsilon 1e-06. ``overrides``
+    replace any argument."""
     kwargs = dict(
-        max_seq_len=32_768,
-        norm_eps=1e-06,
-        rope_base=1000000.0,
         vocab_size=151_936,
         num_layers=24,
         num_heads=14,
         num_kv_heads=2,
         embed_dim=896,
         intermediate_dim=4_864,
+        max_seq_len=32_768,
+        attn_dropout=0.0,
+        norm_eps=1e-06,
+        rope_base=1_000_000.0,
         tie_word_embeddings=True,
     )
-    return qwen2_5(**{**kwargs, **overrides})
+    return qwen2(**{**kwargs, **overrides})
 
 
-def qwen2_5_1_5b(**overrides: Any) -> TransformerDecoder:
-    """Qwen2.5 1.5B: 28 layers, 12 query / 2 key-value heads, width 1536, feed-forward
-    8960, tied embeddings, q/k/v biases, RoPE base 1000000, 32768 tokens. ``overrides`` replace any argument."""
+def qwen2_5_1_5b_base(**overrides: Any) -> TransformerDecoder:
+    """Qwen2.5 1.5B base: 28 layers, 12 query / 2 key-value heads, width 1536,
+    feed-forward 8960, tied embeddings, 131072 tokens, RMSNorm epsilon 1e-06. ``overrides``
+    replace any argument."""
     kwargs = dict(
-        max_seq_len=32_768,
-        norm_eps=1e-06,
-        rope_base=1000000.0,
         vocab_size=151_936,
         num_layers=28,
         num_heads=12,
         num_kv_heads=2,
         embed_dim=1_536,
         intermediate_dim=8_960,
+        max_seq_len=131_072,
+        attn_dropout=0.0,
+        norm_eps=1e-06,
+        rope_base=1_000_000.0,
         tie_word_embeddings=True,
     )
-    return qwen2_5(**{**kwargs, **overrides})
+    return qwen2(**{**kwargs, **overrides})
+
+
+def qwen2_5_1_5b_instruct(**overrides: Any) -> TransformerDecoder:
+    """Qwen2.5 1.5B Instruct: 28 layers, 12 query / 2 key-value heads, width 1536,
+    feed-forward 8960, tied embeddings, 32768 tokens, RMSNorm epsilon 1e-06. ``overrides``
+    replace any argument."""
+    kwargs = dict(
+        vocab_size=151_936,
+        num_layers=28,
+        num_heads=12,
+        num_kv_heads=2,
+        embed_dim=1_536,
+        intermediate_dim=8_960,
+        max_seq_len=32_768,
+        attn_dropout=0.0,
+        norm_eps=1e-06,
+        rope_base=1_000_000.0,
+        tie_word_embeddings=True,
+    )
+    return qwen2(**{**kwargs, **overrides})
 
 
 def qwen2_5_3b(**overrides: Any) -> TransformerDecoder:
-    """Qwen2.5 3B: 36 layers, 16 query / 2 key-value heads, width 2048, feed-forward
-    11008, tied embeddings, q/k/v biases, RoPE base 1000000, 32768 tokens. ``overrides`` replace any argument."""
+    """Qwen2.5 3B (base and instruct): 36 layers, 16 query / 2 key-value heads, width 2048,
+    feed-forward 11008, tied embeddings, 32768 tokens, RMSNorm epsilon 1e-06. ``overrides``
+    replace any argument."""
     kwargs = dict(
-        max_seq_len=32_768,
-        norm_eps=1e-06,
-        rope_base=1000000.0,
         vocab_size=151_936,
         num_layers=36,
         num_heads=16,
         num_kv_heads=2,
         embed_dim=2_048,
         intermediate_dim=11_008,
+        max_seq_len=32_768,
+        attn_dropout=0.0,
+        norm_eps=1e-06,
+        rope_base=1_000_000.0,
         tie_word_embeddings=True,
     )
-    return qwen2_5(**{**kwargs, **overrides})
+    return qwen2(**{**kwargs, **overrides})
 
 
-def qwen2_5_7b(**overrides: Any) -> TransformerDecoder:
-    """Qwen2.5 7B: 28 layers, 28 query / 4 key-value heads, width 3584, feed-forward
-    18944, untied embeddings, q/k/v biases, RoPE base 1000000, 32768 tokens. ``overrides`` replace any argument."""
+def qwen2_5_7b_base(**overrides: Any) -> TransformerDecoder:
+    """Qwen2.5 7B base: 28 layers, 28 query / 4 key-value heads, width 3584,
+    feed-forward 18944, untied embeddings, 131072 tokens, RMSNorm epsilon 1e-06. ``overrides``
+    replace any argument."""
     kwargs = dict(
-        max_seq_len=32_768,
-        norm_eps=1e-06,
-        rope_base=1000000.0,
         vocab_size=152_064,
         num_layers=28,
         num_heads=28,
         num_kv_heads=4,
         embed_dim=3_584,
         intermediate_dim=18_944,
+        max_seq_len=131_072,
+        attn_dropout=0.0,
+        norm_eps=1e-06,
+        rope_base=1_000_000.0,
         tie_word_embeddings=False,
     )
-    return qwen2_5(**{**kwargs, **overrides})
+    return qwen2(**{**kwargs, **overrides})
 
 
-def qwen2_5_14b(**overrides: Any) -> TransformerDecoder:
-    """Qwen2.5 14B: 48 layers, 40 query / 8 key-value heads, width 5120, feed-forward
-    13824, untied embeddings, q/k/v biases, RoPE base 1000000, 32768 tokens. ``overrides`` replace any argument."""
+def qwen2_5_7b_instruct(**overrides: Any) -> TransformerDecoder:
+    """Qwen2.5 7B Instruct: 28 layers, 28 query / 4 key-value heads, width 3584,
+    feed-forward 18944, untied embeddings, 32768 tokens, RMSNorm epsilon 1e-06. ``overrides``
+    replace any argument."""
     kwargs = dict(
+        vocab_size=152_064,
+        num_layers=28,
+        num_heads=28,
+        num_kv_heads=4,
+        embed_dim=3_584,
+        intermediate_dim=18_944,
         max_seq_len=32_768,
+        attn_dropout=0.0,
         norm_eps=1e-06,
-        rope_base=1000000.0,
+        rope_base=1_000_000.0,
+        tie_word_embeddings=False,
+    )
+    return qwen2(**{**kwargs, **overrides})
+
+
+def qwen2_5_14b_base(**overrides: Any) -> TransformerDecoder:
+    """Qwen2.5 14B base: 48 layers, 40 query / 8 key-value heads, width 5120,
+    feed-forward 13824, untied embeddings, 131072 tokens, RMSNorm epsilon 1e-05. ``overrides``
+    replace any argument."""
+    kwargs = dict(
         vocab_size=152_064,
         num_layers=48,
         num_heads=40,
         num_kv_heads=8,
         embed_dim=5_120,
         intermediate_dim=13_824,
+        max_seq_len=131_072,
+        attn_dropout=0.0,
+        norm_eps=1e-05,
+        rope_base=1_000_000.0,
         tie_word_embeddings=False,
     )
-    return qwen2_5(**{**kwargs, **overrides})
+    return qwen2(**{**kwargs, **overrides})
 
 
-def qwen2_5_32b(**overrides: Any) -> TransformerDecoder:
-    """Qwen2.5 32B: 64 layers, 40 query / 8 key-value heads, width 5120, feed-forward
-    27648, untied embeddings, q/k/v biases, RoPE base 1000000, 32768 tokens. ``overrides`` replace any argument."""
+def qwen2_5_14b_instruct(**overrides: Any) -> TransformerDecoder:
+    """Qwen2.5 14B Instruct: 48 layers, 40 query / 8 key-value heads, width 5120,
+    feed-forward 13824, untied embeddings, 32768 tokens, RMSNorm epsilon 1e-06. ``overrides``
+    replace any argument."""
     kwargs = dict(
+        vocab_size=152_064,
+        num_layers=48,
+        num_heads=40,
+        num_kv_heads=8,
+        embed_dim=5_120,
+        intermediate_dim=13_824,
         max_seq_len=32_768,
+        attn_dropout=0.0,
         norm_eps=1e-06,
-        rope_base=1000000.0,
+        rope_base=1_000_000.0,
+        tie_word_embeddings=False,
+    )
+    return qwen2(**{**kwargs, **overrides})
+
+
+def qwen2_5_32b_base(**overrides: Any) -> TransformerDecoder:
+    """Qwen2.5 32B base: 64 layers, 40 query / 8 key-value heads, width 5120,
+    feed-forward 27648, untied embeddings, 131072 tokens, RMSNorm epsilon 1e-05. ``overrides``
+    replace any argument."""
+    kwargs = dict(
         vocab_size=152_064,
         num_layers=64,
         num_heads=40,
         num_kv_heads=8,
         embed_dim=5_120,
         intermediate_dim=27_648,
+        max_seq_len=131_072,
+        attn_dropout=0.0,
+        norm_eps=1e-05,
+        rope_base=1_000_000.0,
         tie_word_embeddings=False,
     )
-    return qwen2_5(**{**kwargs, **overrides})
+    return qwen2(**{**kwargs, **overrides})
 
 
-def qwen2_5_tokenizer(path: str, max_seq_len: Optional[int] = None):
-    """Qwen2.5's tokenizer from the model folder's ``tokenizer.json`` (``path``), with the special tokens,
-    BOS/EOS behaviour and chat template of the folder's ``tokenizer_config.json`` / ``chat_template.jinja``.
-    No BOS; ``<|im_end|>`` ends a chat turn.
+def qwen2_5_32b_instruct(**overrides: Any) -> TransformerDecoder:
+    """Qwen2.5 32B Instruct: 64 layers, 40 query / 8 key-value heads, width 5120,
+    feed-forward 27648, untied embeddings, 32768 tokens, RMSNorm epsilon 1e-06. ``overrides``
+    replace any argument."""
+    kwargs = dict(
+        vocab_size=152_064,
+        num_layers=64,
+        num_heads=40,
+        num_kv_heads=8,
+        embed_dim=5_120,
+        intermediate_dim=27_648,
+        max_seq_len=32_768,
+        attn_dropout=0.0,
+        norm_eps=1e-06,
+        rope_base=1_000_000.0,
+        tie_word_embeddings=False,
+    )
+    return qwen2(**{**kwargs, **overrides})
 
-    Args:
-        path: the ``tokenizer.json`` file (config key ``tokenizer.path``).
-        max_seq_len: stored as ``tokenizer.max_seq_len`` (datasets truncate to it); ``None`` for no limit.
-    """
+
+def qwen2_5_72b_base(**overrides: Any) -> TransformerDecoder:
+    """Qwen2.5 72B base: 80 layers, 64 query / 8 key-value heads, width 8192,
+    feed-forward 29568, untied embeddings, 131072 tokens, RMSNorm epsilon 1e-05. ``overrides``
+    replace any argument."""
+    kwargs = dict(
+        vocab_size=152_064,
+        num_layers=80,
+        num_heads=64,
+        num_kv_heads=8,
+        embed_dim=8_192,
+        intermediate_dim=29_568,
+        max_seq_len=131_072,
+        attn_dropout=0.0,
+        norm_eps=1e-05,
+        rope_base=1_000_000.0,
+        tie_word_embeddings=False,
+    )
+    return qwen2(**{**kwargs, **overrides})
+
+
+def qwen2_5_72b_instruct(**overrides: Any) -> TransformerDecoder:
+    """Qwen2.5 72B Instruct: 80 layers, 64 query / 8 key-value heads, width 8192,
+    feed-forward 29568, untied embeddings, 32768 tokens, RMSNorm epsilon 1e-06. ``overrides``
+    replace any argument."""
+    kwargs = dict(
+        vocab_size=152_064,
+        num_layers=80,
+        num_heads=64,
+        num_kv_heads=8,
+        embed_dim=8_192,
+        intermediate_dim=29_568,
+        max_seq_len=32_768,
+        attn_dropout=0.0,
+        norm_eps=1e-06,
+        rope_base=1_000_000.0,
+        tie_word_embeddings=False,
+    )
+    return qwen2(**{**kwargs, **overrides})
+
+
+# Our names, from before the base/instruct split: the instruct shapes.
+qwen2_5_1_5b = qwen2_5_1_5b_instruct
+qwen2_5_7b = qwen2_5_7b_instruct
+qwen2_5_14b = qwen2_5_14b_instruct
+qwen2_5_32b = qwen2_5_32b_instruct
+
+
+def qwen2_5_tokenizer(
+    path: str,
+    merges_file: Optional[str] = None,
+    special_tokens_path: Optional[str] = None,
+    max_seq_len: Optional[int] = None,
+    prompt_template: Optional[Any] = None,
+    truncation_type: str = "right",
+    **kwargs: Any,
+):
+    """Qwen2.5's tokenizer (torchtune's arguments): the folder's ``tokenizer.json``, with the special tokens,
+    BOS/EOS behaviour and chat template of its ``tokenizer_config.json`` / ``chat_template.jinja`` (no BOS;
+    ``<|im_end|>`` ends a chat turn). Arguments as :func:`~torchtune.models.qwen2.qwen2_tokenizer`: ``path``
+    is torchtune's ``vocab.json`` (the ``tokenizer.json`` beside it is read) or the ``tokenizer.json``."""
+    from torchtune.models._tokenizer_args import keep_args, tokenizer_json
     from torchtune.modules.tokenizers import HFModelTokenizer
 
-    return HFModelTokenizer(path, max_seq_len=max_seq_len)
+    tokenizer = HFModelTokenizer(tokenizer_json(path, merges_file, family="Qwen2.5"), max_seq_len=max_seq_len)
+    return keep_args(
+        tokenizer,
+        merges_file=merges_file,
+        special_tokens_path=special_tokens_path,
+        prompt_template=prompt_template,
+        truncation_type=truncation_type,
+        **kwargs,
+    )

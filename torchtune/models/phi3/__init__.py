@@ -1,0 +1,9 @@
+"""Phi-3: builders (``phi3`` is also Phi-4's component builder), tokenizer and RoPE; Hugging Face folders are
+read and written by ``torchtune.utils.FullModelHFCheckpointer`` through the ``phi3`` registration in
+``torchtune.models.phi4._hf`` (``checkpointer.model_type: PHI3_MINI``)."""
+
+from torchtune.models.phi3._component_builders import phi3, phi3_mlp
+from torchtune.models.phi3._model_builders import phi3_mini, phi3_mini_tokenizer
+from torchtune.models.phi3._position_embeddings import Phi3RotaryPositionalEmbeddings
+
+__all__ = ["Phi3RotaryPositionalEmbeddings", "phi3", "phi3_mini", "phi3_mini_tokenizer", "phi3_mlp"]
