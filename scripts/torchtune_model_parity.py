@@ -228,7 +228,8 @@ def check(path: str) -> int:
                 continue
             problems.append(f"{key}: torchtune {theirs}, ours {ours}")
         bad += bool(problems)
-        print(f"{'ok ' if not problems else 'BAD'} {builder:28s} {'; '.join(problems) or 'same keys, shapes and settings'}")
+        verdict = "; ".join(problems) or "same keys, shapes and settings"
+        print(f"{'ok ' if not problems else 'BAD'} {builder:28s} {verdict}")
     return 1 if bad else 0
 
 

@@ -29,6 +29,8 @@ FAMILY_MODULES = (
     "torchtune.models.qwen2_5._hf",
     "torchtune.models.mistral._hf",
     "torchtune.models.phi4._hf",
+    "torchtune.models.gemma._hf",
+    "torchtune.models.gemma2._hf",
     "torchtune.models.gemma3._hf",
 )
 
@@ -60,6 +62,8 @@ class ModelShape:
     # The family builders' RoPE layout (not in config.json): interleaved channel pairs (Llama, Mistral), whose
     # q/k rows are permuted from HF's order on load, or HF's halves (Qwen2, Phi-3), copied as they are.
     rope_interleaved: bool = True
+    # Gemma's embedding scale sqrt(hidden_size), ``1 + weight`` RMSNorms and tanh-GELU feed-forward.
+    gemma: bool = False
 
 
 # Fields a config.json may leave out (older converted Llama folders): then not compared.
@@ -84,6 +88,7 @@ CONFIG_KEYS = {
     "rotary_dim": ("partial_rotary_factor x head_dim", "rotary_dim"),
     "rope_scaling": ("rope_scaling / rope_parameters", "rope_short_factor, rope_long_factor, ..."),
     "rope_interleaved": ("the family's RoPE channel layout (interleaved pairs or halves)", "the family's builder"),
+    "gemma": ("model_type gemma (embedding scale, 1 + weight norms, GELU)", "a Gemma builder"),
 }
 
 
@@ -331,7 +336,7 @@ def llama_like_config(shape: ModelShape, *, hf_model_type: str, architecture: st
 
 def shape_of_model(model: nn.Module) -> ModelShape:
     """The :class:`ModelShape` of a decoder built by one of the Llama-shaped builders (meta device is fine)."""
-    from torchtune.modules import LongRoPE, TiedLinear
+    from torchtune.modules import LongRoPE, ScaledEmbedding, TiedLinear
 
     attn = model.layers[0].attn
     rms = model.layers[0].sa_norm
@@ -365,6 +370,7 @@ def shape_of_model(model: nn.Module) -> ModelShape:
         if isinstance(inner, LongRoPE)
         else None,
         rope_interleaved=bool(getattr(inner, "interleaved", True)),
+        gemma=isinstance(model.tok_embeddings, ScaledEmbedding),
     )
 
 

@@ -23,7 +23,7 @@ class CEWithChunkedOutputLoss(nn.Module):
     - our recipes': ``loss(output_proj, hidden, labels)`` with the final hidden states, as the other losses
       here take them: the logits are then computed ``num_output_chunks`` chunks of rows at a time by
       :class:`~torchtune.modules.loss.ChunkedCrossEntropyLoss` (same value; not even the bf16 logits exist
-      whole).
+      whole), or, for a projection that soft-caps its logits (Gemma 2), by calling it on each chunk.
 
     Args:
         num_output_chunks: chunks of the sequence.
@@ -47,12 +47,19 @@ class CEWithChunkedOutputLoss(nn.Module):
     ) -> torch.Tensor:
         """``(logits_chunks, labels)`` or ``(output_proj, hidden, labels)``; see the class docstring."""
         if isinstance(logits, nn.Module):
-            from torchtune.modules.loss import ChunkedCrossEntropyLoss
+            output_proj, hidden, (targets,) = logits, labels, rest
+            if getattr(output_proj, "softcap", None) is None:
+                from torchtune.modules.loss import ChunkedCrossEntropyLoss
 
-            (targets,) = rest
-            return ChunkedCrossEntropyLoss(self.num_output_chunks, self.ignore_index, min_chunk_rows=1)(
-                logits, labels, targets
+                chunked = ChunkedCrossEntropyLoss(self.num_output_chunks, self.ignore_index, min_chunk_rows=1)
+                return chunked(output_proj, hidden, targets)
+            # logits the projection caps itself (Gemma 2): through the module, a chunk of rows at a time
+            flat_h, flat_y = hidden.reshape(-1, hidden.size(-1)), targets.reshape(-1)
+            total = sum(
+                self.compute_cross_entropy(output_proj(h), y)
+                for h, y in zip(flat_h.chunk(self.num_output_chunks), flat_y.chunk(self.num_output_chunks))
             )
+            return total / (flat_y != self.ignore_index).sum().clamp(min=1)
         total_elements = (labels != self.ignore_index).sum()
         label_chunks: List[torch.Tensor] = [c.reshape(-1) for c in labels.chunk(self.num_output_chunks, dim=1)]
         total = 0.0

@@ -1,0 +1,82 @@
+"""Qwen2 / Qwen2.5 as torchtune 0.6.1 builds them: its state dicts (q/k rows in Hugging Face's order, RoPE over
+the halves of each head) load into our builders with transformers' logits; its builder names and tokenizer
+arguments work."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests._helpers.hf_models import BASE, hf_logits, make_hf_model, torchtune_format
+from torchtune._errors import TuneError
+
+transformers = pytest.importorskip("transformers")
+
+TOKENS = torch.randint(0, BASE["vocab_size"], (2, 24), generator=torch.Generator().manual_seed(1))
+ARGS = dict(
+    vocab_size=BASE["vocab_size"],
+    num_layers=BASE["num_hidden_layers"],
+    num_heads=BASE["num_attention_heads"],
+    num_kv_heads=BASE["num_key_value_heads"],
+    embed_dim=BASE["hidden_size"],
+    intermediate_dim=BASE["intermediate_size"],
+    max_seq_len=BASE["max_position_embeddings"],
+    norm_eps=BASE["rms_norm_eps"],
+    rope_base=BASE["rope_theta"],
+)
+
+
+@pytest.mark.parametrize("builder", ["qwen2.qwen2", "qwen2_5.qwen2_5"])
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_torchtune_state_dict_gives_transformers_logits(builder, tied):
+    """torchtune's Qwen2 checkpoint of transformers' weights (renamed, rows as they are) strict-loads and computes
+    Qwen2ForCausalLM's logits: the RoPE layout is torchtune's (rotating interleaved pairs would be off by ~0.03)."""
+    from torchtune.config._instantiate import import_component
+
+    hf_model = make_hf_model("Qwen2Config", dict(tie_word_embeddings=tied))
+    model = import_component(f"torchtune.models.{builder}")(**ARGS, tie_word_embeddings=tied).eval()
+    model.load_state_dict(torchtune_format(hf_model, interleave=False), strict=True)
+    with torch.no_grad():
+        torch.testing.assert_close(model(TOKENS), hf_logits(hf_model, TOKENS), atol=1e-5, rtol=1e-5)
+
+
+def test_builders_are_torchtunes():
+    """torchtune's names and numbers: base and instruct differ in context (and epsilon from 14B on); our short
+    names are the instruct shapes; qwen2 defaults to torchtune's epsilon 1e-5, qwen2_5 to Qwen2.5's 1e-6."""
+    from torchtune.models import qwen2, qwen2_5
+
+    with torch.device("meta"):
+        base, instruct = qwen2_5.qwen2_5_14b_base(), qwen2_5.qwen2_5_14b_instruct()
+        tiny_qwen2 = qwen2.qwen2(**{**ARGS, "norm_eps": 1e-5})
+        default_qwen2 = qwen2.qwen2(**{k: v for k, v in ARGS.items() if k != "norm_eps"})
+        default_qwen2_5 = qwen2_5.qwen2_5(**{k: v for k, v in ARGS.items() if k != "norm_eps"})
+    assert (base.max_seq_len, base.norm.eps) == (131_072, 1e-5)
+    assert (instruct.max_seq_len, instruct.norm.eps) == (32_768, 1e-6)
+    assert qwen2_5.qwen2_5_7b is qwen2_5.qwen2_5_7b_instruct
+    assert default_qwen2.norm.eps == tiny_qwen2.norm.eps == 1e-5 and default_qwen2_5.norm.eps == 1e-6
+    rope = default_qwen2.layers[0].attn.pos_embeddings
+    assert type(rope).__name__ == "Qwen2RotaryPositionalEmbeddings" and not rope.interleaved
+    assert rope.base == ARGS["rope_base"] and qwen2.Qwen2RotaryPositionalEmbeddings(8).base == 1_000_000.0
+
+
+def test_tokenizer_takes_torchtunes_arguments(tmp_path):
+    """torchtune's vocab.json / merges.txt paths read the tokenizer.json beside them; its other arguments are
+    kept on the tokenizer; a vocab.json alone is refused with the file to use."""
+    from tests._helpers.hf_tokenizers import make_hf_tokenizer_folder
+    from torchtune.models.qwen2 import qwen2_tokenizer
+    from torchtune.models.qwen2_5 import qwen2_5_tokenizer
+
+    folder = make_hf_tokenizer_folder(tmp_path / "qwen", "qwen2_5")
+    (folder / "vocab.json").write_text("{}")
+    tok = qwen2_5_tokenizer(
+        path=str(folder / "vocab.json"), merges_file=str(folder / "merges.txt"), max_seq_len=64, prompt_template=None
+    )
+    direct = qwen2_5_tokenizer(str(folder / "tokenizer.json"))
+    assert tok.encode("hello world", add_bos=False, add_eos=False) == direct.encode("hello world", False, False)
+    assert (tok.max_seq_len, tok.truncation_type, tok.prompt_template) == (64, "right", None)
+    assert tok.merges_file.endswith("merges.txt")
+    assert qwen2_tokenizer(str(folder / "vocab.json"), truncation_type="left").truncation_type == "left"
+    (tmp_path / "alone").mkdir()
+    (tmp_path / "alone" / "vocab.json").write_text("{}")
+    with pytest.raises(TuneError, match="tokenizer.json"):
+        qwen2_5_tokenizer(str(tmp_path / "alone" / "vocab.json"), str(tmp_path / "alone" / "merges.txt"))
