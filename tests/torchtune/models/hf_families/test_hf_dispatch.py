@@ -98,3 +98,21 @@ def test_meta_checkpointer_refuses_other_families(tmp_path):
     folder = _folder(tmp_path, QWEN3)
     with pytest.raises(TuneError, match="Meta's consolidated.00.pth format holds Llama 2 and Llama 3 / 3.1 only"):
         FullModelMetaCheckpointer(folder, ["model.safetensors"], model_type="QWEN3", output_dir=tmp_path / "o")
+
+
+def test_torchtune_model_type_names():
+    """Every ``checkpointer.model_type`` torchtune 0.6.1's configs of these families use names a family here."""
+    from torchtune.models._hf_family import canonical_model_type
+
+    expected = {
+        "LLAMA2": "LLAMA2",
+        "LLAMA3": "LLAMA3",
+        "LLAMA3_2": "LLAMA3_2",
+        "MISTRAL": "MISTRAL",
+        "QWEN2": "QWEN2",
+        "PHI3_MINI": "PHI4",
+        "PHI4": "PHI4",
+        "GEMMA": "GEMMA",
+        "GEMMA2": "GEMMA2",
+    }
+    assert {name: canonical_model_type(name) for name in expected} == expected
