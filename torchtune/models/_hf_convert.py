@@ -61,7 +61,7 @@ def _template(key: str) -> tuple[str, Optional[str]]:
     return key[: match.start()] + ".{}." + key[match.end() :], match.group(1)
 
 
-def _rows(shape: ModelShape, tune_template: str) -> int:
+def _rows(shape: ModelShape, tune_template: str) -> Optional[int]:
     if tune_template.endswith("q_proj.weight"):
         return shape.num_heads * shape.head_dim
     if tune_template.endswith(("k_proj.weight", "v_proj.weight")):
@@ -136,6 +136,8 @@ def hf_sources(
         if fused and template in _FUSED:
             parts = [p.format(layer) for p in _FUSED[template]]
             sizes = [_rows(shape, p) for p in _FUSED[template]]
+            if None in sizes:  # gate_up_proj of a config.json without intermediate_size: two equal halves
+                sizes = [hf_shape[0] // 2] * 2
             if sum(sizes) != hf_shape[0]:
                 raise _bad_rows(key, hf_shape[0], " + ".join(map(str, sizes)))
             offset = 0

@@ -238,6 +238,11 @@ def config_int(config: Dict[str, Any], key: str, path: Path, default: Any = None
         raise TuneError(f"{path}: '{key}' is {value!r}, not a whole number.") from exc
 
 
+def config_optional_int(config: Dict[str, Any], key: str, path: Path) -> Optional[int]:
+    """``config[key]`` as a whole number, or ``None`` where config.json leaves it out (then not compared)."""
+    return config_int(config, key, path) if config.get(key) is not None else None
+
+
 def rope_theta(config: Dict[str, Any], path: Path, family: str, default: float = 10_000.0) -> float:
     """The RoPE base of a family that implements plain RoPE only; refuses any scaling."""
     params = config.get("rope_parameters") or config.get("rope_scaling") or {}
@@ -287,19 +292,22 @@ def llama_like_shape(
     sliding_window: Optional[int] = None,
     default_rope_theta: float = 10_000.0,
 ) -> ModelShape:
-    """The :class:`ModelShape` of a Llama-shaped ``config.json`` with the given family features."""
+    """The :class:`ModelShape` of a Llama-shaped ``config.json`` with the given family features. The sizes
+    the weights' shapes show anyway (vocabulary, layers, feed-forward width) and the epsilon may be left out,
+    as in the minimal config.json files of torchtune's tests: then they are not compared."""
     num_heads = config_int(config, "num_attention_heads", path)
     embed_dim = config_int(config, "hidden_size", path)
     head_dim = config.get("head_dim")
+    eps = config.get("rms_norm_eps")
     return ModelShape(
-        vocab_size=config_int(config, "vocab_size", path),
-        num_layers=config_int(config, "num_hidden_layers", path),
+        vocab_size=config_optional_int(config, "vocab_size", path),
+        num_layers=config_optional_int(config, "num_hidden_layers", path),
         num_heads=num_heads,
         num_kv_heads=config_int(config, "num_key_value_heads", path, num_heads),
         embed_dim=embed_dim,
         head_dim=int(head_dim) if head_dim else embed_dim // num_heads,
-        intermediate_dim=config_int(config, "intermediate_size", path),
-        norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+        intermediate_dim=config_optional_int(config, "intermediate_size", path),
+        norm_eps=float(eps) if eps is not None else None,
         rope_base=rope_theta(config, path, family, default_rope_theta),
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
         qkv_bias=qkv_bias,

@@ -23,6 +23,8 @@ LLAMA3_SPLIT_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# torchtune's name for the same pattern (tiktoken's cl100k pre-tokenization, which Llama 3 uses)
+CL100K_PATTERN = LLAMA3_SPLIT_PATTERN
 
 NUM_SPECIAL_TOKENS = 256
 _NAMED_SPECIAL_TOKENS = [
