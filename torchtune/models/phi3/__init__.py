@@ -3,7 +3,16 @@ read and written by ``torchtune.utils.FullModelHFCheckpointer`` through the ``ph
 ``torchtune.models.phi4._hf`` (``checkpointer.model_type: PHI3_MINI``)."""
 
 from torchtune.models.phi3._component_builders import phi3, phi3_mlp
+from torchtune.models.phi3._convert_weights import phi3_hf_to_tune, phi3_tune_to_hf
 from torchtune.models.phi3._model_builders import phi3_mini, phi3_mini_tokenizer
 from torchtune.models.phi3._position_embeddings import Phi3RotaryPositionalEmbeddings
 
-__all__ = ["Phi3RotaryPositionalEmbeddings", "phi3", "phi3_mini", "phi3_mini_tokenizer", "phi3_mlp"]
+__all__ = [
+    "Phi3RotaryPositionalEmbeddings",
+    "phi3",
+    "phi3_hf_to_tune",
+    "phi3_mini",
+    "phi3_mini_tokenizer",
+    "phi3_mlp",
+    "phi3_tune_to_hf",
+]

@@ -3,6 +3,7 @@ conversion functions; Hugging Face folders are read and written by ``torchtune.u
 through the ``qwen2`` registration in ``torchtune.models.qwen2_5._hf``."""
 
 from torchtune.models.qwen2._component_builders import qwen2, qwen2_mlp
+from torchtune.models.qwen2._convert_weights import qwen2_hf_to_tune, qwen2_tune_to_hf
 from torchtune.models.qwen2._model_builders import qwen2_0_5b, qwen2_1_5b, qwen2_7b, qwen2_tokenizer
 from torchtune.models.qwen2._positional_embeddings import Qwen2RotaryPositionalEmbeddings
 
@@ -12,6 +13,8 @@ __all__ = [
     "qwen2_0_5b",
     "qwen2_1_5b",
     "qwen2_7b",
+    "qwen2_hf_to_tune",
     "qwen2_mlp",
     "qwen2_tokenizer",
+    "qwen2_tune_to_hf",
 ]

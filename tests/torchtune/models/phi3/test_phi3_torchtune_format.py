@@ -66,3 +66,14 @@ def test_tokenizers_take_torchtunes_arguments(tmp_path):
         phi4_tokenizer()
     mini = phi3_mini_tokenizer(str(folder / "tokenizer.json"), special_tokens_path="x.json", prompt_template="t.T")
     assert (mini.special_tokens_path, mini.prompt_template) == ("x.json", "t.T")
+
+
+def test_torchtunes_conversion_functions():
+    from torchtune.models.phi3 import phi3_hf_to_tune, phi3_tune_to_hf
+
+    hf_model = make_hf_model("Phi3Config", dict(sliding_window=None, tie_word_embeddings=False))
+    ours = phi3_hf_to_tune(dict(hf_model.state_dict()), num_heads=4, num_kv_heads=2, dim=64)
+    want = torchtune_format(hf_model, interleave=False, fused=True)
+    assert sorted(ours) == sorted(want) and all(torch.equal(ours[k], want[k]) for k in want)
+    back, hf_state = phi3_tune_to_hf(ours), hf_model.state_dict()
+    assert sorted(back) == sorted(hf_state) and all(torch.equal(back[k], hf_state[k]) for k in hf_state)

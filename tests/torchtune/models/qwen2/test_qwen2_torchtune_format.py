@@ -80,3 +80,23 @@ def test_tokenizer_takes_torchtunes_arguments(tmp_path):
     (tmp_path / "alone" / "vocab.json").write_text("{}")
     with pytest.raises(TuneError, match="tokenizer.json"):
         qwen2_5_tokenizer(str(tmp_path / "alone" / "vocab.json"), str(tmp_path / "alone" / "merges.txt"))
+
+
+def test_torchtunes_conversion_functions():
+    """qwen2_hf_to_tune gives torchtune's format (renamed, rows as they are; no lm_head when tied) and
+    qwen2_tune_to_hf gives transformers' tensors back; convert_weights' get_mapped_key renames as torchtune's."""
+    from torchtune.models.convert_weights import get_mapped_key
+    from torchtune.models.qwen2 import qwen2_hf_to_tune, qwen2_tune_to_hf
+
+    hf_model = make_hf_model("Qwen2Config", dict(tie_word_embeddings=True))
+    hf_state = {k: v for k, v in hf_model.state_dict().items() if k != "lm_head.weight"}
+    sizes = dict(num_heads=4, num_kv_heads=2, dim=64, tie_word_embeddings=True)
+    ours = qwen2_hf_to_tune(dict(hf_model.state_dict()), **sizes)
+    want = torchtune_format(hf_model, interleave=False)
+    assert sorted(ours) == sorted(want) and all(torch.equal(ours[k], want[k]) for k in want)
+    back = qwen2_tune_to_hf(ours, **sizes)
+    assert sorted(back) == sorted(hf_state) and all(torch.equal(back[k], hf_state[k]) for k in hf_state)
+    mapping = {"model.layers.{}.mlp.up_proj.weight": "layers.{}.mlp.w3.weight"}
+    assert get_mapped_key("model.layers.3.mlp.up_proj.weight", mapping) == "layers.3.mlp.w3.weight"
+    with pytest.raises(Exception, match="unexpected key"):
+        get_mapped_key("model.layers.3.mlp.other.weight", mapping)
