@@ -78,7 +78,7 @@ def main(argv: List[str] | None = None) -> Dict[str, Dict[str, float]]:
     dtype = DTYPES[args.dtype]
     torch.manual_seed(0)
     rope = RotaryPositionalEmbeddings(args.head_dim, args.seq_len)
-    norm = RMSNorm(args.dim).to(dtype)
+    norm = RMSNorm(args.dim, eps=1e-5).to(dtype)
     with torch.no_grad():
         norm.scale.copy_(torch.randn(args.dim))
     q = torch.randn(args.batch_size, args.seq_len, args.heads, args.head_dim).to(dtype)

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from torchtune._errors import TuneError
+from torchtune.modules.common_utils import disable_kv_cache
 from torchtune.modules.loss import CROSS_ENTROPY_IGNORE_IDX
 
 LLAMA2_EOS_ID = 2
@@ -77,12 +78,9 @@ def _kv_cache(model: nn.Module, batch_size: int, dtype: torch.dtype, device: tor
     try:
         yield
     finally:
-        if hasattr(model, "teardown_caches"):
-            model.teardown_caches()
-        else:
-            for module, cache in zip(_attention_modules(model), caller_caches):
-                module.kv_cache = cache
-            model._caches_enabled = caller_caches != [] and all(c is not None for c in caller_caches)
+        for module, cache in zip(_attention_modules(model), caller_caches):
+            module.kv_cache = cache
+            module.cache_enabled = cache is not None
 
 
 def _as_token_list(prompt: Prompt) -> list[int]:
@@ -169,7 +167,12 @@ def generate_batch(
     model.eval()
     out: list[list[int]] = [[] for _ in range(bsz)]
     done = torch.zeros(bsz, dtype=torch.bool, device=device)
-    cache = _kv_cache(model, bsz, dtype, device) if use_cache else contextlib.nullcontext()
+    if use_cache:
+        cache = _kv_cache(model, bsz, dtype, device)
+    elif model.caches_are_enabled():  # the caller's caches stay as they are, unused
+        cache = disable_kv_cache(model)
+    else:
+        cache = contextlib.nullcontext()
     try:
         with cache:
             seq = tokens

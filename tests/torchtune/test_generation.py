@@ -12,6 +12,7 @@ from torchtune import TuneError
 from torchtune.datasets import AlpacaInstructTemplate, padded_collate
 from torchtune.generation import evaluate_exact_match, generate, generate_batch, heldout_loss, sample_next_token
 from torchtune.models.llama2 import llama2
+from torchtune.modules import disable_kv_cache
 
 DEMO_TOKENIZER = Path(__file__).resolve().parents[2] / "torchtune" / "assets" / "demo" / "tokenizer.model"
 PROMPTS = [[1, 5, 7, 9], [1, 3], [1, 8, 8, 8, 8, 8, 12]]
@@ -79,7 +80,10 @@ def test_caller_caches_are_kept_and_reset(model):
     first = generate(model, PROMPTS[1], 6, stop_tokens=())
     assert model.caches_are_enabled()
     assert generate(model, PROMPTS[1], 6, stop_tokens=()) == first  # reset between calls
-    assert first == _reference_greedy(model, PROMPTS[1], 6)
+    assert generate(model, PROMPTS[1], 6, stop_tokens=(), use_cache=False) == first  # the caches left alone
+    assert model.caches_are_enabled()
+    with disable_kv_cache(model):  # a plain forward of a model with caches (torchtune's decoder needs a mask else)
+        assert first == _reference_greedy(model, PROMPTS[1], 6)
 
 
 def test_stops_at_the_first_stop_token(model):

@@ -1,10 +1,12 @@
-"""Hugging Face <-> torchtune weights of every Llama-shaped family (Llama 2/3.x, Qwen2.5, Qwen3, Mistral,
-Phi-4): names, HF's rotary permutation, and the fused projections of Phi-3/Phi-4.
+"""Hugging Face <-> torchtune weights of every Llama-shaped family (Llama 2/3.x, Qwen2/2.5, Qwen3, Mistral,
+Phi-3/Phi-4, Gemma): names, HF's rotary permutation, and the fused projections of Phi-3/Phi-4.
 
-torchtune rotates channel pairs ``(2i, 2i+1)``; HF rotates halves, so every tensor whose rows (or
-entries) are query/key channels is re-indexed: the q/k projection weights, their biases (Qwen2.5) and
-the per-head q/k norm scales (Qwen3, one ``head_dim`` vector shared by the heads); with partial rotary
-(Phi-4-mini) only the rotated first channels of each head. A Phi-4 folder stores
+The Llama, Mistral, Qwen3 and Gemma builders rotate channel pairs ``(2i, 2i+1)`` (as torchtune's do); HF
+rotates halves, so for them every tensor whose rows (or entries) are query/key channels is re-indexed: the
+q/k projection weights, their biases and the per-head q/k norm scales (Qwen3, one ``head_dim`` vector
+shared by the heads). The Qwen2 and Phi-3 builders rotate halves, as torchtune's and HF's do
+(``ModelShape.rope_interleaved`` False): their tensors are copied as they are. With partial rotary
+(Phi-4-mini) only the rotated first channels of each head count. A Phi-4 folder stores
 ``qkv_proj`` (q, k, v rows stacked) and ``gate_up_proj`` (gate rows, then up rows): loading splits them
 into torchtune's separate projections and saving stacks them again. Every step is re-indexing, so both
 directions are exact.
@@ -59,7 +61,7 @@ def _template(key: str) -> tuple[str, Optional[str]]:
     return key[: match.start()] + ".{}." + key[match.end() :], match.group(1)
 
 
-def _rows(shape: ModelShape, tune_template: str) -> int:
+def _rows(shape: ModelShape, tune_template: str) -> Optional[int]:
     if tune_template.endswith("q_proj.weight"):
         return shape.num_heads * shape.head_dim
     if tune_template.endswith(("k_proj.weight", "v_proj.weight")):
@@ -69,6 +71,8 @@ def _rows(shape: ModelShape, tune_template: str) -> int:
 
 def _to_hf_layout(key: str, t: torch.Tensor, shape: ModelShape) -> torch.Tensor:
     """torchtune -> HF order of the q/k channels (inverse of :meth:`RowSource.read`)."""
+    if not shape.rope_interleaved:
+        return t
     if key.endswith(("attn.q_proj.weight", "attn.q_proj.bias")):
         heads = shape.num_heads
     elif key.endswith(("attn.k_proj.weight", "attn.k_proj.bias")):
@@ -103,6 +107,8 @@ def _unknown(keys: List[str], source: str, family: str) -> TuneError:
 
 def _permuted_rows(tune_key: str, shape: ModelShape) -> Optional[int]:
     """Rows of ``tune_key`` that HF stores in its rotary half-split order (``None``: not permuted)."""
+    if not shape.rope_interleaved:
+        return None
     if tune_key.endswith(("attn.q_proj.weight", "attn.q_proj.bias")):
         return shape.num_heads * shape.head_dim
     if tune_key.endswith(("attn.k_proj.weight", "attn.k_proj.bias")):
@@ -130,6 +136,8 @@ def hf_sources(
         if fused and template in _FUSED:
             parts = [p.format(layer) for p in _FUSED[template]]
             sizes = [_rows(shape, p) for p in _FUSED[template]]
+            if None in sizes:  # gate_up_proj of a config.json without intermediate_size: two equal halves
+                sizes = [hf_shape[0] // 2] * 2
             if sum(sizes) != hf_shape[0]:
                 raise _bad_rows(key, hf_shape[0], " + ".join(map(str, sizes)))
             offset = 0

@@ -29,6 +29,8 @@ FAMILY_MODULES = (
     "torchtune.models.qwen2_5._hf",
     "torchtune.models.mistral._hf",
     "torchtune.models.phi4._hf",
+    "torchtune.models.gemma._hf",
+    "torchtune.models.gemma2._hf",
     "torchtune.models.gemma3._hf",
 )
 
@@ -57,6 +59,11 @@ class ModelShape:
     rotary_dim: Optional[int] = None
     # LongRoPE's settings as sorted (key, value) pairs (lists as tuples); None: no RoPE scaling.
     rope_scaling: Optional[Tuple[Tuple[str, Any], ...]] = None
+    # The family builders' RoPE layout (not in config.json): interleaved channel pairs (Llama, Mistral), whose
+    # q/k rows are permuted from HF's order on load, or HF's halves (Qwen2, Phi-3), copied as they are.
+    rope_interleaved: bool = True
+    # Gemma's embedding scale sqrt(hidden_size), ``1 + weight`` RMSNorms and tanh-GELU feed-forward.
+    gemma: bool = False
 
 
 # Fields a config.json may leave out (older converted Llama folders): then not compared.
@@ -80,6 +87,8 @@ CONFIG_KEYS = {
     "sliding_window": ("sliding_window", "sliding_window"),
     "rotary_dim": ("partial_rotary_factor x head_dim", "rotary_dim"),
     "rope_scaling": ("rope_scaling / rope_parameters", "rope_short_factor, rope_long_factor, ..."),
+    "rope_interleaved": ("the family's RoPE channel layout (interleaved pairs or halves)", "the family's builder"),
+    "gemma": ("model_type gemma (embedding scale, 1 + weight norms, GELU)", "a Gemma builder"),
 }
 
 
@@ -229,6 +238,11 @@ def config_int(config: Dict[str, Any], key: str, path: Path, default: Any = None
         raise TuneError(f"{path}: '{key}' is {value!r}, not a whole number.") from exc
 
 
+def config_optional_int(config: Dict[str, Any], key: str, path: Path) -> Optional[int]:
+    """``config[key]`` as a whole number, or ``None`` where config.json leaves it out (then not compared)."""
+    return config_int(config, key, path) if config.get(key) is not None else None
+
+
 def rope_theta(config: Dict[str, Any], path: Path, family: str, default: float = 10_000.0) -> float:
     """The RoPE base of a family that implements plain RoPE only; refuses any scaling."""
     params = config.get("rope_parameters") or config.get("rope_scaling") or {}
@@ -278,19 +292,22 @@ def llama_like_shape(
     sliding_window: Optional[int] = None,
     default_rope_theta: float = 10_000.0,
 ) -> ModelShape:
-    """The :class:`ModelShape` of a Llama-shaped ``config.json`` with the given family features."""
+    """The :class:`ModelShape` of a Llama-shaped ``config.json`` with the given family features. The sizes
+    the weights' shapes show anyway (vocabulary, layers, feed-forward width) and the epsilon may be left out,
+    as in the minimal config.json files of torchtune's tests: then they are not compared."""
     num_heads = config_int(config, "num_attention_heads", path)
     embed_dim = config_int(config, "hidden_size", path)
     head_dim = config.get("head_dim")
+    eps = config.get("rms_norm_eps")
     return ModelShape(
-        vocab_size=config_int(config, "vocab_size", path),
-        num_layers=config_int(config, "num_hidden_layers", path),
+        vocab_size=config_optional_int(config, "vocab_size", path),
+        num_layers=config_optional_int(config, "num_hidden_layers", path),
         num_heads=num_heads,
         num_kv_heads=config_int(config, "num_key_value_heads", path, num_heads),
         embed_dim=embed_dim,
         head_dim=int(head_dim) if head_dim else embed_dim // num_heads,
-        intermediate_dim=config_int(config, "intermediate_size", path),
-        norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+        intermediate_dim=config_optional_int(config, "intermediate_size", path),
+        norm_eps=float(eps) if eps is not None else None,
         rope_base=rope_theta(config, path, family, default_rope_theta),
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
         qkv_bias=qkv_bias,
@@ -327,13 +344,14 @@ def llama_like_config(shape: ModelShape, *, hf_model_type: str, architecture: st
 
 def shape_of_model(model: nn.Module) -> ModelShape:
     """The :class:`ModelShape` of a decoder built by one of the Llama-shaped builders (meta device is fine)."""
-    from torchtune.modules import LongRoPE, TiedLinear
+    from torchtune.modules import LongRoPE, ScaledEmbedding, TiedLinear
 
     attn = model.layers[0].attn
     rms = model.layers[0].sa_norm
     rope = attn.pos_embeddings
     rotary_dim = getattr(rope, "dim", attn.head_dim)
-    inner = getattr(rope, "rope", rope)  # the RoPE of a PartialRotaryEmbeddings
+    inner = getattr(rope, "rope", rope)  # the RoPE of a PartialRotaryEmbeddings (or of a LigerRoPE)
+    inner = getattr(inner, "rope", inner)
     return ModelShape(
         vocab_size=model.tok_embeddings.num_embeddings,
         num_layers=len(model.layers),
@@ -359,6 +377,8 @@ def shape_of_model(model: nn.Module) -> ModelShape:
         )
         if isinstance(inner, LongRoPE)
         else None,
+        rope_interleaved=bool(getattr(inner, "interleaved", True)),
+        gemma=isinstance(model.tok_embeddings, ScaledEmbedding),
     )
 
 

@@ -6,11 +6,12 @@ optimizer state and in-backward hooks are unchanged) and calls liger-kernel's au
 cast back before the scale) or Gemma's (all fp32, ``1 + scale``), as liger-kernel's own model patches
 set it per family; SiLU-gated feed-forward blocks only (Gemma's GELU-gated one stays plain).
 
-RoPE: our models rotate Meta's interleaved channel pairs ``(2i, 2i+1)``, liger-kernel rotates Hugging
-Face's halves ``(i, i + dim/2)``. ``LigerRoPE`` moves each head's rotated channels into halves (evens
-first, then odds) and rotates those: the rotation is then exactly ours, on permuted channels. Queries
-and keys are permuted alike and attention only takes dot products of their heads, so the attention is
-unchanged; values and the output keep their order.
+RoPE: the Llama, Mistral and Gemma models rotate Meta's interleaved channel pairs ``(2i, 2i+1)``,
+liger-kernel rotates Hugging Face's halves ``(i, i + dim/2)`` (as the Qwen2 and Phi-3 models here do, which
+it takes as they are). For the interleaved ones ``LigerRoPE`` moves each head's rotated channels into halves
+(evens first, then odds) and rotates those: the rotation is then exactly ours, on permuted channels.
+Queries and keys are permuted alike and attention only takes dot products of their heads, so the
+attention is unchanged; values and the output keep their order.
 
 The kernels run on CUDA tensors only. The memory estimator runs the model on fake tensors, which no
 Triton kernel takes: there each op runs a stand-in (``_Fake*``) that allocates and saves for backward
@@ -210,8 +211,8 @@ class LigerSwiGLU(nn.Module):
 
     def __init__(self, mlp: FeedForward) -> None:
         super().__init__()
-        if mlp.activation is not None:
-            raise ValueError("LigerSwiGLU replaces SiLU-gated feed-forward blocks only (activation=None)")
+        if not mlp.is_swiglu:
+            raise ValueError("LigerSwiGLU replaces SiLU-gated feed-forward blocks only (SiLU, with an up projection)")
         self.w1, self.w2, self.w3 = mlp.w1, mlp.w2, mlp.w3
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -260,7 +261,11 @@ class LigerRoPE(nn.Module):
         """Rotate q ``[b, s, h, d]`` and k ``[b, s, h_kv, d]`` at ``input_pos`` (``None``: ``0..s-1``)."""
         table = self.tables._table(q.size(1), input_pos)  # [s or b, s, dim / 2, 2] fp32
         rd = self.dim
-        q, k = rope(_halves(q, rd).transpose(1, 2), _halves(k, rd).transpose(1, 2), table[..., 0], table[..., 1], rd)
+        if self.tables.interleaved:
+            q, k = _halves(q, rd), _halves(k, rd)
+        else:  # already in liger-kernel's layout
+            q, k = q.contiguous(), k.contiguous()
+        q, k = rope(q.transpose(1, 2), k.transpose(1, 2), table[..., 0], table[..., 1], rd)
         return q.transpose(1, 2), k.transpose(1, 2)
 
 
@@ -278,7 +283,7 @@ def apply_liger_kernels(model: nn.Module) -> dict[str, int]:
             if isinstance(child, (RMSNorm, GemmaRMSNorm)):
                 setattr(parent, name, LigerRMSNorm(child))
                 counts["rms_norm"] += 1
-            elif isinstance(child, FeedForward) and child.activation is None:
+            elif isinstance(child, FeedForward) and child.is_swiglu:
                 setattr(parent, name, LigerSwiGLU(child))
                 counts["swiglu"] += 1
             elif isinstance(child, (RotaryPositionalEmbeddings, PartialRotaryEmbeddings)):

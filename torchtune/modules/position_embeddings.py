@@ -1,17 +1,20 @@
-"""Rotary position embeddings (RoPE) in Meta's interleaved layout: Llama2's, Llama 3.1's scaled one, linear
-scaling (Gemma 3), LongRoPE (Phi-4-mini), and partial rotation of each head (Phi-4-mini)."""
+"""Rotary position embeddings (RoPE): Llama2's, Llama 3.1's scaled one, linear scaling (Gemma 3), LongRoPE
+(Phi-4-mini), and partial rotation of each head (Phi-4-mini), each in either channel layout: Meta's interleaved
+pairs ``(2i, 2i+1)`` (Llama, Mistral, Gemma) or Hugging Face's halves ``(i, i + dim/2)`` (Qwen2, Phi-3), as
+torchtune's builders of each family use them, so that their state dicts load here unchanged."""
 
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 from torch import nn
 
 
 class RotaryPositionalEmbeddings(nn.Module):
-    """Llama2's rotary embeddings: channel pairs ``(2i, 2i+1)`` of each head rotate by ``pos * base^(-2i/dim)``.
+    """Llama2's rotary embeddings: channel pairs ``(2i, 2i+1)`` of each head rotate by ``pos * base^(-2i/dim)``
+    (``interleaved=False``: the pairs ``(i, i + dim/2)``, Hugging Face's ``rotate_half``).
 
     cos/sin are cached for ``max_seq_len`` positions in a ``persistent=False`` buffer, so they are not
     in the state dict. The cache is always fp32 and always real data: after ``to_empty()``, ``.to()``
@@ -23,25 +26,40 @@ class RotaryPositionalEmbeddings(nn.Module):
         dim: the head dimension (channels rotated per head).
         max_seq_len: number of positions cached.
         base: the frequency base (10000 for Llama2).
+        interleaved: which channels pair up. ``True`` (Meta's layout, torchtune's Llama, Mistral and Gemma):
+            ``(2i, 2i+1)``, the whole rotation in fp32. ``False`` (torchtune's Qwen2 and Phi-3, and every
+            Hugging Face model): ``(i, i + dim/2)``, with cos/sin cast to the input's dtype first, as
+            transformers computes it. Weights trained with one layout compute something else with the
+            other: Hugging Face checkpoints are converted to the layout of the family's builder.
     """
 
-    def __init__(self, dim: int, max_seq_len: int = 4096, base: int = 10_000) -> None:
+    def __init__(self, dim: int, max_seq_len: int = 4096, base: float = 10_000, *, interleaved: bool = True) -> None:
         super().__init__()
         if dim % 2:
             raise ValueError(f"RoPE needs an even head dimension, got {dim}")
         self.dim = dim
         self.max_seq_len = max_seq_len
         self.base = base
+        self.interleaved = interleaved
         self.register_buffer("cache", torch.empty(max_seq_len, dim // 2, 2, dtype=torch.float32), persistent=False)
         self.rope_init()
 
     def rope_init(self, device: Optional[torch.device] = None) -> None:
-        """(Re)build the cos/sin cache on ``device`` (default: where the cache lies now)."""
-        device = self.cache.device if device is None else torch.device(device)
+        """(Re)build the cos/sin cache on ``device``; default: where the cache lies now, or, for a cache on
+        the meta device, the default device (so a module built under ``torch.device("meta")`` gets real
+        tables from ``rope_init()``, as torchtune's do)."""
+        device = self._init_device(device)
         if device.type == "meta":
             self.cache = torch.empty(self.max_seq_len, self.dim // 2, 2, dtype=torch.float32, device=device)
             return
         self.cache = self._cos_sin(self.inverse_frequencies(device))
+
+    def _init_device(self, device: Optional[torch.device]) -> torch.device:
+        if device is not None:
+            return torch.device(device)
+        if self.cache.device.type == "meta":
+            return torch.get_default_device()
+        return self.cache.device
 
     def _cos_sin(self, theta: torch.Tensor) -> torch.Tensor:
         """The ``[max_seq_len, dim // 2, 2]`` table of cos/sin of ``position * theta``."""
@@ -56,8 +74,9 @@ class RotaryPositionalEmbeddings(nn.Module):
         return 1.0 / (self.base**exponents)
 
     def reset_parameters(self) -> None:
-        """Alias of :meth:`rope_init` for code that re-initialises modules generically."""
-        self.rope_init()
+        """:meth:`rope_init` where the cache lies (meta stays meta), for code that re-initialises modules
+        generically."""
+        self.rope_init(self.cache.device)
 
     def _apply(self, fn: Callable, recurse: bool = True):  # type: ignore[override]
         # Every device/dtype move (including to_empty, which leaves garbage) rebuilds the cache so it
@@ -76,6 +95,8 @@ class RotaryPositionalEmbeddings(nn.Module):
         """
         seq_len = x.size(1)
         table = self._table(seq_len, input_pos)
+        if not self.interleaved:
+            return _rotate_halves(x, table)
         rotated = _rotate_on_cpu(x, table)
         if rotated is not None:
             return rotated
@@ -89,6 +110,17 @@ class RotaryPositionalEmbeddings(nn.Module):
     def _table(self, seq_len: int, input_pos: Optional[torch.Tensor]) -> torch.Tensor:
         """The cos/sin rows of positions ``0..seq_len-1`` or of ``input_pos``."""
         return self.cache[:seq_len] if input_pos is None else self.cache[input_pos]
+
+
+def _rotate_halves(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """``x * cos + rotate_half(x) * sin`` in ``x``'s dtype, the cos/sin rows (``[..., s, dim/2, 2]`` fp32) cast
+    to it first: transformers' ``apply_rotary_pos_emb`` (and torchtune's Qwen2 RoPE), op for op."""
+    seq_len, half = x.size(1), x.size(-1) // 2
+    rope = table.view(-1, seq_len, 1, half, 2).to(x.dtype)
+    cos = torch.cat([rope[..., 0], rope[..., 0]], dim=-1)
+    sin = torch.cat([rope[..., 1], rope[..., 1]], dim=-1)
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
 
 
 class _RotateOnCPU(torch.autograd.Function):
@@ -150,25 +182,29 @@ class Llama3ScaledRoPE(RotaryPositionalEmbeddings):
 
     Args:
         dim: the head dimension.
-        max_seq_len: number of positions cached.
-        base: the frequency base (500000 for Llama 3).
+        max_seq_len: number of positions cached (torchtune's default 4096; the Llama 3.x builders pass
+            131072).
+        base: the frequency base (torchtune's default 10000; the Llama 3.x builders pass 500000).
         scale_factor: how much slower the low frequencies turn (``factor``).
         low_freq_factor: ``old_context_len / low_freq_factor`` is the wavelength above which
             frequencies are fully scaled (``low_freq_factor``).
         high_freq_factor: ``old_context_len / high_freq_factor`` is the wavelength below which
             frequencies are kept (``high_freq_factor``).
         old_context_len: the pretraining context (``original_max_position_embeddings``).
+        interleaved: the channel layout, as for :class:`RotaryPositionalEmbeddings`.
     """
 
     def __init__(
         self,
         dim: int,
-        max_seq_len: int = 131_072,
-        base: int = 500_000,
+        max_seq_len: int = 4096,
+        base: float = 10_000,
         scale_factor: float = 8.0,
         low_freq_factor: float = 1.0,
         high_freq_factor: float = 4.0,
         old_context_len: int = 8192,
+        *,
+        interleaved: bool = True,
     ) -> None:
         if high_freq_factor <= low_freq_factor:
             # The blend divides by their difference; Llama 3.1 uses 4 and 1.
@@ -182,7 +218,7 @@ class Llama3ScaledRoPE(RotaryPositionalEmbeddings):
         self.low_freq_factor = float(low_freq_factor)
         self.high_freq_factor = float(high_freq_factor)
         self.old_context_len = int(old_context_len)
-        super().__init__(dim=dim, max_seq_len=max_seq_len, base=base)
+        super().__init__(dim=dim, max_seq_len=max_seq_len, base=base, interleaved=interleaved)
 
     def inverse_frequencies(self, device: torch.device) -> torch.Tensor:
         freqs = super().inverse_frequencies(device)
@@ -210,13 +246,22 @@ class LinearScaledRoPE(RotaryPositionalEmbeddings):
         max_seq_len: number of positions cached.
         base: the frequency base.
         scale_factor: how much slower every frequency turns (``factor``).
+        interleaved: the channel layout, as for :class:`RotaryPositionalEmbeddings`.
     """
 
-    def __init__(self, dim: int, max_seq_len: int = 4096, base: int = 10_000, scale_factor: float = 1.0) -> None:
+    def __init__(
+        self,
+        dim: int,
+        max_seq_len: int = 4096,
+        base: float = 10_000,
+        scale_factor: float = 1.0,
+        *,
+        interleaved: bool = True,
+    ) -> None:
         if scale_factor <= 0:
             raise ValueError(f"scale_factor must be positive, got {scale_factor}")
         self.scale_factor = float(scale_factor)  # set before the base class builds the cache
-        super().__init__(dim=dim, max_seq_len=max_seq_len, base=base)
+        super().__init__(dim=dim, max_seq_len=max_seq_len, base=base, interleaved=interleaved)
 
     def inverse_frequencies(self, device: torch.device) -> torch.Tensor:
         return super().inverse_frequencies(device) / self.scale_factor
@@ -250,6 +295,7 @@ class LongRoPE(RotaryPositionalEmbeddings):
         scale_factor: the context extension (``factor``, else ``max_position_embeddings /
             original_max_position_embeddings``); it sets the default ``attention_factor``.
         attention_factor: cos/sin scale; ``None`` for :func:`longrope_attention_factor`.
+        interleaved: the channel layout, as for :class:`RotaryPositionalEmbeddings`.
     """
 
     def __init__(
@@ -262,6 +308,8 @@ class LongRoPE(RotaryPositionalEmbeddings):
         original_max_seq_len: int,
         scale_factor: float,
         attention_factor: Optional[float] = None,
+        *,
+        interleaved: bool = True,
     ) -> None:
         for name, factors in (("short_factor", short_factor), ("long_factor", long_factor)):
             if len(factors) != dim // 2:
@@ -276,10 +324,10 @@ class LongRoPE(RotaryPositionalEmbeddings):
             if attention_factor is not None
             else longrope_attention_factor(self.scale_factor, self.original_max_seq_len)
         )
-        super().__init__(dim=dim, max_seq_len=max_seq_len, base=base)
+        super().__init__(dim=dim, max_seq_len=max_seq_len, base=base, interleaved=interleaved)
 
     def rope_init(self, device: Optional[torch.device] = None) -> None:
-        device = self.cache.device if device is None else torch.device(device)
+        device = self._init_device(device)
         if device.type == "meta":
             short = torch.empty(self.max_seq_len, self.dim // 2, 2, dtype=torch.float32, device=device)
             long = torch.empty_like(short)
@@ -329,3 +377,71 @@ class PartialRotaryEmbeddings(nn.Module):
         """Rotate the first ``dim`` channels of ``x`` (``[b, s, n_heads, head_dim]``)."""
         rotated = self.rope(x[..., : self.dim], input_pos=input_pos)
         return torch.cat([rotated, x[..., self.dim :]], dim=-1)
+
+
+class VisionRotaryPositionalEmbeddings(nn.Module):
+    """Two-dimensional RoPE of image patches (torchtune's, for its vision encoders; no model here uses it):
+    the first half of each head's channel pairs rotate by the patch's column (``1 + x``), the second half
+    by its row (``1 + y``), with frequencies ``base^(-2i/dim)``; every tile of a sequence of
+    ``max_num_tiles`` tiles gets the same rotations, and the CLS token (after each tile's patches, or
+    before with ``append_cls_token=False``) is not rotated.
+
+    Args:
+        patch_size: pixels per patch side.
+        tile_size: pixels per tile side (``(tile_size // patch_size) ** 2`` patches per tile).
+        max_num_tiles: tiles per sequence.
+        dim: channel pairs per axis, ``head_dim // 2``.
+        base: the frequency base.
+        append_cls_token: the CLS token ends each tile (``False``: starts it).
+    """
+
+    def __init__(
+        self,
+        patch_size: int,
+        tile_size: int,
+        max_num_tiles: int,
+        dim: int,
+        base: float = 10_000,
+        append_cls_token: bool = True,
+    ) -> None:
+        super().__init__()
+        self.patch_grid_size = tile_size // patch_size
+        self.max_num_tiles = max_num_tiles
+        self.dim = dim
+        self.base = base
+        self.append_cls_token = append_cls_token
+        self.register_buffer("cache", torch.empty(0), persistent=False)
+        self.rope_init()
+
+    def rope_init(self, device: Optional[torch.device] = None) -> None:
+        """(Re)build the ``[patches + 1, dim, 2]`` cos/sin table (device: as ``RotaryPositionalEmbeddings``)."""
+        if device is None:
+            device = torch.get_default_device() if self.cache.device.type == "meta" else self.cache.device
+        exponents = torch.arange(0, self.dim, 2, device=device, dtype=torch.float32)[: self.dim // 2] / self.dim
+        theta = 1.0 / (self.base**exponents)
+        patch = torch.arange(self.patch_grid_size**2, device=device, dtype=torch.float32)
+        cls = torch.full((1,), -1.0, device=device)
+        patch = torch.cat([patch, cls] if self.append_cls_token else [cls, patch])
+        x_angles = torch.outer(patch % self.patch_grid_size + 1, theta)
+        y_angles = torch.outer(torch.div(patch, self.patch_grid_size, rounding_mode="floor") + 1, theta)
+        angles = torch.cat([x_angles, y_angles], dim=-1).masked_fill(patch.unsqueeze(-1) < 0, 0.0)
+        self.cache = torch.stack([torch.cos(angles), torch.sin(angles)], dim=-1)
+
+    def forward(self, x: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        """Rotate ``x`` (``[b, max_num_tiles * (patches + 1), n_heads, head_dim]``).
+
+        Raises:
+            ValueError: the tiles of ``x`` are not ``patches + 1`` tokens long.
+        """
+        bsz, _, n_heads, head_dim = x.shape
+        pairs = x.float().reshape(bsz, self.max_num_tiles, -1, n_heads, head_dim // 2, 2)
+        seq_len = pairs.size(2)
+        if seq_len != self.cache.shape[0]:
+            raise ValueError(
+                f"Input sequence length {seq_len} does not match 2D RoPE cache sequence length {self.cache.shape[0]}."
+            )
+        rope = self.cache.view(1, 1, seq_len, 1, head_dim // 2, 2)
+        x0, x1 = pairs[..., 0], pairs[..., 1]
+        cos, sin = rope[..., 0], rope[..., 1]
+        out = torch.stack([x0 * cos - x1 * sin, x1 * cos + x0 * sin], dim=-1)
+        return out.reshape(bsz, self.max_num_tiles * seq_len, n_heads, head_dim).type_as(x)

@@ -34,7 +34,8 @@ class _RMSNormFn(torch.autograd.Function):
         ctx.gemma = gemma
         if gemma:
             return (x32 * rstd * (1.0 + _wide(scale))).to(x.dtype)
-        return scale * (x32 * rstd).to(x.dtype)
+        # cast last too: a scale of another dtype (an fp32 norm on fp16 input) must not promote the output
+        return (scale * (x32 * rstd).to(x.dtype)).to(x.dtype)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
@@ -46,25 +47,28 @@ class _RMSNormFn(torch.autograd.Function):
             grad_scale = (g32 * n32).sum_to_size(scale.shape).to(scale.dtype) if need_scale else None
             dn32 = g32 * (1.0 + _wide(scale))
         else:
-            grad_scale = (grad * n32.to(x.dtype)).sum_to_size(scale.shape) if need_scale else None
+            grad_scale = (grad * n32.to(x.dtype)).sum_to_size(scale.shape).to(scale.dtype) if need_scale else None
             dn32 = _wide(grad * scale)
         return (_input_grad(dn32, n32, rstd, x.dtype) if need_x else None), grad_scale, None, None
 
 
 class RMSNorm(nn.Module):
-    """RMSNorm with a learned per-channel ``scale``.
+    """RMSNorm with a learned per-channel ``scale`` (torchtune's ``RMSNorm``: its arguments and default).
 
     The normalisation runs in fp32 even for a bf16 model: the mean of squares over 4096 channels
     loses most of its precision in bf16. The result is cast back before scaling, as in Meta's and
-    Hugging Face's Llama, so the weights are bit-compatible with both.
+    Hugging Face's Llama (torchtune scales in fp32 and casts after: the same in fp32, one rounding
+    apart in bf16), so the weights are bit-compatible with both. The output has the input's dtype.
 
     Args:
         dim: size of the last dimension.
-        eps: added to the mean of squares for numerical stability.
+        eps: added to the mean of squares for numerical stability (1e-6 as torchtune's; the Llama builders
+            pass their 1e-5).
     """
 
-    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
         super().__init__()
+        self.normalized_shape = (dim,)
         self.eps = eps
         self.scale = nn.Parameter(torch.ones(dim))
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -19,10 +21,11 @@ class ScaledEmbedding(nn.Embedding):
         num_embeddings: vocabulary size.
         embedding_dim: model width.
         embed_scale: the factor (``embedding_dim ** 0.5`` for Gemma).
+        *args, **kwargs: ``nn.Embedding``'s other arguments.
     """
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, embed_scale: float) -> None:
-        super().__init__(num_embeddings, embedding_dim)
+    def __init__(self, num_embeddings: int, embedding_dim: int, embed_scale: float, *args: Any, **kwargs: Any) -> None:
+        super().__init__(num_embeddings, embedding_dim, *args, **kwargs)
         self.embed_scale = float(embed_scale)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -20,15 +22,29 @@ class TiedLinear(nn.Module):
     The embedding is kept out of the module tree on purpose: as a submodule it would appear a second
     time in ``state_dict()`` as ``output.embedding.weight``.
 
+    Unlike torchtune's ``TiedLinear`` (a plain object) it is an ``nn.Module``, so hooks, ``apply`` and
+    activation offloading see it like any other layer.
+
     Args:
-        embedding: the token embedding whose ``[vocab_size, dim]`` weight is shared.
+        tied_module: the token embedding whose ``[vocab_size, dim]`` weight is shared.
+        softcap: Gemma 2's final logit soft-cap: the logits become ``softcap * tanh(logits / softcap)``
+            (in the weight's dtype, as transformers computes them); ``None`` for none. The losses that
+            compute logits from ``weight`` themselves refuse a capped projection.
     """
 
     bias = None  # what losses that read ``output_proj.bias`` expect of a bias-free projection
 
-    def __init__(self, embedding: nn.Embedding) -> None:
+    def __init__(self, tied_module: nn.Module, *, softcap: Optional[float] = None) -> None:
         super().__init__()
-        object.__setattr__(self, "_embedding", embedding)
+        if not hasattr(tied_module, "weight"):
+            raise AttributeError("TiedLinear shares the weight of a module that has one (the token embedding).")
+        object.__setattr__(self, "_embedding", tied_module)
+        self.softcap = softcap
+
+    @property
+    def tied_module(self) -> nn.Module:
+        """The module whose weight is shared (torchtune's attribute name)."""
+        return self._embedding
 
     @property
     def weight(self) -> nn.Parameter:
@@ -44,7 +60,11 @@ class TiedLinear(nn.Module):
         return self._embedding.num_embeddings
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight)
+        logits = F.linear(x, self.weight)
+        if self.softcap is None:
+            return logits
+        return torch.tanh(logits / self.softcap) * self.softcap
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, tied to the token embedding"
+        cap = "" if self.softcap is None else f", softcap={self.softcap:g}"
+        return f"in_features={self.in_features}, out_features={self.out_features}, tied to the token embedding{cap}"

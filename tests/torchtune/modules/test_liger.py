@@ -26,7 +26,7 @@ from torchtune.modules.loss import CrossEntropyLoss, LigerLinearCrossEntropyLoss
 VOCAB = 67  # odd sizes everywhere: no kernel may rely on powers of two
 # 6 query heads over 2 key/value heads (grouped-query), head_dim 8 (10 for Qwen3), 52 feed-forward channels
 FAMILIES = {
-    "llama2": lambda: llama2(VOCAB, 2, 6, 2, 48, 52, 32),
+    "llama2": lambda: llama2(VOCAB, 2, 6, 2, 48, 52, intermediate_dim=32),
     "llama3_1": lambda: llama3_1(VOCAB, 2, 6, 2, 48, 32, intermediate_dim=52, old_context_len=16),
     "qwen3": lambda: qwen3(VOCAB, 2, 6, 2, 48, 52, 32, head_dim=10),
     "mistral": lambda: mistral(VOCAB, 2, 6, 2, 48, 52, 32, sliding_window=5),

@@ -53,21 +53,32 @@ def test_packed_sequence_equals_separate_examples(model):
     torch.testing.assert_close(packed_logits, separate, atol=1e-5, rtol=0)
 
 
+def _cache_mask(input_pos: torch.Tensor, slots: int) -> torch.Tensor:
+    """Causal over the cache: a query at position p sees the slots 0..p (torchtune's decoders need it given)."""
+    return torch.arange(slots)[None, None, :] <= input_pos[..., None]
+
+
 def test_kv_cache_decoding_equals_full_forward(model):
     tokens = _tokens(2, 10)
     with torch.no_grad():
         full = model(tokens)
         model.setup_caches(batch_size=2, dtype=torch.float32)
         assert model.caches_are_enabled()
-        steps = [model(tokens[:, :6], input_pos=torch.arange(6).expand(2, 6))]
+        first = torch.arange(6).expand(2, 6)
+        steps = [model(tokens[:, :6], mask=_cache_mask(first, model.max_seq_len), input_pos=first)]
         for pos in range(6, 10):
-            steps.append(model(tokens[:, pos : pos + 1], input_pos=torch.full((2, 1), pos)))
+            step = torch.full((2, 1), pos)
+            steps.append(model(tokens[:, pos : pos + 1], mask=_cache_mask(step, model.max_seq_len), input_pos=step))
         torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=0)
         # A reset cache starts a new generation with the same result.
         model.reset_caches()
-        torch.testing.assert_close(
-            model(tokens[:, :6], input_pos=torch.arange(6).expand(2, 6)), full[:, :6], atol=1e-5, rtol=0
-        )
+        again = model(tokens[:, :6], mask=_cache_mask(first, model.max_seq_len), input_pos=first)
+        torch.testing.assert_close(again, full[:, :6], atol=1e-5, rtol=0)
+        # torchtune's contract: with caches, the mask and the positions are required
+        with pytest.raises(ValueError, match="masks must be provided"):
+            model(tokens[:, :1], input_pos=first[:, :1])
+        with pytest.raises(ValueError, match="input positions must be provided"):
+            model(tokens[:, :1], mask=_cache_mask(first[:, :1], model.max_seq_len))
 
 
 def test_too_long_sequence_names_the_key(model):

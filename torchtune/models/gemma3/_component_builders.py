@@ -4,19 +4,8 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from torch import nn
-
-from torchtune.modules import (
-    FeedForward,
-    GemmaRMSNorm,
-    LinearScaledRoPE,
-    MultiHeadAttention,
-    RotaryPositionalEmbeddings,
-    ScaledEmbedding,
-    TiedLinear,
-    TransformerDecoder,
-    TransformerDecoderLayer,
-)
+from torchtune.models.gemma._component_builders import gemma_decoder
+from torchtune.modules import LinearScaledRoPE, RotaryPositionalEmbeddings, TransformerDecoder
 
 SLIDING = "sliding_attention"
 FULL = "full_attention"
@@ -103,51 +92,21 @@ def gemma3(
         global_rope = LinearScaledRoPE(
             dim=head_dim, max_seq_len=max_seq_len, base=rope_base, scale_factor=rope_scale_factor
         )
-    layers = nn.ModuleList()
-    for layer_type in layer_types:
-        local = layer_type == SLIDING
-        attn = MultiHeadAttention(
-            embed_dim=embed_dim,
-            num_heads=num_heads,
-            num_kv_heads=num_kv_heads,
-            head_dim=head_dim,
-            q_proj=nn.Linear(embed_dim, num_heads * head_dim, bias=False),
-            k_proj=nn.Linear(embed_dim, num_kv_heads * head_dim, bias=False),
-            v_proj=nn.Linear(embed_dim, num_kv_heads * head_dim, bias=False),
-            output_proj=nn.Linear(num_heads * head_dim, embed_dim, bias=False),
-            pos_embeddings=local_rope if local else global_rope,
-            max_seq_len=max_seq_len,
-            attn_dropout=attn_dropout,
-            q_norm=GemmaRMSNorm(head_dim, eps=norm_eps),
-            k_norm=GemmaRMSNorm(head_dim, eps=norm_eps),
-            scale=float(scalar) ** -0.5,
-            softcap=hidden_capping_value,
-            sliding_window=sliding_window_size if local else None,
-        )
-        mlp = FeedForward(
-            w1=nn.Linear(embed_dim, intermediate_dim, bias=False),
-            w2=nn.Linear(intermediate_dim, embed_dim, bias=False),
-            w3=nn.Linear(embed_dim, intermediate_dim, bias=False),
-            activation=nn.GELU(approximate="tanh"),
-        )
-        layers.append(
-            TransformerDecoderLayer(
-                attn=attn,
-                mlp=mlp,
-                sa_norm=GemmaRMSNorm(embed_dim, eps=norm_eps),
-                mlp_norm=GemmaRMSNorm(embed_dim, eps=norm_eps),
-                sa_scale=GemmaRMSNorm(embed_dim, eps=norm_eps),
-                mlp_scale=GemmaRMSNorm(embed_dim, eps=norm_eps),
-            )
-        )
-    tok_embeddings = ScaledEmbedding(vocab_size, embed_dim, embed_scale=embed_dim**0.5)
-    output = TiedLinear(tok_embeddings) if tie_word_embeddings else nn.Linear(embed_dim, vocab_size, bias=False)
-    return TransformerDecoder(
-        tok_embeddings=tok_embeddings,
-        layers=layers,
-        norm=GemmaRMSNorm(embed_dim, eps=norm_eps),
-        output=output,
-        max_seq_len=max_seq_len,
+    return gemma_decoder(
+        vocab_size=vocab_size,
+        embed_dim=embed_dim,
         num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
         head_dim=head_dim,
+        intermediate_dim=intermediate_dim,
+        max_seq_len=max_seq_len,
+        norm_eps=norm_eps,
+        attn_dropout=attn_dropout,
+        ropes=[local_rope if t == SLIDING else global_rope for t in layer_types],
+        sliding_windows=[sliding_window_size if t == SLIDING else None for t in layer_types],
+        scale=float(scalar) ** -0.5,
+        hidden_capping_value=hidden_capping_value,
+        qk_norm=True,
+        post_norms=True,
+        tie_word_embeddings=tie_word_embeddings,
     )

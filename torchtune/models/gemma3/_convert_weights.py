@@ -1,4 +1,5 @@
-"""Convert Gemma 3 (text) state dicts between Hugging Face and torchtune parameter names.
+"""Convert Gemma 3 (text) and Gemma 2 state dicts between Hugging Face and torchtune parameter names (Gemma 2
+has the same names, less the q/k norms, and one folder form).
 
 Gemma 3 folders come in two forms: ``Gemma3ForCausalLM`` (1B; ``model.layers.0...``) and
 ``Gemma3ForConditionalGeneration`` (4B/12B/27B, text and vision), whose language model is stored under
@@ -77,7 +78,13 @@ def _permutation(key: str, num_heads: int, num_kv_heads: int):
 
 
 def hf_sources(
-    hf_shapes: dict[str, Sequence[int]], *, num_heads: int, num_kv_heads: int, head_dim: int
+    hf_shapes: dict[str, Sequence[int]],
+    *,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    family: str = "Gemma 3",
+    model_type: str = "GEMMA3",
 ) -> dict[str, RowSource]:
     """``{torchtune name: where its rows are}`` for the HF tensors of ``hf_shapes`` (``{name as stored in
     either folder form: shape}``, from the files' headers). Vision weights and RoPE buffers are left out.
@@ -101,15 +108,21 @@ def hf_sources(
     if unknown:
         shown = ", ".join(unknown[:20]) + (f" (and {len(unknown) - 20} more)" if len(unknown) > 20 else "")
         raise TuneError(
-            f"The checkpoint has parameters that a Gemma 3 Hugging Face checkpoint does not have: {shown}. "
-            "Check that checkpointer.checkpoint_files name a Gemma 3 checkpoint and that "
-            "checkpointer.model_type=GEMMA3 is meant."
+            f"The checkpoint has parameters that a {family} Hugging Face checkpoint does not have: {shown}. "
+            f"Check that checkpointer.checkpoint_files name a {family} checkpoint and that "
+            f"checkpointer.model_type={model_type} is meant."
         )
     return out
 
 
 def hf_to_tune(
-    state_dict: dict[str, torch.Tensor], *, num_heads: int, num_kv_heads: int, head_dim: int
+    state_dict: dict[str, torch.Tensor],
+    *,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    family: str = "Gemma 3",
+    model_type: str = "GEMMA3",
 ) -> dict[str, torch.Tensor]:
     """Hugging Face Gemma 3 names (either folder form) -> torchtune names, undoing HF's rotary layout;
     each tensor converted as :func:`hf_sources` says, the way a sharded load converts its rows.
@@ -118,12 +131,15 @@ def hf_to_tune(
         TuneError: listing the keys that belong to no Gemma 3 checkpoint.
     """
     shapes = {k: t.shape for k, t in state_dict.items()}
-    sources = hf_sources(shapes, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim)
+    sources = hf_sources(
+        shapes, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, family=family, model_type=model_type
+    )
     return {key: source.read(state_dict[source.hf_key]) for key, source in sources.items()}
 
 
-def tune_to_hf_names(keys: Iterable[str]) -> dict[str, str]:
-    """``{torchtune name: Gemma3ForCausalLM name}``; raises ``TuneError`` for a name of no Gemma 3."""
+def tune_to_hf_names(keys: Iterable[str], family: str = "Gemma 3") -> dict[str, str]:
+    """``{torchtune name: Gemma3ForCausalLM (Gemma2ForCausalLM) name}``; raises ``TuneError`` for a name of no
+    model of ``family``."""
     names, unknown = {}, []
     for key in keys:
         hf_key = _rename(key, _TO_HF)
@@ -132,7 +148,7 @@ def tune_to_hf_names(keys: Iterable[str]) -> dict[str, str]:
         else:
             names[key] = hf_key
     if unknown:
-        raise TuneError(f"These parameters are not part of a Gemma 3 model: {', '.join(unknown[:20])}.")
+        raise TuneError(f"These parameters are not part of a {family} model: {', '.join(unknown[:20])}.")
     return names
 
 

@@ -8,6 +8,7 @@ from torch import nn
 
 from torchtune._errors import ConfigError
 from torchtune.config._types import checked_by, whole_number
+from torchtune.models.llama2._model_utils import scale_hidden_dim_for_mlp
 from torchtune.modules import (
     FeedForward,
     MultiHeadAttention,
@@ -15,14 +16,17 @@ from torchtune.modules import (
     RotaryPositionalEmbeddings,
     TiedLinear,
     TransformerDecoder,
-    TransformerDecoderLayer,
+    TransformerSelfAttentionLayer,
 )
 
 
-def scale_hidden_dim_for_mlp(dim: int, multiple_of: int = 256) -> int:
-    """Llama2's feed-forward width: ``4 * dim * 2 / 3`` rounded up to a multiple of ``multiple_of``."""
-    hidden_dim = int(2 * (4 * dim) / 3)
-    return multiple_of * ((hidden_dim + multiple_of - 1) // multiple_of)
+def llama2_mlp(dim: int, hidden_dim: int) -> FeedForward:
+    """The SwiGLU feed-forward block of the Llama decoders (``dim -> hidden_dim -> dim``, no biases)."""
+    return FeedForward(
+        gate_proj=nn.Linear(dim, hidden_dim, bias=False),
+        down_proj=nn.Linear(hidden_dim, dim, bias=False),
+        up_proj=nn.Linear(dim, hidden_dim, bias=False),
+    )
 
 
 def check_llama_args(key: str, fields: Mapping[str, Any]) -> None:
@@ -62,13 +66,13 @@ def llama2(
     num_kv_heads: int,
     embed_dim: int,
     max_seq_len: int,
-    intermediate_dim: Optional[int] = None,
     attn_dropout: float = 0.0,
+    intermediate_dim: Optional[int] = None,
     norm_eps: float = 1e-5,
-    rope_base: int = 10_000,
+    rope_base: float = 10_000.0,
     tie_word_embeddings: bool = False,
 ) -> TransformerDecoder:
-    """Build a Llama2 decoder.
+    """Build a Llama2 decoder (torchtune's ``llama2``: its arguments, order and defaults).
 
     Works under ``with torch.device("meta"):`` and with ``torch.set_default_dtype`` (everything but
     the fp32 RoPE cache takes the default dtype and device).
@@ -80,8 +84,8 @@ def llama2(
         num_kv_heads: key/value heads (``num_heads`` for multi-head, fewer for grouped-query).
         embed_dim: model width; ``head_dim = embed_dim // num_heads``.
         max_seq_len: longest sequence (RoPE and KV cache size).
-        intermediate_dim: feed-forward width; default Llama2's rule (:func:`scale_hidden_dim_for_mlp`).
         attn_dropout: attention dropout during training.
+        intermediate_dim: feed-forward width; default torchtune's rule (:func:`scale_hidden_dim_for_mlp`).
         norm_eps: RMSNorm epsilon.
         rope_base: RoPE frequency base.
         tie_word_embeddings: share the token embedding with the output projection (no published
@@ -103,6 +107,39 @@ def llama2(
     )
 
 
+def llama2_classifier(
+    num_classes: int,
+    *,
+    vocab_size: int,
+    num_layers: int,
+    num_heads: int,
+    num_kv_heads: int,
+    embed_dim: int,
+    max_seq_len: int,
+    attn_dropout: float = 0.0,
+    intermediate_dim: Optional[int] = None,
+    norm_eps: float = 1e-5,
+    rope_base: float = 10_000.0,
+) -> TransformerDecoder:
+    """A Llama2 decoder whose output projection gives ``num_classes`` scores per position instead of the
+    vocabulary's logits (torchtune's ``llama2_classifier``, the body of its reward models). Other
+    arguments as :func:`llama2`."""
+    return llama_decoder(
+        vocab_size=vocab_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        embed_dim=embed_dim,
+        max_seq_len=max_seq_len,
+        intermediate_dim=intermediate_dim if intermediate_dim is not None else scale_hidden_dim_for_mlp(embed_dim),
+        attn_dropout=attn_dropout,
+        norm_eps=norm_eps,
+        rope=RotaryPositionalEmbeddings(dim=embed_dim // num_heads, max_seq_len=max_seq_len, base=rope_base),
+        tie_word_embeddings=False,
+        output_dim=num_classes,
+    )
+
+
 def llama_decoder(
     *,
     vocab_size: int,
@@ -121,6 +158,7 @@ def llama_decoder(
     output_bias: bool = False,
     qk_norm: bool = False,
     sliding_window: Optional[int] = None,
+    output_dim: Optional[int] = None,
 ) -> TransformerDecoder:
     """The Llama-shaped decoder every family builder shares: pre-norm layers of grouped-query attention
     and a SwiGLU feed-forward, RMSNorm. Llama2 and Llama 3.x differ only in the ``rope`` module given
@@ -133,6 +171,11 @@ def llama_decoder(
       Qwen3's ``attention_bias``: all four).
     - ``qk_norm``: Qwen3's per-head RMSNorm of queries and keys before RoPE.
     - ``sliding_window``: Mistral v0.1's attention window (see ``MultiHeadAttention``).
+    - ``output_dim``: the output projection's width when it is not ``vocab_size`` (a classifier's
+      ``num_classes``; never tied).
+
+    The RoPE module decides the channel layout of q and k (interleaved for Llama and Mistral, halves for
+    Qwen2 and Phi-3, as torchtune's builders of each family): it is what the family's state dicts assume.
     """
     if head_dim is None:
         if embed_dim % num_heads:
@@ -157,20 +200,23 @@ def llama_decoder(
             k_norm=RMSNorm(head_dim, eps=norm_eps) if qk_norm else None,
             sliding_window=sliding_window,
         )
-        mlp = FeedForward(
-            w1=nn.Linear(embed_dim, intermediate_dim, bias=False),
-            w2=nn.Linear(intermediate_dim, embed_dim, bias=False),
-            w3=nn.Linear(embed_dim, intermediate_dim, bias=False),
-        )
         layers.append(
-            TransformerDecoderLayer(
-                attn=attn, mlp=mlp, sa_norm=RMSNorm(embed_dim, eps=norm_eps), mlp_norm=RMSNorm(embed_dim, eps=norm_eps)
+            TransformerSelfAttentionLayer(
+                attn=attn,
+                mlp=llama2_mlp(embed_dim, intermediate_dim),
+                sa_norm=RMSNorm(embed_dim, eps=norm_eps),
+                mlp_norm=RMSNorm(embed_dim, eps=norm_eps),
             )
         )
     tok_embeddings = nn.Embedding(vocab_size, embed_dim)
     # Tied: one Parameter for both ends, so it gets one optimizer and one in-backward hook, which
     # fires once both gradient contributions (embedding lookup and output projection) are summed.
-    output = TiedLinear(tok_embeddings) if tie_word_embeddings else nn.Linear(embed_dim, vocab_size, bias=False)
+    if output_dim is not None:
+        output = nn.Linear(embed_dim, output_dim, bias=False)
+    elif tie_word_embeddings:
+        output = TiedLinear(tok_embeddings)
+    else:
+        output = nn.Linear(embed_dim, vocab_size, bias=False)
     return TransformerDecoder(
         tok_embeddings=tok_embeddings,
         layers=layers,

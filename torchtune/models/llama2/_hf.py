@@ -4,9 +4,9 @@ tied Llama 3.2 share config.json's ``model_type: llama`` and are told apart by R
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict
 
-from torchtune.models._hf_family import HFFamily, ModelShape, config_int
+from torchtune.models._hf_family import HFFamily, ModelShape, config_optional_int
 
 
 def _llama_family(config: Dict[str, Any]) -> str:
@@ -20,23 +20,19 @@ def _shape(config: Dict[str, Any], path: Path) -> ModelShape:
 
     parsed = HFModelConfig.from_dict(config, path)  # RoPE scaling is checked by HFModelConfig.check_model
     return ModelShape(
-        vocab_size=_optional_int(config, "vocab_size", path),
-        num_layers=_optional_int(config, "num_hidden_layers", path),
+        vocab_size=config_optional_int(config, "vocab_size", path),
+        num_layers=config_optional_int(config, "num_hidden_layers", path),
         num_heads=parsed.num_heads,
         num_kv_heads=parsed.num_kv_heads,
         embed_dim=parsed.dim,
         head_dim=parsed.head_dim,
-        intermediate_dim=_optional_int(config, "intermediate_size", path),
+        intermediate_dim=config_optional_int(config, "intermediate_size", path),
         norm_eps=float(config["rms_norm_eps"]) if config.get("rms_norm_eps") is not None else None,
         rope_base=parsed.rope.theta,
         tie_word_embeddings=parsed.tied,
         qkv_bias=bool(config.get("attention_bias", False)),
         output_bias=bool(config.get("attention_bias", False)),
     )
-
-
-def _optional_int(config: Dict[str, Any], key: str, path: Path) -> Optional[int]:
-    return config_int(config, key, path) if config.get(key) is not None else None
 
 
 def _family(model_type: str, name: str, builder: str, aliases: tuple = ()) -> HFFamily:

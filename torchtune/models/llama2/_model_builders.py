@@ -1,5 +1,4 @@
-"""Fixed-size Llama2 models (the published 7B/13B/70B shapes) and a tiny one for tests and demos (the tokenizer
-builder is in ``_tokenizer``)."""
+"""Fixed-size Llama2 models (the published 7B/13B/70B shapes) and a tiny one for tests and demos."""
 
 from __future__ import annotations
 
@@ -69,7 +68,7 @@ def llama2_tiny(
     intermediate_dim: Optional[int] = None,
     attn_dropout: float = 0.0,
     norm_eps: float = 1e-5,
-    rope_base: int = 10_000,
+    rope_base: float = 10_000.0,
 ) -> TransformerDecoder:
     """A tiny grouped-query Llama2 for CPU tests and the demo.
 

@@ -5,8 +5,16 @@ from __future__ import annotations
 from typing import Optional
 
 from torchtune.config._types import checked_by
-from torchtune.models.llama2._component_builders import check_llama_args, llama_decoder, scale_hidden_dim_for_mlp
+from torchtune.models.llama2._component_builders import (
+    check_llama_args,
+    llama2_mlp,
+    llama_decoder,
+    scale_hidden_dim_for_mlp,
+)
 from torchtune.modules import Llama3ScaledRoPE, TransformerDecoder
+
+# torchtune's name for the SwiGLU block at this path
+llama3_mlp = llama2_mlp
 
 
 @checked_by(check_llama_args)

@@ -1,4 +1,4 @@
-"""Fixed-size Llama 3.1 models: the published 8B and 70B shapes."""
+"""Fixed-size Llama 3.1 models: the published 8B, 70B and 405B shapes."""
 
 from __future__ import annotations
 
@@ -38,6 +38,25 @@ def llama3_1_70b(**overrides: Any) -> TransformerDecoder:
         embed_dim=8192,
         max_seq_len=131_072,
         intermediate_dim=28_672,
+        attn_dropout=0.0,
+        norm_eps=1e-5,
+        rope_base=500_000,
+        scale_factor=8,
+    )
+    return llama3_1(**{**kwargs, **overrides})
+
+
+def llama3_1_405b(**overrides: Any) -> TransformerDecoder:
+    """Llama 3.1 405B: 126 layers, 128 query / 8 key-value heads, width 16384, feed-forward 53248, vocab
+    128256, RoPE scaled by 8, untied output. ``overrides`` replace any argument."""
+    kwargs = dict(
+        vocab_size=128_256,
+        num_layers=126,
+        num_heads=128,
+        num_kv_heads=8,
+        embed_dim=16_384,
+        max_seq_len=131_072,
+        intermediate_dim=53_248,
         attn_dropout=0.0,
         norm_eps=1e-5,
         rope_base=500_000,

@@ -19,7 +19,7 @@ FAMILY = HFFamily(
     name="Mistral",
     hf_model_types=("mistral",),
     architectures=("MistralForCausalLM",),
-    builder="torchtune.models.mistral.mistral_7b",
+    builder="torchtune.models.mistral.mistral_7b_v0_3",
     shape=_shape,
     config_json=lambda shape: llama_like_config(shape, hf_model_type="mistral", architecture="MistralForCausalLM"),
 )

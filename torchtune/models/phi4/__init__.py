@@ -9,8 +9,8 @@ from torchtune.models.phi4._model_builders import (
 from torchtune.models.phi4._tokenizer import PHI4_SPECIAL_TOKENS, Phi4Tokenizer, phi4_tokenizer
 
 __all__ = [
-    "PHI4_SPECIAL_TOKENS",
     "Phi4Tokenizer",
+    "PHI4_SPECIAL_TOKENS",
     "phi4",
     "phi4_14b",
     "phi4_mini",

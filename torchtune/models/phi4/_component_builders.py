@@ -1,13 +1,12 @@
-"""The generic Phi-4 builder: Llama's decoder (transformers' ``modeling_phi3.py``). The checkpoint's fused
-``qkv_proj`` and ``gate_up_proj`` are split by the converter (``torchtune.models._hf_convert``), so the
-model has Llama's separate projections. Phi-4-mini rotates part of each head, with LongRoPE."""
+"""Our Phi-4 component builder: torchtune's :func:`~torchtune.models.phi3.phi3` (Phi-4 is Phi-3's
+architecture) with Phi-4's RoPE base 250000 as the default."""
 
 from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from torchtune.models.llama2._component_builders import llama_decoder
-from torchtune.modules import LongRoPE, PartialRotaryEmbeddings, RotaryPositionalEmbeddings, TransformerDecoder
+from torchtune.models.phi3._component_builders import phi3
+from torchtune.modules import TransformerDecoder
 
 
 def phi4(
@@ -31,68 +30,26 @@ def phi4(
     rope_scale_factor: Optional[float] = None,
     rope_attention_factor: Optional[float] = None,
 ) -> TransformerDecoder:
-    """Build a Phi-4 decoder.
-
-    Args:
-        vocab_size: embedding rows.
-        num_layers: decoder layers.
-        num_heads: query heads.
-        num_kv_heads: key/value heads.
-        embed_dim: model width (``hidden_size``).
-        intermediate_dim: feed-forward width (``intermediate_size``).
-        max_seq_len: longest sequence (RoPE cache size).
-        head_dim: channels per head (``head_dim``); default ``embed_dim // num_heads``.
-        attn_dropout: attention dropout during training.
-        norm_eps: RMSNorm epsilon (``rms_norm_eps``).
-        rope_base: RoPE base (``rope_theta``).
-        tie_word_embeddings: output projection shares the embedding.
-        sliding_window: attention window (``sliding_window``): a token sees the last ``sliding_window``
-            tokens, itself included; ``None`` for full causal attention.
-        rotary_dim: channels of each head that RoPE rotates, the first ones (``partial_rotary_factor *
-            head_dim``); ``None`` for all.
-        rope_short_factor: LongRoPE's ``rotary_dim // 2`` rescale factors up to
-            ``rope_original_max_seq_len`` tokens (``rope_scaling.short_factor``); ``None`` for plain RoPE.
-        rope_long_factor: its factors beyond that (``rope_scaling.long_factor``).
-        rope_original_max_seq_len: the pretraining context (``original_max_position_embeddings``).
-        rope_scale_factor: the context extension (``max_position_embeddings /
-            original_max_position_embeddings``), which sets the default cos/sin scale.
-        rope_attention_factor: the cos/sin scale (``rope_scaling.attention_factor``); ``None`` for LongRoPE's
-            default.
-    """
-    head_dim = head_dim if head_dim is not None else embed_dim // num_heads
-    rotary_dim = rotary_dim if rotary_dim is not None else head_dim
-    if rope_short_factor is None:
-        rope = RotaryPositionalEmbeddings(dim=rotary_dim, max_seq_len=max_seq_len, base=rope_base)
-    else:
-        if rope_long_factor is None or rope_original_max_seq_len is None or rope_scale_factor is None:
-            raise ValueError(
-                "LongRoPE needs rope_long_factor, rope_original_max_seq_len and rope_scale_factor besides "
-                "rope_short_factor (config.json's rope_scaling and original_max_position_embeddings)"
-            )
-        rope = LongRoPE(
-            dim=rotary_dim,
-            max_seq_len=max_seq_len,
-            base=rope_base,
-            short_factor=rope_short_factor,
-            long_factor=rope_long_factor,
-            original_max_seq_len=rope_original_max_seq_len,
-            scale_factor=rope_scale_factor,
-            attention_factor=rope_attention_factor,
-        )
-    if rotary_dim != head_dim:
-        rope = PartialRotaryEmbeddings(rope, head_dim=head_dim)
-    return llama_decoder(
+    """Build a Phi-4 decoder: :func:`~torchtune.models.phi3.phi3` (same arguments; ``rope_base`` defaults
+    to Phi-4's 250000, ``head_dim`` may be given by position after ``max_seq_len``)."""
+    return phi3(
         vocab_size=vocab_size,
         num_layers=num_layers,
         num_heads=num_heads,
         num_kv_heads=num_kv_heads,
         embed_dim=embed_dim,
-        max_seq_len=max_seq_len,
         intermediate_dim=intermediate_dim,
+        max_seq_len=max_seq_len,
         attn_dropout=attn_dropout,
         norm_eps=norm_eps,
-        rope=rope,
-        tie_word_embeddings=tie_word_embeddings,
+        rope_base=rope_base,
         head_dim=head_dim,
+        tie_word_embeddings=tie_word_embeddings,
         sliding_window=sliding_window,
+        rotary_dim=rotary_dim,
+        rope_short_factor=rope_short_factor,
+        rope_long_factor=rope_long_factor,
+        rope_original_max_seq_len=rope_original_max_seq_len,
+        rope_scale_factor=rope_scale_factor,
+        rope_attention_factor=rope_attention_factor,
     )

@@ -1,6 +1,7 @@
-"""Phi-4's registration (``torchtune.models._hf_family``): ``model_type: phi3`` (Phi-4 and Phi-4-mini use
-the Phi-3 architecture), fused ``qkv_proj`` / ``gate_up_proj``, rotary embeddings over the whole head
-(Phi-4) or part of it with LongRoPE (Phi-4-mini), read from either spelling of config.json."""
+"""Phi-3 and Phi-4's registration (``torchtune.models._hf_family``): ``model_type: phi3`` (Phi-3, Phi-4 and
+Phi-4-mini share the architecture), fused ``qkv_proj`` / ``gate_up_proj``, rotary embeddings over the halves
+of the whole head (Phi-3, Phi-4) or of part of it with LongRoPE (Phi-4-mini), read from either spelling of
+config.json."""
 
 from __future__ import annotations
 
@@ -67,7 +68,9 @@ def _shape(config: Dict[str, Any], path: Path) -> ModelShape:
     plain = {k: v for k, v in config.items() if k not in _ROPE_KEYS}
     shape = llama_like_shape(plain, path, family="Phi-4", sliding_window=int(window) if window else None)
     base, rotary_dim, scaling = _rope(config, path, shape.head_dim)
-    return dataclasses.replace(shape, rope_base=base, rotary_dim=rotary_dim, rope_scaling=scaling)
+    return dataclasses.replace(
+        shape, rope_base=base, rotary_dim=rotary_dim, rope_scaling=scaling, rope_interleaved=False
+    )
 
 
 def _config_json(shape: ModelShape) -> Dict[str, Any]:
@@ -83,7 +86,7 @@ def _config_json(shape: ModelShape) -> Dict[str, Any]:
 
 FAMILY = HFFamily(
     model_type="PHI4",
-    name="Phi-4",
+    name="Phi-3 / Phi-4",
     hf_model_types=("phi3",),
     architectures=("Phi3ForCausalLM",),
     builder="torchtune.models.phi4.phi4_14b",

@@ -1,4 +1,4 @@
-"""Fixed-size Phi-4 models (the published shapes, as their config.json files give them)."""
+"""Fixed-size Phi-4 models (the published shapes, as their config.json files give them) and the tokenizer."""
 
 from __future__ import annotations
 

@@ -1,12 +1,12 @@
-"""The generic Qwen2.5 builder: Llama's decoder with biases on the q/k/v projections (transformers'
-``modeling_qwen2.py``)."""
+"""Our Qwen2.5 component builder: torchtune's :func:`~torchtune.models.qwen2.qwen2` (Qwen2.5 is Qwen2's
+architecture) with Qwen2.5's RMSNorm epsilon 1e-6 as the default."""
 
 from __future__ import annotations
 
 from typing import Optional
 
-from torchtune.models.llama2._component_builders import llama_decoder
-from torchtune.modules import RotaryPositionalEmbeddings, TransformerDecoder
+from torchtune.models.qwen2._component_builders import qwen2
+from torchtune.modules import TransformerDecoder
 
 
 def qwen2_5(
@@ -23,35 +23,19 @@ def qwen2_5(
     rope_base: float = 1_000_000.0,
     tie_word_embeddings: bool = False,
 ) -> TransformerDecoder:
-    """Build a Qwen2.5 decoder.
-
-    Args:
-        vocab_size: embedding rows.
-        num_layers: decoder layers.
-        num_heads: query heads.
-        num_kv_heads: key/value heads.
-        embed_dim: model width (``hidden_size``).
-        intermediate_dim: feed-forward width (``intermediate_size``).
-        max_seq_len: longest sequence (RoPE cache size).
-        head_dim: channels per head (``head_dim``); default ``embed_dim // num_heads``.
-        attn_dropout: attention dropout during training.
-        norm_eps: RMSNorm epsilon (``rms_norm_eps``).
-        rope_base: RoPE base (``rope_theta``).
-        tie_word_embeddings: output projection shares the embedding.
-    """
-    head_dim = head_dim if head_dim is not None else embed_dim // num_heads
-    return llama_decoder(
+    """Build a Qwen2.5 decoder: :func:`~torchtune.models.qwen2.qwen2` (same arguments; ``norm_eps``
+    defaults to Qwen2.5's 1e-6, ``head_dim`` may be given by position after ``max_seq_len``)."""
+    return qwen2(
         vocab_size=vocab_size,
         num_layers=num_layers,
         num_heads=num_heads,
         num_kv_heads=num_kv_heads,
         embed_dim=embed_dim,
-        max_seq_len=max_seq_len,
         intermediate_dim=intermediate_dim,
+        max_seq_len=max_seq_len,
         attn_dropout=attn_dropout,
         norm_eps=norm_eps,
-        rope=RotaryPositionalEmbeddings(dim=head_dim, max_seq_len=max_seq_len, base=rope_base),
+        rope_base=rope_base,
         tie_word_embeddings=tie_word_embeddings,
         head_dim=head_dim,
-        qkv_bias=True,
     )

@@ -168,6 +168,11 @@ def test_kv_cache_decoding_equals_the_full_forward_past_the_window():
     with torch.no_grad():
         full = model(tokens)
         model.setup_caches(1, torch.float32)
-        steps = [model(tokens[:, :20], input_pos=torch.arange(20)[None])]
-        steps += [model(tokens[:, i : i + 1], input_pos=torch.tensor([[i]])) for i in range(20, 40)]
+
+        def step(chunk: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+            mask = torch.arange(model.max_seq_len)[None, None, :] <= positions[..., None]
+            return model(chunk, mask=mask, input_pos=positions)
+
+        steps = [step(tokens[:, :20], torch.arange(20)[None])]
+        steps += [step(tokens[:, i : i + 1], torch.tensor([[i]])) for i in range(20, 40)]
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-5)

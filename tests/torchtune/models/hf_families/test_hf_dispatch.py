@@ -45,7 +45,7 @@ def test_unknown_family_names_supported_and_closest(tmp_path):
         _checkpointer(folder, "QWEN3")
     msg = str(err.value)
     assert "model_type 'qwen3_moe', which this library does not implement" in msg
-    assert "QWEN3 (Qwen3)" in msg and "MISTRAL (Mistral)" in msg and "PHI4 (Phi-4)" in msg
+    assert "QWEN3 (Qwen3)" in msg and "MISTRAL (Mistral)" in msg and "PHI4 (Phi-3 / Phi-4)" in msg
     assert "closest supported one is Qwen3 ('qwen3', checkpointer.model_type=QWEN3)" in msg
 
 
@@ -55,7 +55,7 @@ def test_yaml_model_type_that_does_not_match_the_folder(tmp_path):
         _checkpointer(folder, "LLAMA3_2")
     with pytest.raises(TuneError, match=r"model_type=MISTRAL does not match .*whose model_type is QWEN3"):
         _checkpointer(folder, "MISTRAL")
-    with pytest.raises(TuneError, match=r"model_type=GEMMA9 is not supported; use one of .*QWEN2 \(Qwen2.5\)"):
+    with pytest.raises(TuneError, match=r"model_type=GEMMA9 is not supported; use one of .*QWEN2 \(Qwen2 / Qwen2.5\)"):
         _checkpointer(folder, "GEMMA9")
     assert _checkpointer(folder, "qwen3")._model_type == "QWEN3"  # any case
 
@@ -98,3 +98,21 @@ def test_meta_checkpointer_refuses_other_families(tmp_path):
     folder = _folder(tmp_path, QWEN3)
     with pytest.raises(TuneError, match="Meta's consolidated.00.pth format holds Llama 2 and Llama 3 / 3.1 only"):
         FullModelMetaCheckpointer(folder, ["model.safetensors"], model_type="QWEN3", output_dir=tmp_path / "o")
+
+
+def test_torchtune_model_type_names():
+    """Every ``checkpointer.model_type`` torchtune 0.6.1's configs of these families use names a family here."""
+    from torchtune.models._hf_family import canonical_model_type
+
+    expected = {
+        "LLAMA2": "LLAMA2",
+        "LLAMA3": "LLAMA3",
+        "LLAMA3_2": "LLAMA3_2",
+        "MISTRAL": "MISTRAL",
+        "QWEN2": "QWEN2",
+        "PHI3_MINI": "PHI4",
+        "PHI4": "PHI4",
+        "GEMMA": "GEMMA",
+        "GEMMA2": "GEMMA2",
+    }
+    assert {name: canonical_model_type(name) for name in expected} == expected

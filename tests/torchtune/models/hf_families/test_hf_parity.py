@@ -5,30 +5,16 @@ checkpointer saves loads back into transformers with the same logits."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
+from tests._helpers.hf_models import BASE, make_hf_folder
 from torchtune._errors import TuneError
 from torchtune.training import FullModelHFCheckpointer
 
 transformers = pytest.importorskip("transformers")
 
-BASE = dict(
-    vocab_size=96,
-    hidden_size=64,
-    intermediate_size=80,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=64,
-    rms_norm_eps=1e-6,
-    rope_theta=1000.0,
-    bos_token_id=1,
-    eos_token_id=2,
-    pad_token_id=None,
-)
 SEQ = 24
 
 # (model_type, HF config class, our component builder, config.json values, builder-only arguments)
@@ -57,6 +43,9 @@ CASES = {
         dict(sliding_window=None, head_dim=24, tie_word_embeddings=False),
     ),
     "phi4": ("PHI4", "Phi3Config", "torchtune.models.phi4.phi4", dict(sliding_window=None, tie_word_embeddings=False)),
+    # torchtune's builders and model_type names for the same folders
+    "qwen2": ("QWEN2", "Qwen2Config", "torchtune.models.qwen2.qwen2", dict(tie_word_embeddings=False)),
+    "phi3_mini": ("PHI3_MINI", "Phi3Config", "torchtune.models.phi3.phi3", dict(sliding_window=9)),
     "phi4_window": ("PHI4", "Phi3Config", "torchtune.models.phi4.phi4", dict(sliding_window=9)),
 }
 
@@ -81,18 +70,6 @@ def _builder_args(config: dict) -> dict:
     if config.get("sliding_window"):
         args["sliding_window"] = config["sliding_window"]
     return args
-
-
-def make_hf_folder(folder: Path, config_class: str, extra: dict, seed: int = 0):
-    """A transformers model with random weights (biases and norms too) saved as a HF folder."""
-    config = getattr(transformers, config_class)(**{**BASE, **extra})
-    torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").float().eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():  # every weight random, so a mixed-up norm or bias cannot hide
-            p.copy_(torch.randn_like(p) * 0.2 + (1.0 if "norm" in name else 0.0))
-    model.save_pretrained(folder, safe_serialization=True)
-    return model
 
 
 def _logits_hf(model, tokens):

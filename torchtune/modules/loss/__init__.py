@@ -1,4 +1,5 @@
-"""Losses that take the output projection and the final hidden states (not logits).
+"""Losses that take the output projection and the final hidden states (not logits), and torchtune's
+``CEWithChunkedOutputLoss`` (``torchtune.modules.loss.ce_chunked_output_loss``).
 
 Taking ``hidden`` and ``output_proj`` rather than logits lets a loss bound the size of the fp32
 logits it materialises (``ChunkedCrossEntropyLoss`` does this chunk by chunk).
@@ -18,6 +19,7 @@ from torchtune.modules._chunked_loss import DEFAULT_MIN_CHUNK_ROWS, chunked_line
 from torchtune.modules._vocab_chunked_loss import vocab_chunked_linear_cross_entropy
 
 __all__ = [
+    "CEWithChunkedOutputLoss",
     "CROSS_ENTROPY_IGNORE_IDX",
     "ChunkedCrossEntropyLoss",
     "CrossEntropyLoss",
@@ -29,6 +31,20 @@ __all__ = [
 # each packed segment carry it. -100 is also F.cross_entropy's default ignore_index. Datasets, collate
 # functions and recipes import it from here.
 CROSS_ENTROPY_IGNORE_IDX = -100
+
+# torchtune's loss, at torchtune's path (after the constant above, which it uses)
+from torchtune.modules.loss.ce_chunked_output_loss import CEWithChunkedOutputLoss  # noqa: E402
+
+
+def _refuse_softcap(output_proj: nn.Module, loss: str) -> None:
+    """Gemma 2 soft-caps its logits inside ``model.output``; a loss that computes the logits from
+    ``output_proj.weight`` itself would leave the cap out."""
+    if getattr(output_proj, "softcap", None) is not None:
+        raise ConfigError(
+            f"{loss} computes the logits from the output weight itself, so it would leave out this model's final "
+            f"logit soft-cap ({output_proj.softcap:g}, Gemma 2). Set loss._component_ to "
+            "torchtune.modules.loss.CrossEntropyLoss or torchtune.modules.loss.CEWithChunkedOutputLoss."
+        )
 
 
 class CrossEntropyLoss(nn.Module):
@@ -94,6 +110,7 @@ class ChunkedCrossEntropyLoss(nn.Module):
 
     def forward(self, output_proj: nn.Linear, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Loss of ``output_proj(hidden)`` against ``labels``, never materialising all logits."""
+        _refuse_softcap(output_proj, type(self).__name__)
         return chunked_linear_cross_entropy(
             hidden,
             output_proj.weight,
@@ -138,6 +155,7 @@ class VocabChunkedCrossEntropyLoss(nn.Module):
 
     def forward(self, output_proj: nn.Linear, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Loss of ``output_proj(hidden)`` against ``labels``, one vocabulary slice at a time."""
+        _refuse_softcap(output_proj, type(self).__name__)
         return vocab_chunked_linear_cross_entropy(
             hidden, output_proj.weight, output_proj.bias, labels, self.num_output_chunks, self.ignore_index
         )
@@ -172,6 +190,7 @@ class LigerLinearCrossEntropyLoss(nn.Module):
         """Loss of ``output_proj(hidden)`` against ``labels``, fused with the projection."""
         from torchtune.modules._liger import fused_linear_cross_entropy
 
+        _refuse_softcap(output_proj, type(self).__name__)
         flat_h = hidden.reshape(-1, hidden.size(-1))
         flat_y = labels.reshape(-1)
         weight, bias = output_proj.weight, output_proj.bias
