@@ -156,8 +156,10 @@ class ResumePlan:
         if saved is not None and saved != model_fingerprint(model):
             raise TuneError(
                 f"The recipe checkpoint {self.recipe_state_path} was written for a different model (its "
-                "parameter names or shapes differ from this config's model). Resume with the model config "
-                "it was trained with."
+                "parameter names or shapes differ from this config's model, or, for Qwen and Phi models, it was "
+                "saved before their RoPE took Hugging Face's channel layout). Resume with the model config it was "
+                "trained with; a Qwen/Phi step checkpoint of an older release cannot be resumed: start from its "
+                "epoch folder (Hugging Face format, converted on load) instead."
             )
 
 

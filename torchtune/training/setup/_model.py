@@ -180,6 +180,11 @@ def check_model_fits(cfg: Any, checkpointer: Any, tokenizer: Any, *, dtype: torc
 
 
 def model_fingerprint(model: nn.Module) -> str:
-    """A short hash of the parameter names and shapes: tells whether a checkpoint is for this model."""
+    """A short hash of the parameter names and shapes, and of RoPE's channel layout where it is Hugging Face's
+    halves (``interleaved=False``: Qwen, Phi): tells whether a checkpoint is for this model. The same weights
+    rotated in the other layout would train silently wrong, so a Qwen/Phi step checkpoint saved while those
+    builders used the interleaved layout is refused here rather than resumed."""
     shapes = sorted((n, tuple(p.shape)) for n, p in model.named_parameters())
-    return hashlib.sha256(repr(shapes).encode()).hexdigest()[:16]
+    halves = any(getattr(m, "interleaved", True) is False for m in model.modules())
+    key = repr(shapes) + (" rope:halves" if halves else "")  # unchanged for the interleaved (Llama) models
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
