@@ -9,6 +9,7 @@ from torchtune.utils._checkpointing._checkpoint_utils import (
     load_optimizer_state_dict,
 )
 from torchtune.utils._device import dtype_name, get_device, get_dtype, parse_device, set_default_dtype
+from torchtune.utils._logging import get_logger, log_rank_zero
 from torchtune.utils._seed import draw_seed, get_rng_state, set_rng_state, set_seed
 
 # Earlier releases of this library exported the checkpointers here; configs that still name
@@ -29,6 +30,8 @@ __all__ = [
     "dtype_name",
     "get_device",
     "get_dtype",
+    "get_logger",
+    "log_rank_zero",
     "parse_device",
     "set_default_dtype",
     "get_rng_state",
