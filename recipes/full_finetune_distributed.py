@@ -29,7 +29,8 @@ from torchtune.training import memory
 log = logging.getLogger("torchtune")
 
 RECIPE_NAME = "full_finetune_distributed"
-# Every key this recipe reads; each one is in the shipped configs. An unknown key is a typo.
+# Every key this recipe reads. Those a config may leave out get the default of training.FINETUNE_DEFAULTS
+# (docs/recipe.md); the shipped configs spell each one out. An unknown key is a typo.
 RECIPE_KEYS = (
     "output_dir",
     "tokenizer",
@@ -61,6 +62,7 @@ RECIPE_KEYS = (
     "fsdp_reduce_dtype",
     "enable_activation_checkpointing",
     "enable_activation_offloading",
+    "activation_offloading_use_streams",
     "save_every_n_steps",
     "keep_last_n_checkpoints",
     "async_checkpoint",
@@ -70,6 +72,18 @@ RECIPE_KEYS = (
     "validation_dataset",
     "eval_every_n_steps",
     "eval_after_training",
+    # torchtune's keys: honoured, or accepted with one log line saying what they do here (training.config_notes)
+    "profiler",
+    "log_level",
+    "cudnn_deterministic_mode",
+    "ac_mode",
+    "ac_option",
+    "collate_fn",
+    "custom_sharded_layers",
+    "tensor_parallel_dim",
+    "tensor_parallel_plan",
+    "data_parallel_shard_dim",
+    "data_parallel_replicate_dim",
 )
 # `tune run --nproc_per_node N` starts only recipes that say they run on several processes.
 DISTRIBUTED = True
@@ -121,6 +135,7 @@ class FullFinetuneRecipeDistributed:
     def __init__(self, cfg: DictConfig) -> None:
         validate_config(cfg)
         self._cfg = cfg
+        training.apply_process_settings(cfg)  # log_level, cudnn_deterministic_mode
         if str(cfg.device).startswith("cuda"):
             memory.set_cuda_alloc_conf()  # before the first CUDA allocation
         self._dist = training.init_distributed(cfg.device, cfg.dist_backend)
@@ -128,6 +143,7 @@ class FullFinetuneRecipeDistributed:
         self._is_rank_zero = self._dist.is_rank_zero
         if not self._is_rank_zero:
             log.setLevel(logging.WARNING)  # one log, rank 0's; warnings and errors from every rank
+        training.log_config_notes(cfg, distributed=True)  # torchtune keys that do nothing here, one line each
         training.check_same_config(cfg, self._dist)
         # Rank 0 decides the seed (seed: null draws one) before any random number is drawn: with a seed
         # per rank each would shuffle differently and the ranks' slices of the data would overlap.
@@ -175,6 +191,7 @@ class FullFinetuneRecipeDistributed:
         if self._resume is not None:
             self._resume.drop_loaded_states()  # they live in the optimizer and scheduler now
         self._metrics.open(cfg, self._data)  # rank 0: metrics.jsonl + the loggers listed
+        self._profiler = training.build_profiler(cfg.profiler)  # nothing unless profiler.enabled
         self._metrics.log_memory("after setup (rank 0)")
 
     def _on_every_rank(self, what: str, build: Callable[..., Any], *args: Any) -> Any:
@@ -229,7 +246,9 @@ class FullFinetuneRecipeDistributed:
 
     def _setup_model_and_optimizer(self, cfg: DictConfig) -> None:
         self._model = self._setup_model(cfg)
-        self._activations = training.get_act_offloading_ctx_manager(self._model, cfg.enable_activation_offloading)
+        self._activations = training.get_act_offloading_ctx_manager(
+            self._model, cfg.enable_activation_offloading, use_streams=cfg.activation_offloading_use_streams
+        )
         # One optimizer over all sharded parameters, or, in backward, one per sharded parameter stepped from
         # its post-accumulate-grad hook, which FSDP2 runs right after that parameter's reduce-scatter. A
         # resumed state is loaded by load_sharded_checkpoint once every rank got here.
@@ -290,7 +309,7 @@ class FullFinetuneRecipeDistributed:
     # ------------------------------------------------------------------------------------------
     def train(self) -> None:
         """The training loop, on every rank: epochs of steps, logging, validation, checkpointing, graceful stop."""
-        with self._stop:
+        with self._stop, self._profiler:
             for epoch in self._steps.epochs():
                 for micro_batches in self._steps.steps():
                     # Each micro-batch's mean loss weighted by its share of the label tokens of the step on all
@@ -318,6 +337,7 @@ class FullFinetuneRecipeDistributed:
                     if self._lr_scheduler is not None:
                         self._lr_scheduler.step()
                     step = self._steps.finish_step()
+                    self._profiler.step()
                     # The step's loss over all ranks (queued on the device: no host sync); every rank
                     # then holds the same value, so the NaN guard stops all of them at the same step.
                     if self._dist.world_size > 1:

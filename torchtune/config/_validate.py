@@ -9,6 +9,7 @@ from typing import Any, Sequence
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from torchtune._errors import ConfigError
+from torchtune._scope import out_of_scope_config
 from torchtune.config._errors import InstantiationError
 from torchtune.config._instantiate import (
     COMPONENT_KEY,
@@ -138,6 +139,9 @@ def _plain_fields(node: DictConfig) -> dict:
 def validate(cfg: Any, import_components: bool = True) -> None:
     """Check ``cfg`` without building anything; raise one ConfigError listing every problem.
 
+    A config for work outside this library's scope (a torchtune LoRA, QAT, distillation, DPO or PPO config) is
+    refused first, in one paragraph naming the component or key, before any component is imported.
+
     Checked: every ``_component_`` imports, its sibling keys bind to the callable's signature
     (``inspect.signature(...).bind_partial``; ``**kwargs`` accepts anything), every ``${...}`` resolves
     and no value is left as ``???``. With ``import_components=False`` (``tune validate``) a component
@@ -149,6 +153,9 @@ def validate(cfg: Any, import_components: bool = True) -> None:
         cfg = OmegaConf.create(cfg)
     if not isinstance(cfg, (DictConfig, ListConfig)):
         raise ConfigError(f"validate() needs a config mapping, got {type(cfg).__name__}.")
+    scope = out_of_scope_config(cfg)  # a torchtune LoRA/QAT/KD/DPO/PPO config: one paragraph, nothing imported
+    if scope is not None:
+        raise ConfigError(scope)
     problems: list[str] = []
     errors: list[Exception] = []  # one per problem, as torchtune's ConfigError.errors holds them
     _walk(cfg, "", problems, errors, import_components)
@@ -184,6 +191,6 @@ def check_recipe_keys(cfg: Any, recipe_keys: Sequence[str], recipe_name: str, sh
         raise ConfigError(
             f"The config does not fit the {recipe_name} recipe: "
             + "; ".join(problems)
-            + f". Every key this recipe reads is in its shipped config (tune cp {shipped_config} .); "
-            "remove or fix the keys above."
+            + f". docs/recipe.md lists every key this recipe reads, and its shipped config spells each one out "
+            f"(tune cp {shipped_config} .); remove or fix the keys above."
         )

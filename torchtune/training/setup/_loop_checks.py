@@ -16,6 +16,7 @@ from torchtune.training.run._output_dir import check_overwrite
 from torchtune.training.run._resume import check_resume_keys
 from torchtune.training.run._validation import check_validation_settings
 from torchtune.training.setup._checks import check_liger, check_optimizer_settings, check_value_types, positive_int
+from torchtune.training.setup._recipe_keys import apply_key_defaults, check_torchtune_keys
 
 __all__ = ["check_finetune_config", "check_loop_keys"]
 
@@ -26,10 +27,15 @@ def check_finetune_config(cfg: Any, recipe_keys: Sequence[str], recipe_name: str
     device and dtype spellings, optimizer settings, liger-kernel's device and package, the loop's keys
     and ``eval_after_training``.
 
+    First the keys a config may leave out get their defaults (``FINETUNE_DEFAULTS``), in ``cfg`` itself, and
+    torchtune's later spellings become this library's keys: a torchtune config runs as written.
+
     Raises:
         ConfigError: naming the key to change.
     """
+    apply_key_defaults(cfg, recipe_keys)
     config.check_recipe_keys(cfg, recipe_keys, recipe_name, shipped_config)
+    check_torchtune_keys(cfg)
     check_value_types(cfg)
     utils.parse_device(cfg.device)
     utils.dtype_name(cfg.dtype)
