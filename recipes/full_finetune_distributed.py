@@ -1,6 +1,6 @@
 """Full finetune of a decoder model on several devices (or nodes) with FSDP2, launched by torchrun.
 
-    tune run --nproc_per_node 8 full_finetune_distributed --config llama2/13B_full_distributed
+    tune run --nproc_per_node 8 full_finetune_distributed --config llama2/13B_full
 
 ``tune run`` hands ``--nproc_per_node``, ``--nnodes``, ``--rdzv-endpoint`` ... to torchrun
 (``torch.distributed.run``), which starts one process per device; without them the recipe runs as a
@@ -72,6 +72,7 @@ RECIPE_KEYS = (
     "validation_dataset",
     "eval_every_n_steps",
     "eval_after_training",
+    "global_batch_size",
     # torchtune's keys: honoured, or accepted with one log line saying what they do here (training.config_notes)
     "profiler",
     "log_level",
@@ -116,9 +117,10 @@ class FullFinetuneRecipeDistributed:
         - optimizer in backward on the sharded parameters (stepped after each reduce-scatter; one
           optimizer per parameter or, ``optimizer_in_bwd_group: layer``, per decoder layer), or a
           standard optimizer with gradient accumulation and clipping by the global norm;
-        - ``batch_size`` is the global batch, split evenly over the processes; the loss is normalised
-          by the token count of all ranks, so any number of processes computes the gradient one
-          process would (same data order, too: the run can resume on another world size);
+        - ``batch_size`` is each process's batch, as in torchtune; or ``global_batch_size`` (with
+          ``batch_size: null``) is split evenly over the processes, so that any number of them computes
+          the gradient one process would (same data order, too: the run can resume on another world
+          size). The loss is normalised by the token count of all ranks;
         - step checkpoints with torch.distributed.checkpoint (every rank writes its shards), atomic,
           optionally in the background (``async_checkpoint``);
           epoch and final checkpoints as a full Hugging Face folder written by rank 0;
@@ -127,7 +129,7 @@ class FullFinetuneRecipeDistributed:
         - ``eval_after_training`` as on one device: every rank runs the requests, rank 0 reports.
 
     Raises (as ``TuneError``, printed once, by rank 0): everything the single-device recipe raises;
-    a backend that does not fit the device; a ``batch_size`` that does not split over the processes;
+    a backend that does not fit the device; a ``global_batch_size`` that does not split over the processes;
     processes started with different configs; a bitsandbytes optimizer; a resume from a checkpoint
     this recipe did not write, or that is damaged or does not fit. Each message names what to change.
     """
@@ -149,8 +151,8 @@ class FullFinetuneRecipeDistributed:
         # per rank each would shuffle differently and the ranks' slices of the data would overlap.
         self._seed = training.agree_on_seed(cfg.seed, self._dist)
         self._dtype = utils.get_dtype(cfg.dtype, self._device)
-        self._local_batch_size = training.local_batch_size(cfg, self._dist)
-        self._settings = training.RunSettings.from_config(cfg)
+        self._local_batch_size = training.local_batch_size(cfg, self._dist)  # batch_size: per process
+        self._settings = training.RunSettings.from_config(cfg, world_size=self._dist.world_size)
         self._checkpoints = training.CheckpointPolicy.from_config(cfg)
         self._output_dir = Path(str(cfg.checkpointer.output_dir)).expanduser()
         self._checkpoint_writer = training.ShardedCheckpointWriter(self._dist, async_save=cfg.async_checkpoint)

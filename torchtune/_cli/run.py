@@ -36,7 +36,7 @@ examples:
   tune full_finetune_single_device --config ./my_config.yaml optimizer.lr=2e-5
   tune run --nproc_per_node 2 full_finetune_distributed --config llama2/tiny_full_distributed
   tune run --nnodes 2 --nproc_per_node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 --rdzv-id job1 \
-      full_finetune_distributed --config llama2/70B_full_distributed
+      full_finetune_distributed --config llama2/70B_full
 """
 
 

@@ -48,14 +48,14 @@ def test_builtin_config_gets_its_recipe_checks():
     ],
 )
 def test_recipe_checks_refuse(override, message):
-    result = run_tune(["validate", "llama2/7B_full", override])
+    result = run_tune(["validate", "llama2/7B_full_single_device", override])
     assert result.returncode == 2, result.stdout
     assert message in _flat(result.stderr)
 
 
 @pytest.mark.parametrize("spelling", ["bf16", "bfloat16", "BF16", "torch.bfloat16", "fp32", "float32"])
 def test_dtype_spellings_accepted(spelling):
-    result = run_tune(["validate", "llama2/7B_full", "--config-only", f"dtype={spelling}"])
+    result = run_tune(["validate", "llama2/7B_full_single_device", "--config-only", f"dtype={spelling}"])
     assert result.returncode == 0, result.stderr
 
 

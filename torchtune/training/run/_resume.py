@@ -87,13 +87,17 @@ class RunSettings:
     epochs: int
 
     @classmethod
-    def from_config(cls, cfg: Any) -> "RunSettings":
-        """The settings of a recipe config (its values checked by ``check_loop_keys``)."""
+    def from_config(cls, cfg: Any, world_size: int = 1) -> "RunSettings":
+        """The settings of a recipe config (its values checked by ``check_loop_keys``) on ``world_size``
+        processes. ``batch_size`` here is the global batch (the examples of one micro-step on all
+        processes): the config's ``batch_size`` (per process) times ``world_size``, or its
+        ``global_batch_size``."""
         from torchtune.training.setup._checks import positive_int
 
+        global_batch = cfg.get("global_batch_size")
         return cls(
             optimizer_in_bwd=bool(cfg.optimizer_in_bwd),
-            batch_size=positive_int(cfg, "batch_size"),
+            batch_size=global_batch if global_batch is not None else positive_int(cfg, "batch_size") * world_size,
             gradient_accumulation_steps=positive_int(cfg, "gradient_accumulation_steps"),
             seed=cfg.seed,
             max_steps_per_epoch=positive_int(cfg, "max_steps_per_epoch", allow_none=True),
@@ -290,13 +294,20 @@ def _check_settings(state: Dict[str, Any], settings: RunSettings) -> None:
             f"optimizer_in_bwd={settings.optimizer_in_bwd}; the optimizer state cannot be carried across. "
             f"Resume with optimizer_in_bwd={saved}."
         )
-    for key in ("batch_size", "gradient_accumulation_steps"):
-        saved, ours = state[key], getattr(settings, key)
-        if saved != ours:
-            raise TuneError(
-                f"The recipe checkpoint was made with {key}={saved}, this run has {key}={ours}: the saved "
-                f"position inside the epoch would point at other data. Resume with {key}={saved}."
-            )
+    if state["batch_size"] != settings.batch_size:
+        saved, ours = state["batch_size"], settings.batch_size
+        raise TuneError(
+            f"The recipe checkpoint was made with a global batch of {saved} (batch_size x processes), this run "
+            f"has {ours}: the saved position inside the epoch would point at other data. Resume with a batch_size "
+            f"that times the number of processes makes {saved}, or set global_batch_size={saved} (distributed)."
+        )
+    key = "gradient_accumulation_steps"
+    if state[key] != settings.gradient_accumulation_steps:
+        saved, ours = state[key], settings.gradient_accumulation_steps
+        raise TuneError(
+            f"The recipe checkpoint was made with {key}={saved}, this run has {key}={ours}: the saved "
+            f"position inside the epoch would point at other data. Resume with {key}={saved}."
+        )
     if settings.seed is not None and state["seed"] != settings.seed:
         log.warning(
             "seed=%s differs from the checkpoint's seed=%s; using the checkpoint's so the data order continues.",

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from torchtune import config, utils
+from torchtune._errors import ConfigError
 from torchtune.training.run._eval_after_training import EvalAfterTraining
 from torchtune.training.run._metrics import check_metric_logger
 from torchtune.training.run._output_dir import check_overwrite
@@ -52,8 +53,18 @@ def check_loop_keys(cfg: Any) -> None:
     Raises:
         ConfigError: naming the key to change.
     """
-    for key in ("batch_size", "epochs", "log_every_n_steps"):
+    for key in ("epochs", "log_every_n_steps"):
         positive_int(cfg, key)
+    if cfg.get("global_batch_size") is None:
+        positive_int(cfg, "batch_size")
+    else:
+        positive_int(cfg, "global_batch_size")
+        if cfg.batch_size is not None:
+            raise ConfigError(
+                f"global_batch_size={cfg.global_batch_size} and batch_size={cfg.batch_size} are both set: batch_size "
+                "is the batch of each process, global_batch_size the batch of all of them split over the processes. "
+                "Set batch_size=null to split the global batch, or remove global_batch_size."
+            )
     for key in ("max_steps_per_epoch", "save_every_n_steps", "keep_last_n_checkpoints"):
         positive_int(cfg, key, allow_none=True)
     check_resume_keys(cfg)
