@@ -151,6 +151,8 @@ class FullFinetuneRecipeDistributed:
         # per rank each would shuffle differently and the ranks' slices of the data would overlap.
         self._seed = training.agree_on_seed(cfg.seed, self._dist)
         self._dtype = utils.get_dtype(cfg.dtype, self._device)
+        # on the CPU the shards are in host memory already: fsdp_cpu_offload does nothing (a config note says so)
+        self._cpu_offload = bool(cfg.fsdp_cpu_offload) and self._device.type == "cuda"
         self._local_batch_size = training.local_batch_size(cfg, self._dist)  # batch_size: per process
         self._settings = training.RunSettings.from_config(cfg, world_size=self._dist.world_size)
         self._checkpoints = training.CheckpointPolicy.from_config(cfg)
@@ -213,7 +215,7 @@ class FullFinetuneRecipeDistributed:
         self.seed, self.progress, max_steps = training.seed_or_restore(
             self._resume, seed=self._seed, settings=self._settings
         )
-        shards_on = torch.device("cpu") if cfg.fsdp_cpu_offload else self._device  # where they are stepped
+        shards_on = torch.device("cpu") if self._cpu_offload else self._device  # where they are stepped
         self._rounding = training.rounding_for_run(  # each rank rounds its shards with its own stream
             cfg, self._resume, seed=self.seed, dtype=self._dtype, device=shards_on, info=self._dist
         )
@@ -261,7 +263,7 @@ class FullFinetuneRecipeDistributed:
             grad_norm=self._grad_norm,
             in_bwd_group=cfg.optimizer_in_bwd_group,
             rounding=self._rounding,
-            cpu_worker=bool(cfg.fsdp_cpu_offload),  # host shards: CPU steps overlap backward
+            cpu_worker=self._cpu_offload,  # host shards: CPU steps overlap backward
         )
         # Standard mode: clip (by the norm of the whole gradient over all ranks) and step after backward.
         self._step_optimizer = partial(
@@ -283,7 +285,7 @@ class FullFinetuneRecipeDistributed:
             enable_activation_checkpointing=cfg.enable_activation_checkpointing,
             compile_model=cfg.compile,
         )
-        cpu_offload = bool(cfg.fsdp_cpu_offload)
+        cpu_offload = self._cpu_offload
         # host RAM and the locked-memory limit against the machine's, before any weight loads
         pin = training.check_offload_for_run(model, cfg, self._dist.world_size, self._dtype) if cpu_offload else None
         param_dtype = cfg.fsdp_param_dtype

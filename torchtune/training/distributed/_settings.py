@@ -36,11 +36,6 @@ def check_distributed_settings(cfg: Any) -> None:
             f"device={cfg.device} names a GPU index; each process takes the GPU of its local rank. Set "
             f"device={device.type}."
         )
-    if cfg.fsdp_cpu_offload and device.type != "cuda":
-        raise ConfigError(
-            f"fsdp_cpu_offload=True keeps parameters, gradients and optimizer state in host memory between their "
-            f"uses on the GPU; with device={cfg.device} they are in host memory already. Set fsdp_cpu_offload=False."
-        )
     if cfg.fsdp_param_dtype is not None:
         utils.dtype_name(cfg.fsdp_param_dtype)  # bf16 or fp32 in any spelling
     if cfg.fsdp_reduce_dtype is not None and cfg.fsdp_reduce_dtype != "fp32":

@@ -192,6 +192,8 @@ def config_notes(cfg: Any, *, distributed: bool) -> List[str]:
             + ("" if distributed else ", and on one device nothing is sharded")
             + "."
         )
+    if str(cfg.get("device", "")).startswith("cpu") and cfg.get("fsdp_cpu_offload"):
+        notes.append("fsdp_cpu_offload: on the CPU the shards are in host memory already (nothing to offload).")
     if str(cfg.get("device", "")).startswith("cpu") and cfg.get("enable_activation_offloading"):
         notes.append("enable_activation_offloading: on the CPU the activations are in host memory already (no copy).")
     return notes
