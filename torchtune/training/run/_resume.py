@@ -263,6 +263,8 @@ def resolve_resume(cfg: Any, settings: RunSettings, *, checksums: bool = True) -
         if job is not None:
             job.check(wait=True)  # a damaged file is better named by its checksum
         raise
+    if _TORCHTUNE_STATE_KEYS <= set(state) and "global_step" not in state:
+        raise TuneError(torchtune_state_refusal(path, state))
     missing = [k for k in _REQUIRED if k not in state]
     if "model" in state or missing:
         raise TuneError(
@@ -272,6 +274,26 @@ def resolve_resume(cfg: Any, settings: RunSettings, *, checksums: bool = True) -
         )
     _check_settings(state, settings)
     return ResumePlan(recipe_state_path=path, state=state, checksums=job)
+
+
+# The keys of the recipe_state.pt torchtune 0.6.1's full-finetune recipes write (besides the optimizer's).
+_TORCHTUNE_STATE_KEYS = {"seed", "epochs_run", "total_epochs", "max_steps_per_epoch", "optimizer"}
+
+
+def torchtune_state_refusal(path: Path, state: Dict[str, Any]) -> str:
+    """Why a ``recipe_state.pt`` torchtune wrote is not resumed here, and how to continue from its weights."""
+    done, total = state.get("epochs_run"), state.get("total_epochs")
+    folder = path.parent.parent / f"epoch_{done - 1}" if isinstance(done, int) and done > 0 else None
+    weights = str(folder) if folder is not None and folder.is_dir() else "its last epoch_N folder"
+    return (
+        f"{path} was written by torchtune (after {done} of {total} epochs): it holds the optimizer state and the "
+        "finished epochs, but not what a resume here continues from: the position in the data order (torchtune's "
+        "sampler orders the examples otherwise than this library's), the RNG states, the step count and the batch "
+        "settings, and no LR schedule state. So it is not resumed. To go on from that run here, start a new run "
+        f"from its weights (checkpointer.checkpoint_dir={weights} resume_from_checkpoint=False "
+        "checkpointer.recipe_checkpoint=null, with the epochs left), the optimizer starting afresh; or resume it "
+        "with torchtune."
+    )
 
 
 def check_loaded_checksums(resume: Optional[ResumePlan], checkpointer: Any, *, wait: bool = False) -> None:
