@@ -80,7 +80,7 @@ def estimate_memory_command(args: argparse.Namespace) -> int:
     import time
 
     from torchtune._errors import UsageError
-    from torchtune.config import load_config
+    from torchtune.config import load_config, validate
     from torchtune.training.estimate._checkpoint_memory import estimate_run_memory
     from torchtune.training.estimate._memory_estimator import default_seq_len, estimate_recipe_memory
 
@@ -89,6 +89,7 @@ def estimate_memory_command(args: argparse.Namespace) -> int:
         if value is not None and value < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {value}.")
     cfg = load_config(args.config, args.overrides)
+    validate(cfg, import_components=False)  # a misspelled key (an override adds any key) fails here, as in `tune run`
     seq_len = args.seq_len or default_seq_len(cfg)
     if is_distributed_config(cfg):
         return _estimate_distributed(args, cfg, seq_len)
