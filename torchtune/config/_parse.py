@@ -100,7 +100,7 @@ def parse(recipe_main: Callable[[DictConfig], Any]) -> Callable[..., Any]:
     """Decorate ``recipe_main(cfg)`` so that it reads its config from the command line.
 
     Called with no argument it parses ``sys.argv[1:]`` (``--config NAME_OR_PATH key=value ...``) and, as
-    torchtune's decorator does, ends the process with ``sys.exit(recipe_main(cfg))``; with a list it parses
+    torchtune's decorator does, ends the process with ``sys.exit`` (the int ``recipe_main`` returns, else 0); with a list it parses
     that list and returns what the recipe returns; with a DictConfig it runs on that config directly. A
     TuneError (from parsing or from the recipe) is printed as one paragraph and ends the process with its
     exit status (2 for usage/config errors, 1 otherwise); ``TUNE_DEBUG=1`` adds the traceback.
@@ -119,8 +119,8 @@ def parse(recipe_main: Callable[[DictConfig], Any]) -> Callable[..., Any]:
             result = recipe_main(cfg)
         except TuneError as exc:
             sys.exit(report_error(exc))
-        if argv is None:
-            sys.exit(result)
+        if argv is None:  # the exit status: an int the recipe returns, else 0 (a returned value is not one)
+            sys.exit(result if isinstance(result, int) and not isinstance(result, bool) else 0)
         return result
 
     return wrapper
