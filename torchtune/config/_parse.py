@@ -100,9 +100,10 @@ def parse(recipe_main: Callable[[DictConfig], Any]) -> Callable[..., Any]:
     """Decorate ``recipe_main(cfg)`` so that it reads its config from the command line.
 
     Called with no argument it parses ``sys.argv[1:]`` (``--config NAME_OR_PATH key=value ...``) and, as
-    torchtune's decorator does, ends the process with ``sys.exit`` (the int ``recipe_main`` returns, else 0); with a list it parses
-    that list and returns what the recipe returns; with a DictConfig it runs on that config directly. A
-    TuneError (from parsing or from the recipe) is printed as one paragraph and ends the process with its
+    torchtune's decorator does, ends the process with ``sys.exit`` (the int ``recipe_main`` returns, else
+    0); with a list it parses that list and returns what the recipe returns; with a DictConfig it runs on
+    that config directly. A TuneError (from parsing or from the recipe) is printed as one paragraph and ends
+    the process with its
     exit status (2 for usage/config errors, 1 otherwise); ``TUNE_DEBUG=1`` adds the traceback.
     """
     description = recipe_main.__doc__ or recipe_main.__globals__.get("__doc__")
