@@ -29,6 +29,9 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip uninstall --quiet --yes torchtune 2>/dev/null || true
 	rm -rf torchtune.egg-info
 	$(PY) -m pip install --quiet -e ".[dev]" "torch==$(TORCH_VERSION)"
+	@# torchtune 0.6.1's published wheel, downloaded without its dependencies and never installed: the tests
+	@# read torchtune's own config files from it (tests/recipes/test_torchtune_configs.py).
+	$(PY) -m pip download --quiet --no-deps "torchtune==0.6.1" -d $(VENV)/peer-wheels
 	$(PY) -c "import torch; print('Installed torch', torch.__version__, '-', 'CUDA ' + torch.version.cuda if torch.version.cuda else 'CPU-only build', '- GPU visible:', torch.cuda.is_available())"
 	touch $(STAMP)
 

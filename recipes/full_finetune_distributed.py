@@ -1,6 +1,6 @@
 """Full finetune of a decoder model on several devices (or nodes) with FSDP2, launched by torchrun.
 
-    tune run --nproc_per_node 8 full_finetune_distributed --config llama2/13B_full_distributed
+    tune run --nproc_per_node 8 full_finetune_distributed --config llama2/13B_full
 
 ``tune run`` hands ``--nproc_per_node``, ``--nnodes``, ``--rdzv-endpoint`` ... to torchrun
 (``torch.distributed.run``), which starts one process per device; without them the recipe runs as a
@@ -29,7 +29,8 @@ from torchtune.training import memory
 log = logging.getLogger("torchtune")
 
 RECIPE_NAME = "full_finetune_distributed"
-# Every key this recipe reads; each one is in the shipped configs. An unknown key is a typo.
+# Every key this recipe reads. Those a config may leave out get the default of training.FINETUNE_DEFAULTS
+# (docs/recipe.md); the shipped configs spell each one out. An unknown key is a typo.
 RECIPE_KEYS = (
     "output_dir",
     "tokenizer",
@@ -61,6 +62,7 @@ RECIPE_KEYS = (
     "fsdp_reduce_dtype",
     "enable_activation_checkpointing",
     "enable_activation_offloading",
+    "activation_offloading_use_streams",
     "save_every_n_steps",
     "keep_last_n_checkpoints",
     "async_checkpoint",
@@ -70,6 +72,19 @@ RECIPE_KEYS = (
     "validation_dataset",
     "eval_every_n_steps",
     "eval_after_training",
+    "global_batch_size",
+    # torchtune's keys: honoured, or accepted with one log line saying what they do here (training.config_notes)
+    "profiler",
+    "log_level",
+    "cudnn_deterministic_mode",
+    "ac_mode",
+    "ac_option",
+    "collate_fn",
+    "custom_sharded_layers",
+    "tensor_parallel_dim",
+    "tensor_parallel_plan",
+    "data_parallel_shard_dim",
+    "data_parallel_replicate_dim",
 )
 # `tune run --nproc_per_node N` starts only recipes that say they run on several processes.
 DISTRIBUTED = True
@@ -102,9 +117,10 @@ class FullFinetuneRecipeDistributed:
         - optimizer in backward on the sharded parameters (stepped after each reduce-scatter; one
           optimizer per parameter or, ``optimizer_in_bwd_group: layer``, per decoder layer), or a
           standard optimizer with gradient accumulation and clipping by the global norm;
-        - ``batch_size`` is the global batch, split evenly over the processes; the loss is normalised
-          by the token count of all ranks, so any number of processes computes the gradient one
-          process would (same data order, too: the run can resume on another world size);
+        - ``batch_size`` is each process's batch, as in torchtune; or ``global_batch_size`` (with
+          ``batch_size: null``) is split evenly over the processes, so that any number of them computes
+          the gradient one process would (same data order, too: the run can resume on another world
+          size). The loss is normalised by the token count of all ranks;
         - step checkpoints with torch.distributed.checkpoint (every rank writes its shards), atomic,
           optionally in the background (``async_checkpoint``);
           epoch and final checkpoints as a full Hugging Face folder written by rank 0;
@@ -113,7 +129,7 @@ class FullFinetuneRecipeDistributed:
         - ``eval_after_training`` as on one device: every rank runs the requests, rank 0 reports.
 
     Raises (as ``TuneError``, printed once, by rank 0): everything the single-device recipe raises;
-    a backend that does not fit the device; a ``batch_size`` that does not split over the processes;
+    a backend that does not fit the device; a ``global_batch_size`` that does not split over the processes;
     processes started with different configs; a bitsandbytes optimizer; a resume from a checkpoint
     this recipe did not write, or that is damaged or does not fit. Each message names what to change.
     """
@@ -121,6 +137,7 @@ class FullFinetuneRecipeDistributed:
     def __init__(self, cfg: DictConfig) -> None:
         validate_config(cfg)
         self._cfg = cfg
+        training.apply_process_settings(cfg)  # log_level, cudnn_deterministic_mode
         if str(cfg.device).startswith("cuda"):
             memory.set_cuda_alloc_conf()  # before the first CUDA allocation
         self._dist = training.init_distributed(cfg.device, cfg.dist_backend)
@@ -128,13 +145,16 @@ class FullFinetuneRecipeDistributed:
         self._is_rank_zero = self._dist.is_rank_zero
         if not self._is_rank_zero:
             log.setLevel(logging.WARNING)  # one log, rank 0's; warnings and errors from every rank
+        training.log_config_notes(cfg, distributed=True)  # torchtune keys that do nothing here, one line each
         training.check_same_config(cfg, self._dist)
         # Rank 0 decides the seed (seed: null draws one) before any random number is drawn: with a seed
         # per rank each would shuffle differently and the ranks' slices of the data would overlap.
         self._seed = training.agree_on_seed(cfg.seed, self._dist)
         self._dtype = utils.get_dtype(cfg.dtype, self._device)
-        self._local_batch_size = training.local_batch_size(cfg, self._dist)
-        self._settings = training.RunSettings.from_config(cfg)
+        # on the CPU the shards are in host memory already: fsdp_cpu_offload does nothing (a config note says so)
+        self._cpu_offload = bool(cfg.fsdp_cpu_offload) and self._device.type == "cuda"
+        self._local_batch_size = training.local_batch_size(cfg, self._dist)  # batch_size: per process
+        self._settings = training.RunSettings.from_config(cfg, world_size=self._dist.world_size)
         self._checkpoints = training.CheckpointPolicy.from_config(cfg)
         self._output_dir = Path(str(cfg.checkpointer.output_dir)).expanduser()
         self._checkpoint_writer = training.ShardedCheckpointWriter(self._dist, async_save=cfg.async_checkpoint)
@@ -175,6 +195,7 @@ class FullFinetuneRecipeDistributed:
         if self._resume is not None:
             self._resume.drop_loaded_states()  # they live in the optimizer and scheduler now
         self._metrics.open(cfg, self._data)  # rank 0: metrics.jsonl + the loggers listed
+        self._profiler = training.build_profiler(cfg.profiler)  # nothing unless profiler.enabled
         self._metrics.log_memory("after setup (rank 0)")
 
     def _on_every_rank(self, what: str, build: Callable[..., Any], *args: Any) -> Any:
@@ -194,7 +215,7 @@ class FullFinetuneRecipeDistributed:
         self.seed, self.progress, max_steps = training.seed_or_restore(
             self._resume, seed=self._seed, settings=self._settings
         )
-        shards_on = torch.device("cpu") if cfg.fsdp_cpu_offload else self._device  # where they are stepped
+        shards_on = torch.device("cpu") if self._cpu_offload else self._device  # where they are stepped
         self._rounding = training.rounding_for_run(  # each rank rounds its shards with its own stream
             cfg, self._resume, seed=self.seed, dtype=self._dtype, device=shards_on, info=self._dist
         )
@@ -229,7 +250,9 @@ class FullFinetuneRecipeDistributed:
 
     def _setup_model_and_optimizer(self, cfg: DictConfig) -> None:
         self._model = self._setup_model(cfg)
-        self._activations = training.get_act_offloading_ctx_manager(self._model, cfg.enable_activation_offloading)
+        self._activations = training.get_act_offloading_ctx_manager(
+            self._model, cfg.enable_activation_offloading, use_streams=cfg.activation_offloading_use_streams
+        )
         # One optimizer over all sharded parameters, or, in backward, one per sharded parameter stepped from
         # its post-accumulate-grad hook, which FSDP2 runs right after that parameter's reduce-scatter. A
         # resumed state is loaded by load_sharded_checkpoint once every rank got here.
@@ -240,7 +263,7 @@ class FullFinetuneRecipeDistributed:
             grad_norm=self._grad_norm,
             in_bwd_group=cfg.optimizer_in_bwd_group,
             rounding=self._rounding,
-            cpu_worker=bool(cfg.fsdp_cpu_offload),  # host shards: CPU steps overlap backward
+            cpu_worker=self._cpu_offload,  # host shards: CPU steps overlap backward
         )
         # Standard mode: clip (by the norm of the whole gradient over all ranks) and step after backward.
         self._step_optimizer = partial(
@@ -262,7 +285,7 @@ class FullFinetuneRecipeDistributed:
             enable_activation_checkpointing=cfg.enable_activation_checkpointing,
             compile_model=cfg.compile,
         )
-        cpu_offload = bool(cfg.fsdp_cpu_offload)
+        cpu_offload = self._cpu_offload
         # host RAM and the locked-memory limit against the machine's, before any weight loads
         pin = training.check_offload_for_run(model, cfg, self._dist.world_size, self._dtype) if cpu_offload else None
         param_dtype = cfg.fsdp_param_dtype
@@ -290,7 +313,7 @@ class FullFinetuneRecipeDistributed:
     # ------------------------------------------------------------------------------------------
     def train(self) -> None:
         """The training loop, on every rank: epochs of steps, logging, validation, checkpointing, graceful stop."""
-        with self._stop:
+        with self._stop, self._profiler:
             for epoch in self._steps.epochs():
                 for micro_batches in self._steps.steps():
                     # Each micro-batch's mean loss weighted by its share of the label tokens of the step on all
@@ -318,6 +341,7 @@ class FullFinetuneRecipeDistributed:
                     if self._lr_scheduler is not None:
                         self._lr_scheduler.step()
                     step = self._steps.finish_step()
+                    self._profiler.step()
                     # The step's loss over all ranks (queued on the device: no host sync); every rank
                     # then holds the same value, so the NaN guard stops all of them at the same step.
                     if self._dist.world_size > 1:

@@ -23,7 +23,8 @@ from torchtune.training import memory
 log = logging.getLogger("torchtune")
 
 RECIPE_NAME = "full_finetune_single_device"
-# Every key this recipe reads; each one is in the shipped configs. An unknown key is a typo.
+# Every key this recipe reads. Those a config may leave out get the default of training.FINETUNE_DEFAULTS
+# (docs/recipe.md); the shipped configs spell each one out. An unknown key is a typo.
 RECIPE_KEYS = (
     "output_dir",
     "tokenizer",
@@ -51,6 +52,7 @@ RECIPE_KEYS = (
     "bf16_stochastic_rounding",
     "enable_activation_checkpointing",
     "enable_activation_offloading",
+    "activation_offloading_use_streams",
     "save_every_n_steps",
     "keep_last_n_checkpoints",
     "metric_logger",
@@ -59,6 +61,13 @@ RECIPE_KEYS = (
     "validation_dataset",
     "eval_every_n_steps",
     "eval_after_training",
+    # torchtune's keys: honoured, or accepted with one log line saying what they do here (training.config_notes)
+    "profiler",
+    "log_level",
+    "cudnn_deterministic_mode",
+    "ac_mode",
+    "ac_option",
+    "collate_fn",
 )
 
 
@@ -116,6 +125,8 @@ class FullFinetuneRecipeSingleDevice:
     def __init__(self, cfg: DictConfig) -> None:
         validate_config(cfg)
         self._cfg = cfg
+        training.apply_process_settings(cfg)  # log_level, cudnn_deterministic_mode
+        training.log_config_notes(cfg, distributed=False)  # torchtune keys that do nothing here, one line each
         if str(cfg.device).startswith("cuda"):
             memory.set_cuda_alloc_conf()  # before the first CUDA allocation
         self._device = utils.get_device(cfg.device)
@@ -183,7 +194,9 @@ class FullFinetuneRecipeSingleDevice:
             compile_model=cfg.compile,
             liger_kernels=cfg.liger_kernels,
         )
-        self._activations = training.get_act_offloading_ctx_manager(self._model, cfg.enable_activation_offloading)
+        self._activations = training.get_act_offloading_ctx_manager(
+            self._model, cfg.enable_activation_offloading, use_streams=cfg.activation_offloading_use_streams
+        )
         self._optimizer = self._setup_optimizer(
             cfg.optimizer,
             optimizer_in_bwd=self._settings.optimizer_in_bwd,
@@ -197,6 +210,7 @@ class FullFinetuneRecipeSingleDevice:
         if self._resume is not None:
             self._resume.drop_loaded_states()  # they live in the optimizer and scheduler now
         self._metric_logger = self._metrics.open(cfg, self._data)  # metrics.jsonl + the loggers listed
+        self._profiler = training.build_profiler(cfg.profiler)  # nothing unless profiler.enabled
         self._metrics.log_memory("after setup")
 
     def _setup_optimizer(
@@ -224,7 +238,7 @@ class FullFinetuneRecipeSingleDevice:
     def train(self) -> None:
         """The training loop: epochs of steps, logging, validation, checkpointing, graceful stop."""
         steps, metrics = self._steps, self._metrics
-        with self._stop:
+        with self._stop, self._profiler:
             for epoch in steps.epochs():
                 for micro_batches in steps.steps():
                     logged = metrics.start_step(self.global_step + 1, micro_batches)
@@ -253,6 +267,7 @@ class FullFinetuneRecipeSingleDevice:
                     if self._lr_scheduler is not None:
                         self._lr_scheduler.step()
                     step = steps.finish_step()
+                    self._profiler.step()
                     self._nan_guard.record(step_loss, step)  # on the device: no sync
                     if logged:
                         self._check_loss_and_loaded_checkpoint(epoch, before_save=False)

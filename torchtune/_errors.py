@@ -26,7 +26,24 @@ class UsageError(TuneError):
 
 
 class ConfigError(UsageError):
-    """A config that is malformed, names an unknown key, or has an invalid value."""
+    """A config that is malformed, names an unknown key, or has an invalid value.
+
+    ``errors`` holds one exception per problem found (``config.validate`` lists them all), as torchtune's
+    ``ConfigError.errors`` does; torchtune's spelling ``ConfigError([exc, ...])`` builds the message from them.
+    """
+
+    def __init__(self, message: "str | list[Exception]" = "", errors: "list[Exception] | None" = None) -> None:
+        if isinstance(message, list):
+            errors = message
+            listing = "\n".join(f"{type(e).__name__}: {e}" for e in errors)
+            message = f"Config is not well-formed, found the following errors: \n{listing}"
+        super().__init__(message)
+        self.errors: list[Exception] = list(errors) if errors is not None else []
+
+
+class OverrideError(ConfigError, ValueError):
+    """A command-line override that is not ``key=value`` / ``~key`` / ``+key=value``, or a flag where an
+    override belongs. A ValueError too, as torchtune's command-line parsing raises for these."""
 
 
 class TuneValueError(TuneError, ValueError):

@@ -8,6 +8,7 @@ ship a new recipe or config, add one line here and the file under ``recipes/``.
 from __future__ import annotations
 
 import importlib.util
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -35,6 +36,7 @@ class Recipe:
     name: str
     file_path: str
     configs: list[Config] = field(default_factory=list)
+    supports_distributed: bool = False  # torchtune's field: `tune run` passes torchrun's options only to these
 
     @property
     def path(self) -> Path:
@@ -54,7 +56,7 @@ _RECIPES: list[Recipe] = [
         configs=[
             _config("llama2/7B_full_low_memory"),
             _config("llama2/7B_full_16gb_apollo_mini"),
-            _config("llama2/7B_full"),
+            _config("llama2/7B_full_single_device"),
             _config("llama2/tiny_full"),
             _config("llama3_2/1B_full_single_device"),
             _config("llama3_2/3B_full_single_device"),
@@ -78,24 +80,25 @@ _RECIPES: list[Recipe] = [
     Recipe(
         name="full_finetune_distributed",
         file_path="full_finetune_distributed.py",
+        supports_distributed=True,
         configs=[
             _config("llama2/tiny_full_distributed"),
-            _config("llama2/7B_full_distributed"),
-            _config("llama2/13B_full_distributed"),
-            _config("llama2/70B_full_distributed"),
-            _config("llama3_1/8B_full_distributed"),
+            _config("llama2/7B_full"),
+            _config("llama2/13B_full"),
+            _config("llama2/70B_full"),
+            _config("llama3_1/8B_full"),
             _config("llama3_1/8B_full_16gb"),
             _config("qwen3/8B_full_16gb"),
-            _config("qwen3/8B_full_distributed"),
-            _config("qwen3/14B_full_distributed"),
-            _config("qwen3/32B_full_distributed"),
-            _config("qwen2_5/7B_full_distributed"),
-            _config("qwen2_5/14B_full_distributed"),
-            _config("qwen2_5/32B_full_distributed"),
-            _config("mistral/7B_full_distributed"),
-            _config("phi4/14B_full_distributed"),
-            _config("gemma3/12B_full_distributed"),
-            _config("gemma3/27B_full_distributed"),
+            _config("qwen3/8B_full"),
+            _config("qwen3/14B_full"),
+            _config("qwen3/32B_full"),
+            _config("qwen2_5/7B_full"),
+            _config("qwen2_5/14B_full"),
+            _config("qwen2_5/32B_full"),
+            _config("mistral/7B_full"),
+            _config("phi4/14B_full"),
+            _config("gemma3/12B_full"),
+            _config("gemma3/27B_full"),
         ],
     ),
     Recipe(name="generate", file_path="generate.py", configs=[_config("generate")]),
@@ -152,9 +155,31 @@ def header_recipe(path: Path) -> Optional[str]:
     return None
 
 
+_LAUNCH_LINE = re.compile(r"^#\s*tune run (.*?)(\S+) --config\b")
+_COMMENT_LINES = 60  # torchtune's configs name their launch command in the comments at their top
+
+
+def launch_line_recipe(path: Path) -> Optional[str]:
+    """The recipe of the ``tune run ... RECIPE --config ...`` command in the comments at the top of the YAML
+    file ``path`` (torchtune's configs each say how to launch them), or None."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            for _ in range(_COMMENT_LINES):
+                line = f.readline()
+                if line.strip() and not line.lstrip().startswith("#"):
+                    return None  # past the comments at the top
+                match = _LAUNCH_LINE.match(line.strip())
+                if match:
+                    return match.group(2)
+    except (OSError, UnicodeDecodeError):
+        return None
+    return None
+
+
 def recipe_for_config(name_or_path: str) -> Optional[Recipe]:
     """The built-in recipe of a config: a built-in one by name (``llama2/tiny_full``) or by the path of its
-    file inside the installed package, or a copy by the recipe its ``tune cp`` header names; None otherwise."""
+    file inside the installed package, a copy by the recipe its ``tune cp`` header names, a torchtune config
+    by the recipe of the launch command in its top comments; None otherwise."""
     config = get_config(str(name_or_path))
     if config is None:
         candidate = Path(str(name_or_path)).expanduser()
@@ -163,7 +188,8 @@ def recipe_for_config(name_or_path: str) -> Optional[Recipe]:
         resolved = candidate.resolve()
         config = next((c for r in _RECIPES for c in r.configs if c.path.resolve() == resolved), None)
         if config is None:
-            name = header_recipe(candidate)
+            # a `tune cp` copy names its recipe in its first line; a torchtune config in its launch command
+            name = header_recipe(candidate) or launch_line_recipe(candidate)
             return get_recipe(name) if name else None
     return next(r for r in _RECIPES if config in r.configs)
 

@@ -228,12 +228,15 @@ DIST_KEYS = {
 
 def distributed_config(single: Path, path: Path) -> Path:
     """The single-device config ``single`` as a full_finetune_distributed config written to ``path``: the
-    keys only the single-device recipe reads (eval_after_training settings aside) dropped, DIST_KEYS added."""
+    keys only the single-device recipe reads (eval_after_training settings aside) dropped, DIST_KEYS added,
+    its ``batch_size`` made the ``global_batch_size`` (the same batch however many processes run it)."""
     from recipes.full_finetune_distributed import RECIPE_KEYS
 
     cfg = OmegaConf.load(single)
     for key in [k for k in cfg if k not in RECIPE_KEYS]:
         cfg.pop(key)
     cfg.update(DIST_KEYS)
+    # the single-device batch as the global batch, split over the processes (batch_size is per process)
+    cfg.global_batch_size, cfg.batch_size = cfg.batch_size, None
     OmegaConf.save(cfg, path)
     return path

@@ -10,18 +10,18 @@ from tests._helpers.estimate_memory import printed
 from torchtune import _recipe_registry as registry
 
 CONFIGS = [
-    "llama2/7B_full_distributed",
-    "llama2/13B_full_distributed",
-    "llama2/70B_full_distributed",
-    "llama3_1/8B_full_distributed",
-    "qwen3/8B_full_distributed",
-    "qwen3/14B_full_distributed",
-    "qwen3/32B_full_distributed",
-    "qwen2_5/7B_full_distributed",
-    "qwen2_5/14B_full_distributed",
-    "qwen2_5/32B_full_distributed",
-    "mistral/7B_full_distributed",
-    "phi4/14B_full_distributed",
+    "llama2/7B_full",
+    "llama2/13B_full",
+    "llama2/70B_full",
+    "llama3_1/8B_full",
+    "qwen3/8B_full",
+    "qwen3/14B_full",
+    "qwen3/32B_full",
+    "qwen2_5/7B_full",
+    "qwen2_5/14B_full",
+    "qwen2_5/32B_full",
+    "mistral/7B_full",
+    "phi4/14B_full",
 ]
 
 
@@ -42,9 +42,10 @@ def test_header_states_per_gpu_figures_and_the_command(name):
 
 
 def test_llama2_7b_on_one_gpu_with_cpu_offload_is_under_8_gb():
-    name = "llama2/7B_full_distributed"
+    name = "llama2/7B_full"
     stated = re.search(r"fsdp_cpu_offload=True on 1 GPU: ([\d.]+) GB", _header(name)).group(1)
-    stdout = printed(f"tune estimate-memory --config {name} fsdp_cpu_offload=True")  # once per session
+    # the header's figures are those of a global batch of 16 (on one GPU: 16 sequences)
+    stdout = printed(f"tune estimate-memory --config {name} fsdp_cpu_offload=True batch_size=null global_batch_size=16")
     per_gpu = re.search(r"on 1 GPU: +([\d.]+) GB per GPU", stdout).group(1)
     assert stated == per_gpu
     assert float(per_gpu) < 8

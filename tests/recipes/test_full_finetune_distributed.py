@@ -99,13 +99,11 @@ def test_validation_split_over_ranks_gives_the_one_process_loss(base_run):
 
 def test_standard_optimizer_with_accumulation_and_clipping_matches_one_process(configs, tmp_path):
     single, dist = configs
-    kv = dict(
-        optimizer_in_bwd=False, gradient_accumulation_steps=2, clip_grad_norm=0.5, batch_size=2, save_every_n_steps=None
-    )
-    result = _tune_dist(dist, tmp_path / "dist", *_overrides(**kv), "epochs=1")
+    kv = dict(optimizer_in_bwd=False, gradient_accumulation_steps=2, clip_grad_norm=0.5, save_every_n_steps=None)
+    result = _tune_dist(dist, tmp_path / "dist", *_overrides(**kv), "global_batch_size=2", "epochs=1")
     _ok(result)
-    assert "global batch 2 = 1 per rank x 2 ranks; x 2 accumulation steps = 4 examples" in result.stderr
-    run_single_device(single, output_dir=str(tmp_path / "single"), epochs=1, **kv)
+    assert "batch: 1 per rank x 2 ranks = global batch 2; x 2 accumulation steps = 4 examples" in result.stderr
+    run_single_device(single, output_dir=str(tmp_path / "single"), epochs=1, batch_size=2, **kv)
     from torchtune.training.metric_logging import read_metrics
 
     d = [r for r in read_metrics(tmp_path / "dist" / "logs" / "metrics.jsonl") if "loss" in r]
@@ -480,7 +478,7 @@ def test_batch_that_does_not_split_is_refused_before_starting(configs):
     _, dist = configs
     result = run_tune(["run", "--nproc_per_node", "3", "full_finetune_distributed", "--config", str(dist)])
     assert result.returncode == 2
-    assert "batch_size=4 (the global batch) does not split evenly over 3 processes" in " ".join(result.stderr.split())
+    assert "global_batch_size=4 does not split evenly over 3 processes" in " ".join(result.stderr.split())
 
 
 def test_backend_that_does_not_fit_the_device_is_refused(configs):

@@ -24,14 +24,14 @@ SIZED = [
 ]
 # Their headers' per-GPU figures are checked by tests/recipes/test_distributed_configs.py.
 DISTRIBUTED = [
-    "qwen3/8B_full_distributed",
-    "qwen3/14B_full_distributed",
-    "qwen3/32B_full_distributed",
-    "qwen2_5/7B_full_distributed",
-    "qwen2_5/14B_full_distributed",
-    "qwen2_5/32B_full_distributed",
-    "mistral/7B_full_distributed",
-    "phi4/14B_full_distributed",
+    "qwen3/8B_full",
+    "qwen3/14B_full",
+    "qwen3/32B_full",
+    "qwen2_5/7B_full",
+    "qwen2_5/14B_full",
+    "qwen2_5/32B_full",
+    "mistral/7B_full",
+    "phi4/14B_full",
 ]
 TINY = ["qwen3/tiny_full", "qwen2_5/tiny_full", "mistral/tiny_full", "phi4/tiny_full"]
 # The estimate runs take 10-20 s each on a quiet machine: two configs, one per optimizer kind.

@@ -16,6 +16,7 @@ A config of ``full_finetune_distributed`` (one with ``fsdp_*`` keys) is estimate
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -48,7 +49,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         type=int,
         default=None,
         metavar="B",
-        help="sequences per batch (default: the config's batch_size)",
+        help="sequences per batch, per process for a distributed config (default: the config's batch_size)",
     )
     parser.add_argument(
         "--steps",
@@ -62,7 +63,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         default=None,
         metavar="N[,M...]",
         help="distributed configs: number of GPUs (processes) to estimate per-GPU memory for, or a "
-        "comma-separated list, e.g. 1,2,8 (default 1); batch_size is the global batch split over them",
+        "comma-separated list, e.g. 1,2,8 (default 1); batch_size is per process (global_batch_size: split over them)",
     )
     parser.add_argument(
         "--steps-only",
@@ -79,7 +80,7 @@ def estimate_memory_command(args: argparse.Namespace) -> int:
     import time
 
     from torchtune._errors import UsageError
-    from torchtune.config import load_config
+    from torchtune.config import load_config, validate
     from torchtune.training.estimate._checkpoint_memory import estimate_run_memory
     from torchtune.training.estimate._memory_estimator import default_seq_len, estimate_recipe_memory
 
@@ -88,14 +89,15 @@ def estimate_memory_command(args: argparse.Namespace) -> int:
         if value is not None and value < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {value}.")
     cfg = load_config(args.config, args.overrides)
+    validate(cfg, import_components=False)  # a misspelled key (an override adds any key) fails here, as in `tune run`
     seq_len = args.seq_len or default_seq_len(cfg)
-    batch_size = args.batch_size or int(cfg.batch_size)
     if is_distributed_config(cfg):
-        return _estimate_distributed(args, cfg, seq_len, batch_size)
+        return _estimate_distributed(args, cfg, seq_len)
+    batch_size = args.batch_size or int(cfg.batch_size)
     if args.world_size is not None:
         raise UsageError(
             f"--world-size estimates full_finetune_distributed configs (they have fsdp_* keys), but {args.config} "
-            "is a single-device config. Estimate a distributed one, e.g. --config llama2/7B_full_distributed "
+            "is a single-device config. Estimate a distributed one, e.g. --config llama2/7B_full "
             "--world-size 8, or drop --world-size."
         )
     start = time.perf_counter()
@@ -120,7 +122,15 @@ def is_distributed_config(cfg: object) -> bool:
     return "fsdp_cpu_offload" in cfg
 
 
-def _estimate_distributed(args: argparse.Namespace, cfg: object, seq_len: int, batch_size: int) -> int:
+def _global_batch(args: argparse.Namespace, cfg: Any, world_size: int) -> int:
+    """The batch of all processes at ``world_size``: ``--batch-size`` (or the config's ``batch_size``) per
+    process, or the config's ``global_batch_size`` split over them."""
+    if args.batch_size is None and cfg.get("global_batch_size") is not None:
+        return int(cfg.global_batch_size)
+    return (args.batch_size or int(cfg.batch_size)) * world_size
+
+
+def _estimate_distributed(args: argparse.Namespace, cfg: Any, seq_len: int) -> int:
     """Per-GPU estimate at each ``--world-size``: a table each, then one summary line per world size."""
     import time
 
@@ -138,6 +148,7 @@ def _estimate_distributed(args: argparse.Namespace, cfg: object, seq_len: int, b
     summary = []
     for world_size in world_sizes:
         start = time.perf_counter()
+        batch_size = _global_batch(args, cfg, world_size)
         estimate = estimate_distributed_memory(
             cfg, world_size, seq_len=seq_len, batch_size=batch_size, steps=args.steps
         )
@@ -160,7 +171,12 @@ def _estimate_distributed(args: argparse.Namespace, cfg: object, seq_len: int, b
             f"{host.load / 1e9:.2f} GB, steps {host.steps / 1e9:.2f} GB, step save {host.step_save / 1e9:.2f} GB, "
             f"final save {host.full_save_rank0 / 1e9:.2f} GB (rank 0)"
         )
-    print(f"{args.config}, estimated (fake tensors), batch {batch_size} x {seq_len} tokens in all:")
+    per_process = (
+        f"global batch {cfg.global_batch_size}"
+        if args.batch_size is None and cfg.get("global_batch_size") is not None
+        else f"batch {args.batch_size or cfg.batch_size} per process"
+    )
+    print(f"{args.config}, estimated (fake tensors), {per_process} x {seq_len} tokens:")
     print("\n".join(summary))
     return 0
 

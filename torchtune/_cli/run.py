@@ -1,4 +1,5 @@
-"""``tune run RECIPE --config CONFIG [key=value ...]``: run a built-in or local recipe script."""
+"""``tune run [TORCHRUN-OPTIONS] RECIPE --config CONFIG [key=value ...]``: run a built-in or local recipe script,
+as torchtune's ``tune run`` does (its ``Run`` class, with ``_run_single_device`` and ``_run_distributed``)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from types import ModuleType
 
 from torchtune import _recipe_registry as registry
 from torchtune._errors import TuneError, UsageError, report_error
+from torchtune._scope import out_of_scope_message, out_of_scope_name
 
 EPILOG = """\
 RECIPE is a built-in recipe name (see `tune ls`) or a path to a recipe .py file; CONFIG is a built-in
@@ -24,24 +26,26 @@ overrides: key=value (dotted keys, YAML values: optimizer.lr=2e-5), ~key deletes
 
 Several processes: torchrun's options go between `run` and RECIPE, exactly as torchrun takes them
 (--nproc_per_node, --nnodes, --node_rank, --rdzv-backend, --rdzv-endpoint, --rdzv-id, --standalone,
---max-restarts ...; see `torchrun --help`); `tune run` then hands the launch to torch.distributed.run,
-which starts the recipe once per process. Only distributed recipes (full_finetune_distributed) take
-them; the config is checked once, before any process starts.
+--max-restarts ...; see `torchrun --help`), or after RECIPE; `tune run` then hands the launch to
+torch.distributed.run, which starts the recipe once per process (standalone, on a free port, unless
+--rdzv-endpoint is given, as torchtune's `tune run` does). Only distributed recipes
+(full_finetune_distributed) take them; the config is checked once, before any process starts.
 
 examples:
   tune run full_finetune_single_device --config llama2/tiny_full max_steps_per_epoch=4
   tune full_finetune_single_device --config ./my_config.yaml optimizer.lr=2e-5
   tune run --nproc_per_node 2 full_finetune_distributed --config llama2/tiny_full_distributed
   tune run --nnodes 2 --nproc_per_node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 --rdzv-id job1 \
-      full_finetune_distributed --config llama2/70B_full_distributed
+      full_finetune_distributed --config llama2/70B_full
 """
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Register ``tune run``."""
+    """Register ``tune run`` (its help; ``tune.main`` hands ``tune run ...`` to ``Run``)."""
     parser = subparsers.add_parser(
         "run",
         help="run a recipe with a config",
+        usage="tune run [TORCHRUN-OPTIONS] RECIPE --config CONFIG [key=value ...]",
         description="Run a recipe (built-in or a local .py file) with a config and key=value overrides.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -49,8 +53,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("recipe", metavar="RECIPE", help="built-in recipe name or path to a recipe .py file")
     parser.add_argument("--config", metavar="CONFIG", help="built-in config name or path to a YAML file")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
-    parser.set_defaults(func=run_command, accepts_overrides=True)
+    parser.set_defaults(func=lambda args: Run(parser)._run_cmd(_argv_of(args)), accepts_overrides=True)
     return parser
+
+
+def _argv_of(args: argparse.Namespace) -> list[str]:
+    """The command line after ``run`` that parsed into ``args`` (``tune.main`` passes that line to ``Run``
+    itself; this is for callers of the parser)."""
+    return [args.recipe, *(["--config", args.config] if args.config else []), *args.overrides]
 
 
 def load_recipe_module(path: Path) -> ModuleType:
@@ -115,19 +125,6 @@ def run_recipe(recipe_path: Path, argv: list[str]) -> int:
     return 0
 
 
-def run_command(args: argparse.Namespace) -> int:
-    """Handler of ``tune run``."""
-    from torchtune.config._load import missing_config_message, resolve_config_path
-
-    recipe_path = resolve_recipe_path(args.recipe)
-    if not args.config:
-        name = args.recipe if registry.get_recipe(args.recipe) else None
-        raise UsageError(missing_config_message(name))
-    config_path = resolve_config_path(args.config)
-    check_config_header(args.recipe, config_path)
-    return run_recipe(recipe_path, ["--config", str(config_path), *args.overrides])
-
-
 def check_config_header(recipe: str, config_path: Path) -> None:
     """A config copied by ``tune cp`` names its recipe in its first line; running it with another built-in
     recipe would fail on the keys only after that recipe's imports, with a less direct message."""
@@ -139,11 +136,6 @@ def check_config_header(recipe: str, config_path: Path) -> None:
         f"Run it with `tune run {named} --config {config_path}`, or, if you adapted it for {recipe}, change that "
         f"line to '{registry.RECIPE_HEADER} {recipe}'."
     )
-
-
-def is_launcher_invocation(argv: list[str]) -> bool:
-    """True for ``tune run --<torchrun option> ... RECIPE ...`` (``argv`` after ``run``)."""
-    return bool(argv) and argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--config")
 
 
 def _fixed_world_size(nnodes: str, nproc_per_node: str) -> int | None:
@@ -158,37 +150,126 @@ def _fixed_world_size(nnodes: str, nproc_per_node: str) -> int | None:
     return nodes * per_node
 
 
-def launch_distributed(argv: list[str]) -> int:
-    """``tune run TORCHRUN_OPTIONS RECIPE --config CONFIG [key=value ...]``: check, then torchrun.
+def _recipe_arguments(recipe_args: list[str]) -> argparse.Namespace:
+    """``--config CONFIG`` and the overrides among a recipe's arguments (flags other than --config are refused)."""
+    rest = argparse.ArgumentParser(prog="tune run", add_help=False)
+    rest.add_argument("--config")
+    rest.add_argument("overrides", nargs="*")
+    return rest.parse_intermixed_args(recipe_args)
+
+
+def _config_value(recipe_args: list[str]) -> str | None:
+    """The value of ``--config`` (``--config X`` or ``--config=X``) among a recipe's arguments, or None."""
+    for i, arg in enumerate(recipe_args):
+        if arg == "--config" and i + 1 < len(recipe_args):
+            return recipe_args[i + 1]
+        if arg.startswith("--config="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def parse_run_args(argv: list[str]) -> argparse.Namespace:
+    """``tune run``'s arguments (after ``run``) as torchrun's parser reads them, with torchtune's names: the
+    recipe in ``recipe``, its arguments in ``recipe_args``, torchrun's options in the other fields, and
+    ``launcher`` true when any was given. A torchrun option written after the recipe name is taken as if it
+    came before it (a recipe takes no option but --config)."""
+    from torch.distributed import run as torchrun
+
+    parser = torchrun.get_args_parser()
+    options = {o: a for a in parser._actions if a.dest != "help" for o in a.option_strings}
+    ns = parser.parse_args(argv)
+    before = argv[: len(argv) - len(ns.training_script_args) - 1]
+    moved, recipe_args, rest = [], [], list(ns.training_script_args)
+    while rest:
+        arg = rest.pop(0)
+        action = options.get(arg.split("=", 1)[0])
+        if action is None or arg == "--config":
+            recipe_args.append(arg)
+            continue
+        moved.append(arg)
+        if action.nargs != 0 and "=" not in arg and rest:
+            moved.append(rest.pop(0))
+    if moved:
+        ns = parser.parse_args([*before, *moved, ns.training_script, *recipe_args])
+    ns.recipe, ns.recipe_args = ns.training_script, list(ns.training_script_args)
+    ns.launcher = bool(before or moved)
+    return ns
+
+
+class Run:
+    """``tune run``, as torchtune's ``Run`` subcommand: ``_run_cmd`` parses the command line, checks that a
+    config is given and that torchrun's options go to a recipe that runs on several processes, then calls
+    ``_run_single_device`` or ``_run_distributed`` (``is_builtin``: the recipe is a built-in name)."""
+
+    def __init__(self, parser: argparse.ArgumentParser) -> None:
+        self._parser = parser
+
+    def _run_cmd(self, argv: list[str]) -> int:
+        if not any(not a.startswith("-") for a in argv):
+            self._parser.error("the following arguments are required: RECIPE (a built-in name or a .py file)")
+        args = parse_run_args(argv)
+        builtin = registry.get_recipe(args.recipe)
+        kind = out_of_scope_name(args.recipe) if builtin is None and not args.recipe.endswith(".py") else None
+        if kind is not None:
+            raise UsageError(out_of_scope_message(f"The recipe '{args.recipe}'", kind))
+        if _config_value(args.recipe_args) is None:
+            from torchtune.config._load import missing_config_message
+
+            raise UsageError(
+                "The '--config' argument is required. " + missing_config_message(args.recipe if builtin else None)
+            )
+        if args.launcher:
+            if builtin is not None and not builtin.supports_distributed:
+                self._parser.error(
+                    f"Recipe {args.recipe} does not support distributed training: it runs in one process and would "
+                    "train the same model once per process. Use full_finetune_distributed (the same config keys, "
+                    "plus the fsdp_ ones: start from `tune cp llama2/tiny_full_distributed .`), or drop the torchrun "
+                    "options."
+                )
+            status = self._run_distributed(args, is_builtin=builtin is not None)
+        else:
+            status = self._run_single_device(args, is_builtin=builtin is not None)
+        return status if isinstance(status, int) else 0
+
+    def _run_single_device(self, args: argparse.Namespace, is_builtin: bool) -> int:
+        """Run the recipe in this process: ``sys.argv = [RECIPE_FILE, "--config", CONFIG_FILE, key=value ...]``."""
+        from torchtune.config._load import resolve_config_path
+
+        recipe_path = resolve_recipe_path(args.recipe)
+        ns = _recipe_arguments(args.recipe_args)
+        config_path = resolve_config_path(ns.config)
+        check_config_header(args.recipe, config_path)
+        return run_recipe(recipe_path, ["--config", str(config_path), *ns.overrides])
+
+    def _run_distributed(self, args: argparse.Namespace, is_builtin: bool) -> int:
+        """Check the config once, then start the recipe once per process with torch.distributed.run."""
+        return launch_distributed(args)
+
+
+def launch_distributed(args: argparse.Namespace) -> int:
+    """``tune run TORCHRUN_OPTIONS RECIPE --config CONFIG [key=value ...]`` (``args`` from ``parse_run_args``):
+    check, then torchrun.
 
     The recipe must be a distributed one (module-level ``DISTRIBUTED = True``); the config passes the
     generic checks and the recipe's ``validate_config`` here, once, so a mistake is one message and no
-    process is started; a ``batch_size`` that does not split over a fixed number of processes too.
+    process is started; a ``global_batch_size`` that does not split over a fixed number of processes too.
     Then ``torch.distributed.run`` starts the recipe script once per process.
     """
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     from torchtune.config import load_config, validate
-    from torchtune.config._load import missing_config_message, resolve_config_path
+    from torchtune.config._load import resolve_config_path
 
-    args = torchrun.get_args_parser().parse_args(argv)
-    recipe_path = resolve_recipe_path(args.training_script)
-    rest = argparse.ArgumentParser(prog="tune run", add_help=False)
-    rest.add_argument("--config")
-    rest.add_argument("overrides", nargs="*")
-    ns = rest.parse_intermixed_args(args.training_script_args)
+    recipe_path = resolve_recipe_path(args.recipe)
+    ns = _recipe_arguments(args.recipe_args)
     module = load_recipe_module(recipe_path)
     if not getattr(module, "DISTRIBUTED", False):
         raise UsageError(
-            f"torchrun options ({' '.join(a for a in argv[: argv.index(args.training_script)] if a.startswith('-'))}) "
-            f"were given, but the recipe {args.training_script} runs in one process and would train the same model "
-            "once per process. Use full_finetune_distributed (same config keys, plus the dist_/fsdp_ ones: start from "
-            "`tune cp llama2/tiny_full_distributed .`), or drop the torchrun options."
+            f"torchrun options were given, but the recipe {args.recipe} runs in one process and would train the "
+            "same model once per process. Use full_finetune_distributed (same config keys, plus the dist_/fsdp_ ones: "
+            "start from `tune cp llama2/tiny_full_distributed .`), or drop the torchrun options."
         )
-    if not ns.config:
-        name = args.training_script if registry.get_recipe(args.training_script) else None
-        raise UsageError(missing_config_message(name))
     config_path = resolve_config_path(ns.config)
     cfg = load_config(str(config_path), ns.overrides)
     validate(cfg, import_components=False)
@@ -196,15 +277,19 @@ def launch_distributed(argv: list[str]) -> int:
     if check is not None:
         check(cfg)
     world = _fixed_world_size(args.nnodes, args.nproc_per_node)
-    batch_size = cfg.get("batch_size")
-    if world is not None and isinstance(batch_size, int) and batch_size % world:
+    global_batch = cfg.get("global_batch_size")
+    if world is not None and isinstance(global_batch, int) and global_batch % world:
         raise UsageError(
-            f"batch_size={batch_size} (the global batch) does not split evenly over {world} processes "
-            f"(--nnodes {args.nnodes} x --nproc_per_node {args.nproc_per_node}). Set batch_size to a multiple of "
-            f"{world}, or start a number of processes that divides it."
+            f"global_batch_size={global_batch} does not split evenly over {world} processes (--nnodes {args.nnodes} "
+            f"x --nproc_per_node {args.nproc_per_node}). Set it to a multiple of {world}, start a number of "
+            "processes that divides it, or set batch_size (per process) instead."
         )
+    if not args.rdzv_endpoint:
+        args.standalone = True  # as torchtune: a free port, so that several runs on one machine do not collide
     args.training_script = str(recipe_path)
     args.training_script_args = ["--config", str(config_path), *ns.overrides]
+    print("Running with torchrun...")
+    sys.stdout.flush()
     try:
         torchrun.run(args)
     except ChildFailedError as exc:

@@ -16,18 +16,30 @@ import sys
 from typing import Optional, Sequence
 
 from torchtune import __version__
+from torchtune._cli.run import Run  # torchtune's name here: its tests replace Run._run_single_device/_run_distributed
 from torchtune._distribution import DISTRIBUTION, warn_if_other_torchtune
 from torchtune._errors import TuneError, report_error
 from torchtune._quiet import silence_known_noise
 
-SUBCOMMANDS: tuple[str, ...] = ("run", "ls", "cp", "validate", "download", "export", "estimate_memory", "plot")
+SUBCOMMANDS: tuple[str, ...] = (
+    "run",
+    "ls",
+    "cp",
+    "cat",
+    "validate",
+    "download",
+    "export",
+    "estimate_memory",
+    "plot",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``tune`` parser with every available subcommand registered."""
     parser = argparse.ArgumentParser(
         prog="tune",
-        description="Fine-tune LLMs with plain-PyTorch recipes.",
+        description="Welcome to the torchtune CLI! (plaintune: torchtune's recipes, configs and commands in plain "
+        "PyTorch)",
         epilog="Short form: `tune RECIPE --config CONFIG [key=value ...]` is `tune run RECIPE ...`.\n"
         "Set TUNE_DEBUG=1 to see Python tracebacks of errors.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -35,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s ({DISTRIBUTION}) {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
     for name in SUBCOMMANDS:
-        module_name = f"{__package__}.{name}"
+        module_name = f"torchtune._cli.{name}"  # a literal: this file also runs as __main__ (runpy)
         if importlib.util.find_spec(module_name) is None:
             continue
         importlib.import_module(module_name).add_parser(subparsers)
@@ -43,10 +55,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return action.choices[name]
+
+
 def _is_recipe(arg: str) -> bool:
     from torchtune import _recipe_registry as registry
+    from torchtune._scope import out_of_scope_recipe
 
-    return arg.endswith(".py") or registry.get_recipe(arg) is not None
+    # a torchtune recipe this library does not ship goes to `tune run` too, which says so
+    return arg.endswith(".py") or registry.get_recipe(arg) is not None or out_of_scope_recipe(arg) is not None
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -58,15 +77,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if argv and argv[0] not in parser.get_default("command_names") and _is_recipe(argv[0]):
         argv = ["run", *argv]  # short form: `tune RECIPE --config ...`
     try:
-        if argv[:1] == ["run"] and "run" in parser.get_default("command_names"):
-            from torchtune._cli.run import is_launcher_invocation, launch_distributed
-
-            if is_launcher_invocation(argv[1:]):  # `tune run --nproc_per_node N RECIPE ...`: torchrun's options
-                return launch_distributed(argv[1:])
+        if argv[:1] == ["run"] and not {"-h", "--help"} & set(argv[1:2]):
+            # torchrun's options and the recipe's arguments: parsed by Run, as torchtune's `tune run` does
+            return Run(_subparser(parser, "run"))._run_cmd(argv[1:])
         args, extra = parser.parse_known_args(argv)
-        if args.command is None:
-            parser.print_help(sys.stderr)
-            return 2
+        if args.command is None:  # `tune` alone: the help, as torchtune's prints it
+            parser.print_help()
+            return 0
         if extra:
             if not getattr(args, "accepts_overrides", False) or any(a.startswith("-") for a in extra):
                 parser.error(f"unrecognized arguments: {' '.join(extra)}")
@@ -80,4 +97,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # As torchtune's file run as a script: success returns (no SystemExit), a failure exits with its status.
+    status = main()
+    if status:
+        sys.exit(status)

@@ -13,8 +13,9 @@ Three kinds of checks, each with the message ``tune run`` gives (the same functi
   against the model built on the meta device. ``--config-only`` skips them (weights not downloaded yet).
 
 A built-in config knows its recipe (``torchtune/_recipe_registry.py``), and so does a copy made by
-``tune cp`` (its first line, ``# tune-recipe: NAME``); for another YAML file name it with ``--recipe``,
-or only the generic checks run (and the output says so).
+``tune cp`` (its first line, ``# tune-recipe: NAME``) and a torchtune config (the ``tune run ... RECIPE
+--config`` command in its top comments); for another YAML file name it with ``--recipe``, or only the
+generic checks run (``Config is well-formed!`` on stdout, what was not run on stderr).
 """
 
 from __future__ import annotations
@@ -86,16 +87,18 @@ def validate_command(args: argparse.Namespace) -> int:
     validate(cfg, import_components=False)
     if path is None:
         names = ", ".join(r.name for r in registry.get_all_recipes())
+        print("Config is well-formed!")  # torchtune's line, alone on stdout
         print(
-            "Config is well-formed (generic checks: YAML, overrides, components and their keys).\n"
-            "Not run: a recipe's own checks (the keys it reads, value ranges, conflicting settings, dtype) and "
-            "those of the input files (tokenizer, data, checkpoint headers), "
-            f"because {args.config} is not a built-in config nor a copy made by `tune cp`. "
-            "Name its recipe to run them: "
-            f"--recipe NAME ({names}) or --recipe path/to/recipe.py."
+            "Checked: YAML, overrides, components and their keys. Not run: a recipe's own checks (the keys it reads, "
+            "value ranges, conflicting settings, dtype) and those of the input files (tokenizer, data, checkpoint "
+            f"headers), because {args.config} is not a built-in config, a copy made by `tune cp`, nor a config whose "
+            "comments name its `tune run` recipe. Name its recipe to run them: "
+            f"--recipe NAME ({names}) or --recipe path/to/recipe.py.",
+            file=sys.stderr,
         )
         return 0
-    check = getattr(load_recipe_module(path), RECIPE_CHECK, None)
+    module = load_recipe_module(path)
+    check = getattr(module, RECIPE_CHECK, None)
     if check is None:
         print(
             f"Config is well-formed (generic checks). Not run: recipe checks and input checks, because the recipe "
@@ -104,6 +107,10 @@ def validate_command(args: argparse.Namespace) -> int:
         return 0
     check(cfg)
     print(f"Config is well-formed, and passes the checks of the {name} recipe ({RECIPE_CHECK}).")
+    from torchtune.training import config_notes
+
+    for note in config_notes(cfg, distributed=bool(getattr(module, "DISTRIBUTED", False))):
+        print(f"Note: {note}")
     if args.config_only:
         print("Not run (--config-only): the checks of the tokenizer, data and checkpoint files.")
         return 0

@@ -85,6 +85,15 @@ def component_signature(target: Callable) -> Optional[inspect.Signature]:
         return _inspect_signature(target)
 
 
+def unexpected_keys(signature: inspect.Signature, fields: dict) -> list[str]:
+    """The keys of ``fields`` that no keyword parameter of ``signature`` takes (none with ``**kwargs``)."""
+    params = signature.parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return []
+    keyword_ok = {n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return [k for k in fields if k not in keyword_ok]
+
+
 def signature_problem(
     signature: inspect.Signature, fields: dict, args: tuple = (), partial: bool = False
 ) -> Optional[str]:
@@ -96,15 +105,17 @@ def signature_problem(
     accepted = [
         n for n, p in params.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and not n.startswith("_")
     ]
-    takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
     keyword_ok = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-    unknown = [] if takes_any else [k for k in fields if k not in keyword_ok]
+    unknown = unexpected_keys(signature, fields)
     if unknown:
         hints = []
         for k in unknown:
             close = difflib.get_close_matches(k, keyword_ok, n=1)
             hints.append(f"'{k}'" + (f" (did you mean '{close[0]}'?)" if close else ""))
-        return f"unexpected key{'s' if len(unknown) > 1 else ''} {', '.join(hints)}; it accepts: {', '.join(accepted)}"
+        return (
+            f"got an unexpected keyword argument {', '.join(hints)}"
+            f"{'' if len(unknown) == 1 else ' (unexpected keys)'}; it accepts: {', '.join(accepted)}"
+        )
     try:
         (signature.bind_partial if partial else signature.bind)(*args, **fields)
     except TypeError as exc:
@@ -188,3 +199,20 @@ def instantiate(node: Any, *args: Any, **kwargs: Any) -> Any:
             f"add e.g. '_component_: torch.optim.AdamW' (its keys are: {', '.join(map(str, fields))})."
         )
     return _call(fields, key or "", args, kwargs)
+
+
+def _create_component(target: Callable, args: tuple, kwargs: dict) -> Any:
+    """torchtune's name for calling a component: ``target(*args, **kwargs)``."""
+    return target(*args, **kwargs)
+
+
+def _instantiate_node(node: Any, *args: Any) -> Any:
+    """torchtune's name for ``instantiate`` of a node that must be a component (InstantiationError if not)."""
+    if not ((OmegaConf.is_dict(node) or isinstance(node, dict)) and COMPONENT_KEY in node):
+        from torchtune.config._errors import InstantiationError
+
+        raise InstantiationError(
+            f"Cannot instantiate specified object {node!r}: it is not a mapping with a {COMPONENT_KEY} key "
+            "naming a dotted path (e.g. torch.optim.AdamW)."
+        )
+    return instantiate(node, *args)

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import difflib
-import io
 import re
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Iterable, Optional, Union
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
@@ -39,33 +38,36 @@ def _not_a_mapping(path: Path, what: str) -> ConfigError:
     )
 
 
-def load_yaml_file(path: Path) -> DictConfig:
-    """Read one YAML config file into a DictConfig through OmegaConf's own YAML loader.
+def load_yaml_file(path: Union[str, Path]) -> DictConfig:
+    """Read one YAML config file into a DictConfig with ``OmegaConf.load``, as torchtune does.
 
-    That loader reads ``2e-5`` as a float (PyYAML alone keeps it a string), leaves dates as text and
+    OmegaConf's loader reads ``2e-5`` as a float (PyYAML alone keeps it a string), leaves dates as text and
     refuses a duplicate key (it compares string keys, which is what config keys are; two ``1:`` keys
-    would pass, the later one winning). A syntax error names the file, line and column.
+    would pass, the later one winning). A syntax error names the file, line and column; a file that
+    does not exist gets ``resolve_config_path``'s message (the built-in configs, the closest names).
     """
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"Cannot read config file {path}: {exc.strerror or exc}.") from exc
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"Cannot read config file {path}: it is not UTF-8 text ({exc.reason}).") from exc
     register_resolver()  # ${asset:...}: resolved when a value is read, so before any config exists
     try:
-        cfg = OmegaConf.load(io.StringIO(text))
+        cfg = OmegaConf.load(str(path))
     except yaml.YAMLError as exc:
-        raise ConfigError(_yaml_error_message(path, exc)) from exc
-    except OSError as exc:  # OmegaConf.load refuses a top level that is a number or a bool
-        raise _not_a_mapping(path, "a single value") from exc
+        raise ConfigError(_yaml_error_message(Path(path), exc)) from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"Cannot read config file {path}: it is not UTF-8 text ({exc.reason}).") from exc
+    except FileNotFoundError as exc:
+        resolve_config_path(str(path))  # raises the message that lists the built-in configs
+        raise ConfigError(f"Cannot read config file {path}: {exc.strerror or exc}.") from exc
+    except OSError as exc:
+        if exc.errno is not None:  # a folder, no permission
+            raise ConfigError(f"Cannot read config file {path}: {exc.strerror or exc}.") from exc
+        raise _not_a_mapping(Path(path), "a single value") from exc  # OmegaConf refuses a number or a bool
     except OmegaConfBaseException as exc:  # e.g. a value type OmegaConf cannot hold (!!set)
         key = f" (key '{exc.full_key}')" if getattr(exc, "full_key", None) else ""
         raise ConfigError(f"Config file {path} cannot be loaded{key}: {str(exc).splitlines()[0]}.") from exc
     if not isinstance(cfg, DictConfig):
-        raise _not_a_mapping(path, "a list")
-    if len(cfg) == 1 and _top_level_is_a_string(text):
-        raise _not_a_mapping(path, f"the single value {next(iter(cfg.keys()))!r}")
+        raise _not_a_mapping(Path(path), "a list")
+    if len(cfg) == 1 and OmegaConf.to_container(cfg)[next(iter(cfg.keys()))] is None:
+        if _top_level_is_a_string(Path(path).read_text(encoding="utf-8")):
+            raise _not_a_mapping(Path(path), f"the single value {next(iter(cfg.keys()))!r}")
     return cfg
 
 
@@ -84,6 +86,15 @@ def builtin_config_names() -> list[str]:
 
 def _looks_like_path(name: str) -> bool:
     return name.endswith((".yaml", ".yml")) or name.startswith((".", "/", "~"))
+
+
+def config_file(name_or_path: str) -> Path:
+    """The YAML file ``--config`` names, as torchtune's ``tune run`` finds it: a built-in config's file, else
+    the path as given (whether it exists is for the loader to say)."""
+    builtin = registry.get_config(str(name_or_path))
+    if builtin is not None and not Path(str(name_or_path)).expanduser().is_file():
+        return builtin.path
+    return Path(str(name_or_path)).expanduser()
 
 
 def resolve_config_path(name_or_path: str) -> Path:

@@ -1,26 +1,34 @@
-"""Command-line overrides of a loaded config.
+"""Command-line overrides of a loaded config: torchtune's grammar, plus ``+key=value``.
 
-Grammar, applied left to right:
+Applied left to right:
 
-* ``key=value``      set an existing key; ``key`` is a dotted path (``optimizer.lr``, list items by
-                     index: ``layers.0.dim``) and ``value`` is typed as YAML (``2e-5`` is a float,
-                     ``null``, ``true``, ``[1, 2]``, ``{a: 1}``).
+* ``key=value``      set ``key``, or add it when the config has no such key (as torchtune's command line
+                     does); ``key`` is a dotted path (``optimizer.lr``, list items by index:
+                     ``layers.0.dim``) and ``value`` is typed as YAML (``2e-5`` is a float, ``null``,
+                     ``true``, ``[1, 2]``, ``{a: 1}``); ``None`` is null and a number written with leading
+                     zeros stays text (``max_filename=00030``), as torchtune reads them.
 * ``key=pkg.mod.Cls`` on a node that has ``_component_`` swaps the component and keeps its other fields.
 * ``~key``           delete a key.
-* ``+key=value``     add a key that is not in the config (a misspelled key is an error otherwise).
+* ``+key=value``     add a key that is not in the config (an error if it is: then ``key=value`` sets it).
+
+A misspelled key is not caught here (``key=value`` may add any key): the recipe's key check and the
+component signature check (``config.validate``) name it and suggest the key meant.
 """
 
 from __future__ import annotations
 
 import difflib
+import re
 from typing import Any, Iterator, Optional, Sequence
 
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from torchtune._errors import ConfigError
+from torchtune._errors import ConfigError, OverrideError
 from torchtune.config._instantiate import COMPONENT_KEY
+
+_LEADING_ZEROS = re.compile(r"[+-]?0[0-9_]+")
 
 
 def parse_override_value(text: str) -> Any:
@@ -28,10 +36,14 @@ def parse_override_value(text: str) -> Any:
 
     That is OmegaConf's YAML reading: ints, floats (``2e-5``), bools, ``null``, lists, dicts, ``${...}``
     kept as an interpolation. An empty value (``key=``) is the empty string, where OmegaConf would read
-    null (``key=null`` says null); text YAML cannot parse (``a: b: c``) stays a string.
+    null (``key=null`` says null); text YAML cannot parse (``a: b: c``) stays a string. As on torchtune's
+    command line, ``None`` is null and an integer written with leading zeros (``00030``) stays text.
     """
     if text == "":
         return ""
+    if text == "None" or _LEADING_ZEROS.fullmatch(text):
+        # torchtune's command line reads None as null and keeps 00030 as text (YAML would read octal 24)
+        return None if text == "None" else text
     try:
         parsed = OmegaConf.from_dotlist([f"value={text}"])
     except yaml.YAMLError as exc:
@@ -78,24 +90,23 @@ def _unknown_key(cfg: DictConfig, key: str, override: str, source: Optional[str]
     close = suggest_keys(cfg, key)
     hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
     where = f" ({source})" if source else ""
-    add = f" To add a new key, write '+{override.lstrip('~+')}'." if not override.startswith("~") else ""
     return ConfigError(
-        f"Override '{override}': {why}{where}.{hint} Keys are dotted paths into the YAML (e.g. optimizer.lr).{add}"
+        f"Override '{override}': {why}{where}.{hint} Keys are dotted paths into the YAML (e.g. optimizer.lr)."
     )
 
 
 def _locate(cfg: DictConfig, key: str, override: str, source: Optional[str], create: bool = False):
-    """Return (container, last part) for dotted ``key``; the parent must exist unless ``create``."""
+    """Return (container, last part) for dotted ``key``; missing parent mappings are added when ``create``."""
     parts = key.split(".")
     if not key or any(p == "" for p in parts):
-        raise ConfigError(f"Override '{override}': '{key}' is not a valid dotted key (e.g. optimizer.lr).")
+        raise OverrideError(f"Override '{override}': '{key}' is not a valid dotted key (e.g. optimizer.lr).")
     node: Any = cfg
     walked: list[str] = []
     for part in parts[:-1]:
         walked.append(part)
         child = _child(node, part)
         if child is _ABSENT:
-            if not create:
+            if not create or isinstance(node, ListConfig):
                 raise _unknown_key(
                     cfg, key, override, source, f"key '{key}' is not in the config (it has no '{'.'.join(walked)}')"
                 )
@@ -134,7 +145,7 @@ def apply_override(cfg: DictConfig, override: str, source: Optional[str] = None)
     if override.startswith("~"):
         key = override[1:]
         if "=" in key:
-            raise ConfigError(
+            raise OverrideError(
                 f"Override '{override}': '~key' deletes a key and takes no value; write '~{key.split('=')[0]}'."
             )
         container, last = _locate(cfg, key, override, source)
@@ -144,8 +155,8 @@ def apply_override(cfg: DictConfig, override: str, source: Optional[str] = None)
         return
 
     if "=" not in override:
-        raise ConfigError(
-            f"Override '{override}' is not of the form key=value (or ~key to delete a key); "
+        raise OverrideError(
+            f"Command-line overrides must be in the form of key=value (or ~key to delete a key), got '{override}'; "
             "e.g. batch_size=4 or optimizer.lr=2e-5."
         )
     key, text = override.split("=", 1)
@@ -155,23 +166,28 @@ def apply_override(cfg: DictConfig, override: str, source: Optional[str] = None)
     except (OmegaConfBaseException, yaml.YAMLError) as exc:  # a duplicate key, a value type such as !!set
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ConfigError(f"Override '{override}' cannot be applied: {problem}.") from exc
-    if key.startswith("+"):
+    adding = key.startswith("+")
+    if adding:
         key = key[1:]
-        container, last = _locate(cfg, key, override, source, create=True)
-        if _child(container, last) is not _ABSENT:
-            raise ConfigError(f"Override '{override}': key '{key}' already exists; set it with '{key}={text}'.")
-        if isinstance(container, ListConfig):
-            raise ConfigError(f"Override '{override}': cannot add an item to the list at '{key.rsplit('.', 1)[0]}'.")
-        _assign(container, last, value, override)
-        return
-
-    container, last = _locate(cfg, key, override, source)
+    container, last = _locate(cfg, key, override, source, create=True)
     current = _child(container, last)
     if current is _ABSENT:
-        raise _unknown_key(cfg, key, override, source, f"key '{key}' is not in the config")
+        if isinstance(container, ListConfig):
+            raise _unknown_key(
+                cfg, key, override, source, f"the list at '{key.rsplit('.', 1)[0]}' has no item {last} to set"
+            )
+        _assign(container, last, value, override)
+        return
+    if adding:
+        # torchtune's command line would add a key literally named '+{key}'; here '+' means "add", and the
+        # key is already there: say which spelling sets it.
+        raise ConfigError(
+            f"Override '{override}': key '{key}' already exists, and '+{key}=' only adds a key that is not in "
+            f"the config. To change its value write '{key}={text}'."
+        )
     if isinstance(current, DictConfig) and value is not None and not isinstance(value, dict):
-        if COMPONENT_KEY in current.keys() and isinstance(value, str):
-            # Swap the component, keep its other fields (tune's `optimizer=torch.optim.SGD`).
+        if COMPONENT_KEY in current.keys() and not isinstance(value, list):
+            # Swap the component, keep its other fields (torchtune's `optimizer=torch.optim.SGD`).
             current[COMPONENT_KEY] = value
             return
         fields = ", ".join(str(k) for k in current.keys())

@@ -9,7 +9,15 @@ from typing import Any, Sequence
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from torchtune._errors import ConfigError
-from torchtune.config._instantiate import COMPONENT_KEY, component_signature, import_component, signature_problem
+from torchtune._scope import out_of_scope_config
+from torchtune.config._errors import InstantiationError
+from torchtune.config._instantiate import (
+    COMPONENT_KEY,
+    component_signature,
+    import_component,
+    signature_problem,
+    unexpected_keys,
+)
 from torchtune.config._source_signature import source_signature
 from torchtune.config._types import component_value_problems
 
@@ -36,7 +44,7 @@ def _join(prefix: str, key: Any) -> str:
     return f"{prefix}.{key}" if prefix else str(key)
 
 
-def _walk(node: Any, prefix: str, problems: list[str], import_components: bool = True) -> None:
+def _walk(node: Any, prefix: str, problems: list[str], errors: list[Exception], import_components: bool = True) -> None:
     if isinstance(node, DictConfig):
         keys = list(node.keys())
     elif isinstance(node, ListConfig):
@@ -47,6 +55,7 @@ def _walk(node: Any, prefix: str, problems: list[str], import_components: bool =
         path = _join(prefix, key)
         if OmegaConf.is_missing(node, key):
             problems.append(f"{path}: has no value (???); set it, e.g. {path}=VALUE")
+            errors.append(ValueError(problems[-1]))
             continue
         if OmegaConf.is_interpolation(node, key):
             try:
@@ -54,13 +63,16 @@ def _walk(node: Any, prefix: str, problems: list[str], import_components: bool =
             except Exception as exc:
                 reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 problems.append(f"{path}: cannot resolve {OmegaConf.to_container(node)[key]!r}: {reason}")
+                errors.append(ValueError(problems[-1]))
             continue
-        _walk(node[key], path, problems, import_components)
+        _walk(node[key], path, problems, errors, import_components)
     if isinstance(node, DictConfig) and COMPONENT_KEY in keys:
-        _check_component(node, prefix, problems, import_components)
+        _check_component(node, prefix, problems, errors, import_components)
 
 
-def _check_component(node: DictConfig, prefix: str, problems: list[str], import_components: bool = True) -> None:
+def _check_component(
+    node: DictConfig, prefix: str, problems: list[str], errors: list[Exception], import_components: bool = True
+) -> None:
     key = _join(prefix, COMPONENT_KEY)
     if OmegaConf.is_interpolation(node, COMPONENT_KEY) or OmegaConf.is_missing(node, COMPONENT_KEY):
         return  # reported (or fine) above
@@ -75,6 +87,7 @@ def _check_component(node: DictConfig, prefix: str, problems: list[str], import_
         target = import_component(path)
     except ConfigError as exc:
         problems.append(f"{key}: {exc}")
+        errors.append(InstantiationError(f"{key}: {exc}"))
         return
     signature = component_signature(target)
     if signature is None:
@@ -82,9 +95,26 @@ def _check_component(node: DictConfig, prefix: str, problems: list[str], import_
     problem = signature_problem(signature, fields, partial=True)
     if problem:
         problems.append(f"{prefix or '<root>'}: {path}: {problem}")
+        errors.append(_signature_error(target, signature, fields))
         return
     plain = {k: v for k, v in _plain_fields(node).items() if k not in consumed}
-    problems.extend(component_value_problems(target, prefix, plain))
+    for value_problem in component_value_problems(target, prefix, plain):
+        problems.append(value_problem)
+        errors.append(ValueError(value_problem))
+
+
+def _signature_error(target: Any, signature: Any, fields: dict) -> TypeError:
+    """The TypeError calling ``target`` with ``fields`` raises, named as torchtune's ``ConfigError.errors``
+    hold it (``get_dtype got an unexpected keyword argument 'dummy'``)."""
+    name = getattr(target, "__name__", type(target).__name__)
+    unknown = unexpected_keys(signature, fields)
+    if unknown:
+        return TypeError(f"{name} got an unexpected keyword argument '{unknown[0]}'")
+    try:
+        signature.bind_partial(**fields)
+    except TypeError as exc:
+        return TypeError(f"{name} {exc}")
+    return TypeError(f"{name}: its arguments do not fit {sorted(fields)}")
 
 
 def _plain_fields(node: DictConfig) -> dict:
@@ -109,6 +139,9 @@ def _plain_fields(node: DictConfig) -> dict:
 def validate(cfg: Any, import_components: bool = True) -> None:
     """Check ``cfg`` without building anything; raise one ConfigError listing every problem.
 
+    A config for work outside this library's scope (a torchtune LoRA, QAT, distillation, DPO or PPO config) is
+    refused first, in one paragraph naming the component or key, before any component is imported.
+
     Checked: every ``_component_`` imports, its sibling keys bind to the callable's signature
     (``inspect.signature(...).bind_partial``; ``**kwargs`` accepts anything), every ``${...}`` resolves
     and no value is left as ``???``. With ``import_components=False`` (``tune validate``) a component
@@ -120,14 +153,17 @@ def validate(cfg: Any, import_components: bool = True) -> None:
         cfg = OmegaConf.create(cfg)
     if not isinstance(cfg, (DictConfig, ListConfig)):
         raise ConfigError(f"validate() needs a config mapping, got {type(cfg).__name__}.")
+    scope = out_of_scope_config(cfg)  # a torchtune LoRA/QAT/KD/DPO/PPO config: one paragraph, nothing imported
+    if scope is not None:
+        raise ConfigError(scope)
     problems: list[str] = []
-    _walk(cfg, "", problems, import_components)
+    errors: list[Exception] = []  # one per problem, as torchtune's ConfigError.errors holds them
+    _walk(cfg, "", problems, errors, import_components)
     if len(problems) == 1:
-        raise ConfigError(problems[0] if problems[0].endswith(".") else problems[0] + ".")
+        raise ConfigError(problems[0] if problems[0].endswith(".") else problems[0] + ".", errors=errors)
     if problems:
         listing = "\n".join(f"  - {p}" for p in problems)
-        plural = "s" if len(problems) > 1 else ""
-        raise ConfigError(f"The config has {len(problems)} problem{plural}:\n\n{listing}")
+        raise ConfigError(f"The config has {len(problems)} problems:\n\n{listing}", errors=errors)
 
 
 def check_recipe_keys(cfg: Any, recipe_keys: Sequence[str], recipe_name: str, shipped_config: str) -> None:
@@ -155,6 +191,6 @@ def check_recipe_keys(cfg: Any, recipe_keys: Sequence[str], recipe_name: str, sh
         raise ConfigError(
             f"The config does not fit the {recipe_name} recipe: "
             + "; ".join(problems)
-            + f". Every key this recipe reads is in its shipped config (tune cp {shipped_config} .); "
-            "remove or fix the keys above."
+            + f". docs/recipe.md lists every key this recipe reads, and its shipped config spells each one out "
+            f"(tune cp {shipped_config} .); remove or fix the keys above."
         )

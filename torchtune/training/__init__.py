@@ -69,6 +69,7 @@ from torchtune.training.run._metrics import (
     metrics_path,
 )
 from torchtune.training.run._output_dir import check_output_dir, check_overwrite, prepare_output_dir
+from torchtune.training.run._profiling import NoProfiler, build_profiler
 from torchtune.training.run._resume import (
     RECIPE_STATE_NAME,
     ResumePlan,
@@ -110,6 +111,12 @@ from torchtune.training.setup._model import (
     model_skeleton,
 )
 from torchtune.training.setup._preflight import check_inputs
+from torchtune.training.setup._recipe_keys import (
+    FINETUNE_DEFAULTS,
+    apply_process_settings,
+    config_notes,
+    log_config_notes,
+)
 from torchtune.training.setup._sampler import ResumableSampler
 
 # The distributed pieces import FSDP, DTensor and distributed checkpointing (about a second of CPU before any
@@ -167,6 +174,12 @@ __all__ = [
     "TrainingSteps",
     "check_distributed_settings",
     "check_finetune_config",
+    "FINETUNE_DEFAULTS",
+    "NoProfiler",
+    "apply_process_settings",
+    "build_profiler",
+    "config_notes",
+    "log_config_notes",
     "check_resume_is_sharded",
     "check_model_fits",
     "local_batch_size",

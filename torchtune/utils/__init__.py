@@ -9,7 +9,8 @@ from torchtune.utils._checkpointing._checkpoint_utils import (
     load_optimizer_state_dict,
 )
 from torchtune.utils._device import dtype_name, get_device, get_dtype, parse_device, set_default_dtype
-from torchtune.utils._seed import draw_seed, get_rng_state, set_rng_state, set_seed
+from torchtune.utils._logging import get_logger, log_rank_zero
+from torchtune.utils._seed import draw_seed, get_rng_state, set_deterministic_mode, set_rng_state, set_seed
 
 # Earlier releases of this library exported the checkpointers here; configs that still name
 # torchtune.utils.FullModelHFCheckpointer keep working. They live in torchtune.training (torchtune's path).
@@ -29,12 +30,15 @@ __all__ = [
     "dtype_name",
     "get_device",
     "get_dtype",
+    "get_logger",
+    "log_rank_zero",
     "parse_device",
     "set_default_dtype",
     "get_rng_state",
     "is_standard_optimizer_state",
     "keep_optimizer_state_paged",
     "load_optimizer_state_dict",
+    "set_deterministic_mode",
     "set_rng_state",
     "set_seed",
     "draw_seed",

@@ -37,3 +37,18 @@ def set_rng_state(state: Dict[str, Any]) -> None:
     random.setstate((py[0], tuple(py[1]), py[2]))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def set_deterministic_mode(mode: Any) -> None:
+    """torchtune's ``cudnn_deterministic_mode``: ``None``/``False``/``"default"``/0 leave PyTorch as it is;
+    ``"warn"``/1 makes it pick deterministic kernels and warn where an op has none; ``"error"``/2/``True``
+    raise there instead. cuDNN's autotuner is switched off too (it picks kernels by timing)."""
+    if mode in (None, False, "default", 0):
+        return
+    import os
+
+    # cuBLAS is deterministic only with a fixed workspace, set before its first call
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=mode in ("warn", 1))
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False

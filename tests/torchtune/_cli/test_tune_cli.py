@@ -120,11 +120,15 @@ def test_recipe_exit_status_is_returned(files):
     assert tune("run", "my_recipe.py", "--config", "my_config.yaml", "exit_code=3", cwd=files).returncode == 3
 
 
-def test_unknown_override_key_is_a_usage_error(files):
+def test_a_new_key_is_added_and_a_misspelled_component_key_refused(files):
+    # torchtune's command line: key=value adds a key the config lacks (a recipe's key check names a typo)
     result = tune("run", "my_recipe.py", "--config", "my_config.yaml", "batch_sizee=4", cwd=files)
-    assert_user_error(result, 2, "batch_sizee", "Did you mean 'batch_size'")
+    assert result.returncode == 0, result.stderr
+    assert _line(result.stdout, "CFG")["batch_sizee"] == 4
     result = tune("run", "my_recipe.py", "--config", "my_config.yaml", "thing.numeratr=4", cwd=files)
-    assert_user_error(result, 2, "Did you mean 'thing.numerator'")
+    assert_user_error(result, 2, "got an unexpected keyword argument 'numeratr' (did you mean 'numerator'?)")
+    result = tune("run", "my_recipe.py", "--config", "my_config.yaml", "+batch_size=4", cwd=files)
+    assert_user_error(result, 2, "already exists", "write 'batch_size=4'")
 
 
 def test_recipe_tune_error_exits_1_without_traceback_and_with_it_in_debug(files):
@@ -173,7 +177,8 @@ def test_run_validates_components(files):
 def test_argparse_errors_exit_2(files):
     assert tune("run", cwd=files).returncode == 2
     assert tune("no-such-command", cwd=files).returncode == 2
-    assert tune(cwd=files).returncode == 2
+    alone = tune(cwd=files)  # as torchtune's: the help, exit 0
+    assert alone.returncode == 0 and "Welcome to the torchtune CLI!" in alone.stdout
     result = tune("ls", "--bogus", cwd=files)
     assert result.returncode == 2 and "unrecognized arguments" in result.stderr
     result = tune("run", "my_recipe.py", "--config", "my_config.yaml", "--bogus", cwd=files)
@@ -229,10 +234,19 @@ def test_cp_copies_a_config_and_respects_no_clobber(files):
     assert (files / "sub" / cfg.path.name).read_text() == copied
     (files / "copy.yaml").write_text("mine: 1\n")
     result = tune("cp", cfg.name, "copy.yaml", "--no-clobber", cwd=files)
-    assert result.returncode == 0 and "Not overwriting" in result.stdout
+    assert result.returncode == 0 and "not overwriting" in result.stdout
     assert (files / "copy.yaml").read_text() == "mine: 1\n"
-    assert tune("cp", cfg.name, "copy.yaml", cwd=files).returncode == 0
+    # a file that holds something else is not overwritten without --force
+    assert_user_error(tune("cp", cfg.name, "copy.yaml", cwd=files), 2, "not overwriting it", "--force")
+    assert (files / "copy.yaml").read_text() == "mine: 1\n"
+    assert tune("cp", cfg.name, "copy.yaml", "--force", cwd=files).returncode == 0
     assert (files / "copy.yaml").read_text() == copied
+    assert tune("cp", cfg.name, "copy.yaml", cwd=files).returncode == 0  # the same text: written again
+    # a missing parent folder needs --make-parents
+    result = tune("cp", cfg.name, "new/dir/c.yaml", cwd=files)
+    assert result.returncode == 2 and "--make-parents" in result.stderr
+    assert tune("cp", cfg.name, "new/dir/c.yaml", "--make-parents", cwd=files).returncode == 0
+    assert (files / "new" / "dir" / "c.yaml").read_text() == copied
 
 
 def test_cp_bad_names(files):
@@ -265,7 +279,7 @@ def test_validate(files):
         "  - ref: ",
     )
     result = tune("validate", "my_config.yaml", "thing.denominatorr=2", cwd=files)
-    assert_user_error(result, 2, "Did you mean 'thing.denominator'")
+    assert_user_error(result, 2, "'denominatorr' (did you mean 'denominator'?)")
     assert_user_error(tune("validate", "nope.yaml", cwd=files), 2, "does not exist")
 
 
@@ -279,3 +293,39 @@ def test_cp_copies_a_recipe_into_a_folder(files):
     assert (files / "out" / "full_finetune_single_device.py").read_text() == recipe.path.read_text()
     result = tune("cp", "full_finetune_single_device.py", "mine", cwd=files)  # suffix added
     assert result.returncode == 0 and (files / "mine.py").is_file()
+
+
+def test_cat_prints_a_config_as_torchtune_does(files):
+    cfg = _a_builtin_config()
+    if cfg is None:
+        pytest.skip("no built-in config file is written yet")
+    import yaml
+
+    result = tune("cat", cfg.name, cwd=files)
+    assert result.returncode == 0, result.stderr
+    data = yaml.safe_load(cfg.path.read_text())
+    assert result.stdout == yaml.dump(data, default_flow_style=False, sort_keys=False, indent=4, width=80)
+    assert "#" not in result.stdout.split("\n")[0]  # no comments, first key first
+    result = tune("cat", cfg.name, "--sort", cwd=files)
+    assert [k for k in yaml.safe_load(result.stdout)] == sorted(data)
+    assert "is a recipe, not a config" in tune("cat", "full_finetune_single_device", cwd=files).stdout
+    assert tune("cat", "no_such_config", cwd=files).returncode == 2
+
+
+def test_out_of_scope_torchtune_recipes_and_configs_get_one_paragraph(files):
+    for args in (
+        ["run", "lora_finetune_single_device", "--config", "llama2/7B_lora_single_device"],
+        ["lora_finetune_distributed", "--config", "x"],
+        ["cp", "llama3_2/1B_qat_lora", "x.yaml"],
+        ["cat", "llama2/7B_lora"],
+    ):
+        result = tune(*args, cwd=files)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, args
+        assert "out of this library's scope" in " ".join(result.stderr.split()), args
+    (files / "lora.yaml").write_text(
+        "model:\n  _component_: torchtune.models.llama2.lora_llama2_7b\n  lora_rank: 8\n"
+        "tokenizer:\n  _component_: no_such_package.tokenizer\n"
+    )
+    result = tune("validate", "lora.yaml", cwd=files)  # one paragraph, before any component is imported
+    assert_user_error(result, 2, "model._component_: torchtune.models.llama2.lora_llama2_7b", "LoRA")
+    assert "no_such_package" not in result.stderr

@@ -1,5 +1,7 @@
 """`tune download`, in-process with the hub call replaced (tests never touch the network)."""
 
+from pathlib import Path
+
 import pytest
 
 from torchtune._cli import download, tune
@@ -18,6 +20,7 @@ def calls(monkeypatch):
 
     def fake_snapshot_download(**kwargs):
         seen.append(kwargs)
+        Path(kwargs["local_dir"]).mkdir(parents=True, exist_ok=True)
         return kwargs["local_dir"]
 
     monkeypatch.setattr(download, "snapshot_download", fake_snapshot_download)
@@ -48,7 +51,10 @@ def test_download_passes_arguments(calls, tmp_path, capsys):
             "ignore_patterns": ["*.pth", "*.bin"],
         }
     ]
-    assert f"Downloaded meta-llama/Llama-2-7b-hf to {tmp_path}" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "Ignoring files matching the following patterns: *.pth, *.bin" in out
+    assert "Successfully downloaded model repo and wrote to the following locations:" in out
+    assert (tmp_path / "original_repo_id.json").read_text().count("meta-llama/Llama-2-7b-hf") == 1
 
 
 def test_download_defaults_token_from_env_and_no_ignore(calls, tmp_path, monkeypatch):
@@ -57,10 +63,9 @@ def test_download_defaults_token_from_env_and_no_ignore(calls, tmp_path, monkeyp
     assert calls[0]["token"] == "from-env" and calls[0]["ignore_patterns"] is None
 
 
-def test_download_needs_output_dir(calls, capsys):
-    with pytest.raises(SystemExit) as info:
-        tune.main(["download", "org/model"])
-    assert info.value.code == 2 and "--output-dir" in capsys.readouterr().err
+def test_download_defaults_to_tmp_model_name_as_torchtune(calls):
+    assert tune.main(["download", "org/My-Model-7b"]) == 0
+    assert calls[0]["local_dir"] == "/tmp/My-Model-7b"
 
 
 def _failing(monkeypatch, exc):
@@ -77,9 +82,13 @@ def _errors():
         (
             "gated",
             lambda: _http_error(GatedRepoError, 403),
-            ["gated", "accept its license", "https://huggingface.co/org/model", "--hf-token", "HF_TOKEN"],
+            ["gated repository", "accepting its license", "https://huggingface.co/org/model", "--hf-token", "HF_TOKEN"],
         ),
-        ("not-found", lambda: _http_error(RepositoryNotFoundError, 401), ["does not exist", "--hf-token", "HF_TOKEN"]),
+        (
+            "not-found",
+            lambda: _http_error(RepositoryNotFoundError, 401),
+            ["not found on the Hugging Face Hub", "HF_TOKEN"],
+        ),
         ("401", lambda: _http_error(HfHubHTTPError, 401), ["token is missing or invalid", "--hf-token"]),
         ("offline", lambda: LocalEntryNotFoundError("cannot find the requested files"), ["network"]),
         ("connection", lambda: ConnectionError("connection refused"), ["network"]),
@@ -90,18 +99,24 @@ def _errors():
 def test_download_errors_are_one_clear_paragraph(monkeypatch, tmp_path, capsys, name, make, fragments):
     monkeypatch.delenv("TUNE_DEBUG", raising=False)
     _failing(monkeypatch, make())
-    assert tune.main(["download", "org/model", "--output-dir", str(tmp_path)]) == 1
+    with pytest.raises(SystemExit) as info:  # argparse's error line, as torchtune's `tune download`
+        tune.main(["download", "org/model", "--output-dir", str(tmp_path)])
+    assert info.value.code == 2
     err = capsys.readouterr().err
-    assert err.startswith("Error: ") and "Traceback" not in err and "\n\n" not in err.strip()
+    assert "tune download: error: " in err and "Traceback" not in err
     for fragment in fragments:
         assert fragment in " ".join(err.split()), err
 
 
-def test_download_error_traceback_with_debug(monkeypatch, tmp_path, capsys):
-    monkeypatch.setenv("TUNE_DEBUG", "1")
-    _failing(monkeypatch, ConnectionError("connection refused"))
-    assert tune.main(["download", "org/model", "--output-dir", str(tmp_path)]) == 1
-    assert "Traceback" in capsys.readouterr().err
+def test_kaggle_download_warns_and_lists_files(monkeypatch, tmp_path, capsys):
+    (tmp_path / "params.json").write_text("{}")
+    monkeypatch.setattr(download, "model_download", lambda handle: str(tmp_path))
+    with pytest.warns(UserWarning, match="--output-dir flag is not supported"):
+        code = tune.main(["download", "someone/llama-3.2/pytorch/1b", "--source", "kaggle", "--output-dir", "/x"])
+    assert code == 0
+    assert str(tmp_path / "params.json") in capsys.readouterr().out
+    with pytest.warns(UserWarning, match="neither a PyTorch nor a Transformers model"):
+        tune.main(["download", "metaresearch/m/jax/1b", "--source", "kaggle"])
 
 
 def test_llama3_folder_names_its_tokenizer(monkeypatch, tmp_path, capsys):

@@ -49,14 +49,14 @@ def test_builtin_config_gets_its_recipe_checks():
     ],
 )
 def test_recipe_checks_refuse(override, message):
-    result = run_tune(["validate", "llama2/7B_full", override])
+    result = run_tune(["validate", "llama2/7B_full_single_device", override])
     assert result.returncode == 2, result.stdout
     assert message in _flat(result.stderr)
 
 
 @pytest.mark.parametrize("spelling", ["bf16", "bfloat16", "BF16", "torch.bfloat16", "fp32", "float32"])
 def test_dtype_spellings_accepted(spelling):
-    result = run_tune(["validate", "llama2/7B_full", "--config-only", f"dtype={spelling}"])
+    result = run_tune(["validate", "llama2/7B_full_single_device", "--config-only", f"dtype={spelling}"])
     assert result.returncode == 0, result.stderr
 
 
@@ -75,10 +75,16 @@ def _shipped_configs():
 
 def test_own_yaml_needs_recipe_option(tmp_path):
     mine = tmp_path / "mine.yaml"
-    mine.write_text(registry.get_config("llama2/tiny_full").path.read_text() + "batch_sizee: 2\n")
+    text = registry.get_config("llama2/tiny_full").path.read_text() + "batch_sizee: 2\n"
+    # without its comments (whose launch line names the recipe, as torchtune's configs do), no recipe is known
+    mine.write_text("\n".join(line for line in text.splitlines() if not line.startswith("#")) + "\n")
     result = run_tune(["validate", str(mine)], cwd=tmp_path)
     assert result.returncode == 0, result.stderr  # the generic checks cannot know the recipe's keys
-    assert "Not run: a recipe's own checks" in _flat(result.stdout) and "--recipe NAME" in result.stdout
+    assert result.stdout == "Config is well-formed!\n"  # torchtune's line; what was not run goes to stderr
+    assert "Not run: a recipe's own checks" in _flat(result.stderr) and "--recipe NAME" in result.stderr
+    (tmp_path / "commented.yaml").write_text(text)  # the launch line in its comments names the recipe
+    result = run_tune(["validate", str(tmp_path / "commented.yaml")], cwd=tmp_path)
+    assert result.returncode == 2 and "unknown key 'batch_sizee' (did you mean batch_size?)" in _flat(result.stderr)
     result = run_tune(["validate", str(mine), "--recipe", "full_finetune_single_device"], cwd=tmp_path)
     assert result.returncode == 2
     assert "unknown key 'batch_sizee' (did you mean batch_size?)" in _flat(result.stderr)

@@ -191,7 +191,7 @@ def test_resume_state_metadata(capsys, tmp_path):
     assert main(["validate", TINY, f"output_dir={tmp_path / 'out'}", *resume]) == 0
     out = capsys.readouterr().out
     assert f"resume state {path}: step 5" in out and "the resumed run continues there" in out, out
-    _same_message_from_validate_and_run(capsys, tmp_path, [*resume, "batch_size=8"], "made with batch_size=16")
+    _same_message_from_validate_and_run(capsys, tmp_path, [*resume, "batch_size=8"], "made with a global batch of 16")
     other = cfg.model.copy()
     other.num_layers = 2
     _resume_state(tmp_path / "out" / "step_6", other)

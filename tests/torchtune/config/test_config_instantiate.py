@@ -173,7 +173,7 @@ def test_unhashable_callable_is_checked_without_the_cache(signature_calls):
     cfg = OmegaConf.create({"_component_": "tt_helpers.UNHASHABLE", "x": 3})
     assert config.instantiate(cfg) == 3 and config.instantiate(cfg) == 3
     assert signature_calls.count(tt_helpers.UNHASHABLE) == 2
-    with pytest.raises(ConfigError, match="unexpected key 'y'"):
+    with pytest.raises(ConfigError, match="unexpected keyword argument 'y'"):
         config.instantiate(OmegaConf.create({"_component_": "tt_helpers.UNHASHABLE", "y": 3}))
-    with pytest.raises(ConfigError, match="unexpected key 'y'"):
+    with pytest.raises(ConfigError, match="unexpected keyword argument 'y'"):
         config.validate(OmegaConf.create({"n": {"_component_": "tt_helpers.UNHASHABLE", "y": 3}}))

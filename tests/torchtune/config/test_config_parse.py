@@ -125,14 +125,12 @@ def test_overrides_apply_in_order(cfg_path):
 @pytest.mark.parametrize(
     "override, suggestion",
     [
-        ("batch_sizee=4", "'batch_size'"),
-        ("optimizer.lrr=1", "'optimizer.lr'"),
         ("~optimizer.weight_decy", "'optimizer.weight_decay'"),
-        ("source=x", "'dataset.source'"),
-        ("optimiser.lr=1", "'optimizer.lr'"),
+        ("~batch_sizee", "'batch_size'"),
+        ("~optimiser.lr", "'optimizer.lr'"),
     ],
 )
-def test_unknown_key_names_it_and_suggests(cfg_path, override, suggestion):
+def test_deleting_an_unknown_key_names_it_and_suggests(cfg_path, override, suggestion):
     with pytest.raises(ConfigError) as info:
         config.load_config(str(cfg_path), [override])
     message = str(info.value)
@@ -142,10 +140,36 @@ def test_unknown_key_names_it_and_suggests(cfg_path, override, suggestion):
     assert str(cfg_path) in message
 
 
+def test_key_value_adds_a_key_as_torchtune_does(cfg_path):
+    cfg = config.load_config(
+        str(cfg_path), ["batch_sizee=4", "optimizer.momentum=0.9", "profiler.enabled=true", "max_filename=00030"]
+    )
+    assert cfg.batch_sizee == 4 and cfg.batch_size == 2  # a typo is added: the recipe's key check names it
+    assert cfg.optimizer.momentum == 0.9 and cfg.profiler.enabled is True
+    assert cfg.max_filename == "00030"  # not octal 24: torchtune keeps checkpoint numbers as text
+
+
+def test_none_is_null_as_on_torchtunes_command_line(cfg_path):
+    cfg = config.load_config(str(cfg_path), ["seed=None", "dtype=null"])
+    assert cfg.seed is None and cfg.dtype is None
+
+
+def test_a_misspelled_added_key_is_named_by_the_recipe_key_check(cfg_path):
+    cfg = config.load_config(str(cfg_path), ["batch_sizee=4"])
+    with pytest.raises(ConfigError, match=r"unknown key 'batch_sizee' \(did you mean batch_size\?\)"):
+        config.check_recipe_keys(cfg, list(OmegaConf.load(cfg_path).keys()), "tiny", "tiny")
+
+
+def test_plus_on_an_existing_key_says_which_spelling_sets_it(cfg_path):
+    with pytest.raises(ConfigError) as info:
+        config.load_config(str(cfg_path), ["+batch_size=4"])
+    assert "already exists" in str(info.value) and "write 'batch_size=4'" in str(info.value)
+
+
 @pytest.mark.parametrize(
     "override, fragment",
     [
-        ("seed", "not of the form key=value"),
+        ("seed", "Command-line overrides must be in the form of key=value"),
         ("seed.x=1", "is a value (7), not a section"),
         ("dataset=3", "is a section"),
         ("a..b=1", "not a valid dotted key"),
@@ -229,7 +253,7 @@ def test_parse_decorator_passes_a_dictconfig_through(cfg_path):
 def test_parse_decorator_exits_with_error_code_and_no_traceback(cfg_path, capsys, monkeypatch):
     monkeypatch.delenv("TUNE_DEBUG", raising=False)
     with pytest.raises(SystemExit) as info:
-        _echo_recipe(["--config", str(cfg_path), "batch_sizee=4"])
+        _echo_recipe(["--config", str(cfg_path), "~batch_sizee"])
     assert info.value.code == 2
     err = " ".join(capsys.readouterr().err.split())
     assert "Did you mean 'batch_size'" in err and "Traceback" not in err

@@ -120,7 +120,7 @@ def test_bf16_compute_gathers_half_the_bytes(estimates):
 
 
 def test_batch_must_split_over_the_ranks():
-    with pytest.raises(Exception, match="batch_size=3 does not split over 2 processes"):
+    with pytest.raises(Exception, match="global batch 3 does not split over 2 processes"):
         estimate_distributed_memory(_cfg(), 2, seq_len=SEQ, batch_size=3)
 
 
@@ -201,7 +201,7 @@ def test_host_memory_of_llama2_70b_on_8_ranks_is_one_tensor_not_the_model():
     eighth of the model."""
     from torchtune.training.estimate._distributed_memory import estimate_host_memory
 
-    cfg = load_config("llama2/70B_full_distributed")
+    cfg = load_config("llama2/70B_full")
     host = estimate_host_memory(cfg, 8)
     assert host.full_save_rank0 == 32000 * 8192 * 2
     assert host.load == 4000 * 8192 * 2
@@ -209,6 +209,6 @@ def test_host_memory_of_llama2_70b_on_8_ranks_is_one_tensor_not_the_model():
     # a step save stages one local tensor: rank 0's embedding (or output) rows
     assert host.step_save == 4000 * 8192 * 2
 
-    offloaded = estimate_host_memory(load_config("llama2/70B_full_distributed", ["fsdp_cpu_offload=True"]), 8)
+    offloaded = estimate_host_memory(load_config("llama2/70B_full", ["fsdp_cpu_offload=True"]), 8)
     model_bytes = 68_976_648_192 * 2  # Llama2-70B's parameters in bf16
     assert offloaded.load - host.load == pytest.approx(model_bytes / 8, rel=1e-3)

@@ -672,4 +672,4 @@ def test_every_shipped_bf16_config_rounds_its_updates():
             if cfg.get("dtype") == "bf16":
                 checked.append(config.name)
                 assert cfg.bf16_stochastic_rounding is True, config.name
-    assert "llama2/7B_full" in checked and "llama2/70B_full_distributed" in checked
+    assert "llama2/7B_full_single_device" in checked and "llama2/70B_full" in checked

@@ -1,6 +1,6 @@
 """The distributed recipe's own settings: the checks of its FSDP and launch keys (no process group:
-``tune validate`` and ``tune run --nproc_per_node`` run them before any process starts), the split of the
-global batch over the ranks, and which checkpoints it resumes from."""
+``tune validate`` and ``tune run --nproc_per_node`` run them before any process starts), each rank's batch
+(``batch_size`` per process, or a share of ``global_batch_size``), and which checkpoints it resumes from."""
 
 from __future__ import annotations
 
@@ -35,11 +35,6 @@ def check_distributed_settings(cfg: Any) -> None:
         raise ConfigError(
             f"device={cfg.device} names a GPU index; each process takes the GPU of its local rank. Set "
             f"device={device.type}."
-        )
-    if cfg.fsdp_cpu_offload and device.type != "cuda":
-        raise ConfigError(
-            f"fsdp_cpu_offload=True keeps parameters, gradients and optimizer state in host memory between their "
-            f"uses on the GPU; with device={cfg.device} they are in host memory already. Set fsdp_cpu_offload=False."
         )
     if cfg.fsdp_param_dtype is not None:
         utils.dtype_name(cfg.fsdp_param_dtype)  # bf16 or fp32 in any spelling
@@ -77,31 +72,37 @@ def check_distributed_settings(cfg: Any) -> None:
 
 
 def local_batch_size(cfg: Any, info: Any) -> int:
-    """Each rank's share of the global ``batch_size`` (``info``: the ``DistributedInfo``); logs the split.
+    """Each rank's batch (``info``: the ``DistributedInfo``): ``batch_size``, as in torchtune (per process), or
+    the rank's share of ``global_batch_size`` when that is set (the same global batch on any number of
+    processes, so a run can resume on another world size); logs the split.
 
     Raises:
-        RankErrors: the global batch does not split evenly over the ranks (rank 0 prints it).
+        RankErrors: a global batch that does not split evenly over the ranks (rank 0 prints it).
     """
     from torchtune.training.distributed._fsdp import RankErrors
 
     world = info.world_size
-    batch_size = positive_int(cfg, "batch_size")
-    if batch_size % world:
-        raise RankErrors(
-            f"batch_size={batch_size} (the global batch) does not split evenly over {world} processes. Set "
-            f"batch_size to a multiple of {world} (e.g. {world * max(1, batch_size // world)}), or start a "
-            "number of processes that divides it. A resumed run keeps the batch_size it was saved with.",
-            quiet=not info.is_rank_zero,
-        )
-    local = batch_size // world
+    global_batch = cfg.get("global_batch_size")
+    if global_batch is None:
+        local = positive_int(cfg, "batch_size")
+        global_batch = local * world
+    else:
+        if global_batch % world:
+            raise RankErrors(
+                f"global_batch_size={global_batch} does not split evenly over {world} processes. Set it to a multiple "
+                f"of {world} (e.g. {world * max(1, global_batch // world)}), start a number of processes that divides "
+                "it, or set batch_size (per process) instead. A resumed run keeps the global batch it was saved with.",
+                quiet=not info.is_rank_zero,
+            )
+        local = global_batch // world
     ga = positive_int(cfg, "gradient_accumulation_steps")
     log.info(
-        "global batch %d = %d per rank x %d rank%s%s",
-        batch_size,
+        "batch: %d per rank x %d rank%s = global batch %d%s",
         local,
         world,
         "" if world == 1 else "s",
-        f"; x {ga} accumulation steps = {batch_size * ga} examples per optimizer step" if ga > 1 else "",
+        global_batch,
+        f"; x {ga} accumulation steps = {global_batch * ga} examples per optimizer step" if ga > 1 else "",
     )
     return local
 

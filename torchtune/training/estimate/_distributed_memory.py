@@ -1,6 +1,6 @@
 """Per-GPU peak memory of the distributed recipe for a world size, on one CPU process.
 
-``tune estimate-memory --config llama2/70B_full_distributed --world-size 8`` answers "how much does
+``tune estimate-memory --config llama2/70B_full --world-size 8`` answers "how much does
 each of 8 GPUs need" before anyone rents them. Rank 0 of a world of ``world_size`` is simulated:
 
 - a fake process group (PyTorch's ``fake`` backend: every collective returns at once without
@@ -140,8 +140,9 @@ def estimate_distributed_memory(
 ) -> MemoryEstimate:
     """Per-GPU peak memory of ``full_finetune_distributed`` for ``cfg`` on ``world_size`` GPUs.
 
-    ``batch_size`` is the global batch (the config's ``batch_size``, split evenly over the ranks);
-    each simulated rank runs ``batch_size // world_size`` sequences of ``seq_len`` tokens. With
+    ``batch_size`` is the global batch, split evenly over the ranks (default: the config's
+    ``global_batch_size``, else its ``batch_size`` per process times ``world_size``); each simulated rank
+    runs ``batch_size // world_size`` sequences of ``seq_len`` tokens. With
     ``fake=False`` the same runs on real CPU tensors (to check the estimate on a small model).
     ``attention`` as in ``estimate_recipe_memory``: ``"target"`` counts the kernel ``cfg.device``
     runs (CUDA flash / memory-efficient SDPA), ``"native"`` the CPU's own.
@@ -159,11 +160,15 @@ def estimate_distributed_memory(
     if world_size < 1:
         raise TuneError(f"world_size must be at least 1, got {world_size}.")
     seq_len = int(seq_len) if seq_len is not None else default_seq_len(cfg)
-    batch = int(batch_size) if batch_size is not None else training.positive_int(cfg, "batch_size")
+    if batch_size is None:
+        global_batch = cfg.get("global_batch_size")
+        batch_size = global_batch if global_batch is not None else training.positive_int(cfg, "batch_size") * world_size
+    batch = int(batch_size)
     if batch % world_size != 0:
         raise TuneError(
-            f"batch_size={batch} does not split over {world_size} processes (each rank takes batch_size / "
-            f"world size sequences). Pick a batch_size that is a multiple of {world_size}."
+            f"global batch {batch} does not split over {world_size} processes (each rank takes the global batch / "
+            f"world size sequences). Pick a global_batch_size that is a multiple of {world_size}, or set batch_size "
+            "(per process) instead."
         )
     local_batch = batch // world_size
     component = str(cfg.optimizer._component_)

@@ -87,13 +87,17 @@ class RunSettings:
     epochs: int
 
     @classmethod
-    def from_config(cls, cfg: Any) -> "RunSettings":
-        """The settings of a recipe config (its values checked by ``check_loop_keys``)."""
+    def from_config(cls, cfg: Any, world_size: int = 1) -> "RunSettings":
+        """The settings of a recipe config (its values checked by ``check_loop_keys``) on ``world_size``
+        processes. ``batch_size`` here is the global batch (the examples of one micro-step on all
+        processes): the config's ``batch_size`` (per process) times ``world_size``, or its
+        ``global_batch_size``."""
         from torchtune.training.setup._checks import positive_int
 
+        global_batch = cfg.get("global_batch_size")
         return cls(
             optimizer_in_bwd=bool(cfg.optimizer_in_bwd),
-            batch_size=positive_int(cfg, "batch_size"),
+            batch_size=global_batch if global_batch is not None else positive_int(cfg, "batch_size") * world_size,
             gradient_accumulation_steps=positive_int(cfg, "gradient_accumulation_steps"),
             seed=cfg.seed,
             max_steps_per_epoch=positive_int(cfg, "max_steps_per_epoch", allow_none=True),
@@ -261,6 +265,8 @@ def resolve_resume(cfg: Any, settings: RunSettings, *, checksums: bool = True) -
         if job is not None:
             job.check(wait=True)  # a damaged file is better named by its checksum
         raise
+    if _TORCHTUNE_STATE_KEYS <= set(state) and "global_step" not in state:
+        raise TuneError(torchtune_state_refusal(path, state))
     missing = [k for k in _REQUIRED if k not in state]
     if "model" in state or missing:
         raise TuneError(
@@ -270,6 +276,26 @@ def resolve_resume(cfg: Any, settings: RunSettings, *, checksums: bool = True) -
         )
     _check_settings(state, settings)
     return ResumePlan(recipe_state_path=path, state=state, checksums=job)
+
+
+# The keys of the recipe_state.pt torchtune 0.6.1's full-finetune recipes write (besides the optimizer's).
+_TORCHTUNE_STATE_KEYS = {"seed", "epochs_run", "total_epochs", "max_steps_per_epoch", "optimizer"}
+
+
+def torchtune_state_refusal(path: Path, state: Dict[str, Any]) -> str:
+    """Why a ``recipe_state.pt`` torchtune wrote is not resumed here, and how to continue from its weights."""
+    done, total = state.get("epochs_run"), state.get("total_epochs")
+    folder = path.parent.parent / f"epoch_{done - 1}" if isinstance(done, int) and done > 0 else None
+    weights = str(folder) if folder is not None and folder.is_dir() else "its last epoch_N folder"
+    return (
+        f"{path} was written by torchtune (after {done} of {total} epochs): it holds the optimizer state and the "
+        "finished epochs, but not what a resume here continues from: the position in the data order (torchtune's "
+        "sampler orders the examples otherwise than this library's), the RNG states, the step count and the batch "
+        "settings, and no LR schedule state. So it is not resumed. To go on from that run here, start a new run "
+        f"from its weights (checkpointer.checkpoint_dir={weights} resume_from_checkpoint=False "
+        "checkpointer.recipe_checkpoint=null, with the epochs left), the optimizer starting afresh; or resume it "
+        "with torchtune."
+    )
 
 
 def check_loaded_checksums(resume: Optional[ResumePlan], checkpointer: Any, *, wait: bool = False) -> None:
@@ -292,13 +318,20 @@ def _check_settings(state: Dict[str, Any], settings: RunSettings) -> None:
             f"optimizer_in_bwd={settings.optimizer_in_bwd}; the optimizer state cannot be carried across. "
             f"Resume with optimizer_in_bwd={saved}."
         )
-    for key in ("batch_size", "gradient_accumulation_steps"):
-        saved, ours = state[key], getattr(settings, key)
-        if saved != ours:
-            raise TuneError(
-                f"The recipe checkpoint was made with {key}={saved}, this run has {key}={ours}: the saved "
-                f"position inside the epoch would point at other data. Resume with {key}={saved}."
-            )
+    if state["batch_size"] != settings.batch_size:
+        saved, ours = state["batch_size"], settings.batch_size
+        raise TuneError(
+            f"The recipe checkpoint was made with a global batch of {saved} (batch_size x processes), this run "
+            f"has {ours}: the saved position inside the epoch would point at other data. Resume with a batch_size "
+            f"that times the number of processes makes {saved}, or set global_batch_size={saved} (distributed)."
+        )
+    key = "gradient_accumulation_steps"
+    if state[key] != settings.gradient_accumulation_steps:
+        saved, ours = state[key], settings.gradient_accumulation_steps
+        raise TuneError(
+            f"The recipe checkpoint was made with {key}={saved}, this run has {key}={ours}: the saved "
+            f"position inside the epoch would point at other data. Resume with {key}={saved}."
+        )
     if settings.seed is not None and state["seed"] != settings.seed:
         log.warning(
             "seed=%s differs from the checkpoint's seed=%s; using the checkpoint's so the data order continues.",

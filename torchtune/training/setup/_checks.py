@@ -33,10 +33,12 @@ RECIPE_VALUE_TYPES = {
     "bf16_stochastic_rounding": bool,
     "enable_activation_checkpointing": bool,
     "enable_activation_offloading": bool,
+    "activation_offloading_use_streams": bool,
     "log_peak_memory_stats": bool,
     "fsdp_cpu_offload": bool,
     "fsdp_reshard_after_forward": bool,
     "async_checkpoint": bool,
+    "log_level": Optional[str],
     "eval_every_n_steps": Optional[int],
     "results_file": Optional[str],  # null: eval_results.json next to the checkpoint scored
     "prompt": Optional[Union[str, int, float]],  # null: format_prompt says it is empty

@@ -10,12 +10,14 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from torchtune import config, utils
+from torchtune._errors import ConfigError
 from torchtune.training.run._eval_after_training import EvalAfterTraining
 from torchtune.training.run._metrics import check_metric_logger
 from torchtune.training.run._output_dir import check_overwrite
 from torchtune.training.run._resume import check_resume_keys
 from torchtune.training.run._validation import check_validation_settings
 from torchtune.training.setup._checks import check_liger, check_optimizer_settings, check_value_types, positive_int
+from torchtune.training.setup._recipe_keys import apply_key_defaults, check_torchtune_keys
 
 __all__ = ["check_finetune_config", "check_loop_keys"]
 
@@ -26,10 +28,15 @@ def check_finetune_config(cfg: Any, recipe_keys: Sequence[str], recipe_name: str
     device and dtype spellings, optimizer settings, liger-kernel's device and package, the loop's keys
     and ``eval_after_training``.
 
+    First the keys a config may leave out get their defaults (``FINETUNE_DEFAULTS``), in ``cfg`` itself, and
+    torchtune's later spellings become this library's keys: a torchtune config runs as written.
+
     Raises:
         ConfigError: naming the key to change.
     """
+    apply_key_defaults(cfg, recipe_keys)
     config.check_recipe_keys(cfg, recipe_keys, recipe_name, shipped_config)
+    check_torchtune_keys(cfg)
     check_value_types(cfg)
     utils.parse_device(cfg.device)
     utils.dtype_name(cfg.dtype)
@@ -46,8 +53,18 @@ def check_loop_keys(cfg: Any) -> None:
     Raises:
         ConfigError: naming the key to change.
     """
-    for key in ("batch_size", "epochs", "log_every_n_steps"):
+    for key in ("epochs", "log_every_n_steps"):
         positive_int(cfg, key)
+    if cfg.get("global_batch_size") is None:
+        positive_int(cfg, "batch_size")
+    else:
+        positive_int(cfg, "global_batch_size")
+        if cfg.batch_size is not None:
+            raise ConfigError(
+                f"global_batch_size={cfg.global_batch_size} and batch_size={cfg.batch_size} are both set: batch_size "
+                "is the batch of each process, global_batch_size the batch of all of them split over the processes. "
+                "Set batch_size=null to split the global batch, or remove global_batch_size."
+            )
     for key in ("max_steps_per_epoch", "save_every_n_steps", "keep_last_n_checkpoints"):
         positive_int(cfg, key, allow_none=True)
     check_resume_keys(cfg)
