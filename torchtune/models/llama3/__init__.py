@@ -4,6 +4,7 @@ Weight conversion is Llama2's: ``torchtune.models.llama2.hf_to_tune`` / ``tune_t
 
 from torchtune.models.llama3._component_builders import llama3, llama3_mlp
 from torchtune.models.llama3._model_builders import llama3_8b, llama3_70b
+from torchtune.models.llama3._parallelism import base_llama_tp_plan
 from torchtune.models.llama3._tokenizer import (
     CHAT_ROLES,
     LLAMA3_SPECIAL_TOKENS,
@@ -17,6 +18,7 @@ __all__ = [
     "LLAMA3_SPECIAL_TOKENS",
     "LLAMA3_SPLIT_PATTERN",
     "Llama3Tokenizer",
+    "base_llama_tp_plan",
     "llama3",
     "llama3_70b",
     "llama3_8b",
