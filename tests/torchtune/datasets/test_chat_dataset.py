@@ -220,3 +220,23 @@ def test_alpaca_with_the_llama3_tokenizer(tok, hf, alpaca_json, alpaca_rows, tmp
         n_prompt = len(hf(prompt)["input_ids"])
         assert item["labels"] == [-100] * n_prompt + item["tokens"][n_prompt:]
         assert tok.decode(item["labels"][n_prompt:]) == row["output"]
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gemma3"])
+def test_a_model_folders_tokenizer_learns_what_its_template_says_the_assistant_writes(
+    chat_tokenizer_dir, openai_file, tmp_path, family
+):
+    """HFModelTokenizer through torchtune's message API (the default) gives the labels of the chat template
+    path: each reply and its end-of-turn token; train_on_input=True learns every token."""
+    from torchtune.modules.tokenizers import HFModelTokenizer
+
+    tok = HFModelTokenizer(chat_tokenizer_dir(family) / "tokenizer.json")
+    kwargs = dict(source=str(openai_file), cache_dir=str(tmp_path / "c"))
+    default, template = chat_dataset(tok, **kwargs), chat_dataset(tok, **kwargs, chat_format="chat_template")
+    for i, conversation in enumerate(CONVERSATIONS):
+        encoded = tok.message_spans(conversation)
+        expected = [t if learnt else -100 for t, learnt in zip(encoded.tokens, encoded.is_assistant)]
+        assert default[i]["tokens"] == template[i]["tokens"] == encoded.tokens
+        assert default[i]["labels"] == template[i]["labels"] == expected
+    everything = chat_dataset(tok, **kwargs, train_on_input=True)[0]
+    assert everything["labels"] == everything["tokens"]
