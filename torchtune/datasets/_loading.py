@@ -105,7 +105,7 @@ def load_hf_dataset(source: str, split: str = "train", **load_dataset_kwargs: An
         )
     if isinstance(dataset, datasets.IterableDataset):
         raise TuneError(
-            f"{where} was loaded as a streaming dataset; remove dataset.streaming, an InstructDataset needs its length."
+            f"{where} was loaded as a streaming dataset; remove dataset.streaming, a dataset here needs its length."
         )
     if len(dataset) == 0:
         raise TuneError(
