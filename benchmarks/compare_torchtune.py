@@ -231,7 +231,15 @@ def config(impl: str, assets: Dict[str, Path], out: Path, args: argparse.Namespa
                 "path": str(assets["tokenizer"]),
                 "max_seq_len": None,
             },
-            "dataset": {**data, "max_seq_len": args.seq_len, "cache_dir": str(out / "hf_cache")},
+            # best-fit packs (this library's, torchtune's greedy packing without it); the Alpaca text as it is,
+            # as the other peers render it (torchtune's default wraps it in Llama 2's [INST] template)
+            "dataset": {
+                **data,
+                "max_seq_len": args.seq_len,
+                "cache_dir": str(out / "hf_cache"),
+                "best_fit": best,
+                "chat_format": "plain_text",
+            },
             "checkpointer": {"_component_": "torchtune.training.FullModelHFCheckpointer", **ckpt},
             "lr_scheduler": None,
             "save_every_n_steps": None,

@@ -296,7 +296,7 @@ def heldout_loss(
 ) -> float:
     """Mean next-token cross-entropy over every labelled token (label != -100) of ``dataset``.
 
-    ``dataset`` items are ``{"tokens", "labels"}`` aligned position by position, as ``InstructDataset``
+    ``dataset`` items are ``{"tokens", "labels"}`` aligned position by position, as ``SFTDataset``
     gives them; the shift (position ``t`` predicts label ``t + 1``) happens here, as in the recipe.
     Token-weighted, so the value does not depend on ``batch_size``. ``collate_fn`` defaults to
     ``torchtune.datasets.padded_collate``.

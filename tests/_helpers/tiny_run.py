@@ -128,6 +128,9 @@ def base_config(tmp_path: Path, ckpt: Path, tokenizer: Path, data: Path, vocab: 
             "train_on_input": True,
             "max_seq_len": 96,
             "packed": False,
+            # the Alpaca text as it is, as the tiny tokenizer was trained on (without it Llama 2's [INST]
+            # template would wrap the prompt: torchtune's default)
+            "chat_format": "plain_text",
         },
         "seed": 1234,
         "shuffle": True,

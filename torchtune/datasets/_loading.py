@@ -10,7 +10,7 @@ from __future__ import annotations
 import glob
 import os
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, Callable, List, Optional
 
 from torchtune._assets import missing_path_hint
 from torchtune._errors import TuneError
@@ -105,7 +105,7 @@ def load_hf_dataset(source: str, split: str = "train", **load_dataset_kwargs: An
         )
     if isinstance(dataset, datasets.IterableDataset):
         raise TuneError(
-            f"{where} was loaded as a streaming dataset; remove dataset.streaming, an InstructDataset needs its length."
+            f"{where} was loaded as a streaming dataset; remove dataset.streaming, a dataset here needs its length."
         )
     if len(dataset) == 0:
         raise TuneError(
@@ -115,10 +115,11 @@ def load_hf_dataset(source: str, split: str = "train", **load_dataset_kwargs: An
     return dataset
 
 
-def load_text_dataset(source: str, split: str = "train", **load_dataset_kwargs: Any):
-    """``load_hf_dataset``, with every column of a CSV file read as text: CSV has no types, but the CSV
-    reader guesses them, so an answer column of ``4`` and ``3`` would arrive as numbers (and an answer
-    ``3.50`` as ``3.5``). Other formats keep their types (a JSON number is a number)."""
+def load_dataset(source: str, split: str = "train", **load_dataset_kwargs: Any):
+    """What the datasets of this package load their data with: ``load_hf_dataset``, with every column of a
+    CSV file read as text. CSV has no types, but the CSV reader guesses them, so an answer column of ``4``
+    and ``3`` would arrive as numbers (and an answer ``3.50`` as ``3.5``). Other formats keep their types
+    (a JSON number is a number)."""
     data = load_hf_dataset(source, split=split, **load_dataset_kwargs)
     if getattr(data.info, "builder_name", None) != "csv" or "features" in load_dataset_kwargs:
         return data
@@ -128,6 +129,15 @@ def load_text_dataset(source: str, split: str = "train", **load_dataset_kwargs: 
         return data
     text = datasets.Features({column: datasets.Value("string") for column in data.column_names})
     return load_hf_dataset(source, split=split, features=text, **load_dataset_kwargs)
+
+
+def filter_rows(data: Any, filter_fn: Callable[[Any], bool]) -> Any:
+    """The rows of ``data`` that ``filter_fn`` keeps: ``datasets.Dataset.filter`` (cached as ``datasets``
+    caches a map), or a list of the rows of data built in memory."""
+    if hasattr(data, "filter"):
+        with quiet_datasets():
+            return data.filter(filter_fn)
+    return [row for row in data if filter_fn(row)]
 
 
 def describe_source(source: str, data_files: Any = None) -> str:

@@ -11,9 +11,10 @@ stop in the middle of a prompt. So those rows are left out, and the log says how
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from array import array
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from torchtune._errors import TuneError
 from torchtune.modules.loss import CROSS_ENTROPY_IGNORE_IDX
@@ -40,6 +41,35 @@ def truncate(tokens: List[int], labels: List[int], max_seq_len: Optional[int]) -
     kept = labels[: max_seq_len - 1]
     last = labels[-1] if has_targets(kept) else CROSS_ENTROPY_IGNORE_IDX
     return tokens[: max_seq_len - 1] + tokens[-1:], kept + [last]
+
+
+class TextColumns(NamedTuple):
+    """The columns whose every value must be text (``required``), or text or null (``optional``)."""
+
+    required: Tuple[str, ...] = ()
+    optional: Tuple[str, ...] = ()
+
+
+def _no_text_columns(available: List[str], described: str) -> TextColumns:
+    return TextColumns()
+
+
+@dataclasses.dataclass(frozen=True)
+class RowCheck:
+    """What a dataset builder has ``SFTDataset`` check in every row when it is built (``check_rows``).
+
+    Attributes:
+        columns: called with the data's column names and its description; checks that the columns the
+            message transform reads are there (a ``TuneError`` that says which ``column_map`` to set) and
+            returns those whose values must be text.
+        find_cut_rows: tokenize the rows whose prompt is not learnt, to leave out those that ``max_seq_len``
+            cuts down to no label (a packed dataset's packer finds them itself, so packed builders say False).
+        advice: what the error about malformed rows ends with (what the rows must look like).
+    """
+
+    columns: Callable[[List[str], str], TextColumns] = _no_text_columns
+    find_cut_rows: bool = True
+    advice: str = ""
 
 
 class KeptRows:
@@ -70,19 +100,39 @@ class KeptRows:
         reason: Callable[[Mapping[str, Any]], Optional[str]],
         described: str,
         key: str = "dataset",
+        advice: str = "",
     ) -> "KeptRows":
-        """Keep the rows for which ``reason(row)`` is None; log how many were left out and why.
+        """Keep the rows for which ``reason(row)`` is None; log how many were left out and why. A row for
+        which ``reason`` raises (a ``TuneError``, ``ValueError``, ``KeyError`` or ``TypeError``: the row
+        cannot be made into an example) is an error; every row is scanned first, so the error lists the
+        first few rows at fault and counts the rest.
 
         Raises:
-            TuneError: no row is left.
+            TuneError: a row that cannot be made into an example (``advice`` ends the message), or no row left.
         """
         dropped_rows: List[int] = []
         dropped: Dict[str, int] = {}
+        problems: List[str] = []
+        bad = 0
         for index, row in rows:
-            why = reason(row)
+            try:
+                why = reason(row)
+            except (TuneError, ValueError, KeyError, TypeError) as err:
+                bad += 1
+                if len(problems) < _SHOWN_ROWS:
+                    problems.append(f"row {index}: {_reason(err)}")
+                continue
             if why is not None:
                 dropped_rows.append(index)
                 dropped[why] = dropped.get(why, 0) + 1
+        if problems:
+            more = f" (and {bad - len(problems)} more rows)" if bad > len(problems) else ""
+            raise TuneError(
+                f"{described} has rows that cannot be trained on: "
+                + "; ".join(problems)
+                + f"{more}. "
+                + (advice or "Fix or drop those rows.")
+            )
         kept = cls(total, dropped_rows, dropped)
         if dropped_rows:
             why = ", ".join(f"{n} {r}" for r, n in sorted(dropped.items()))
@@ -105,8 +155,39 @@ class KeptRows:
         return kept
 
 
-def column_batches(data: Any, columns: List[str]) -> Iterable[Tuple[int, Dict[str, Any]]]:
-    """``(index, row)`` of ``columns`` only, read a thousand rows at a time: bounded memory for any size."""
+def _reason(err: BaseException) -> str:
+    """How a row's error reads in a list of rows: the message of a ``TuneError`` or ``ValueError``, the
+    kind and message of anything else (a ``KeyError`` alone would read as a bare column name)."""
+    if isinstance(err, (TuneError, ValueError)) and str(err):
+        return str(err)
+    return f"{type(err).__name__}: {err}"
+
+
+def is_hf_dataset(data: Any) -> bool:
+    """Whether ``data`` is a Hugging Face ``datasets.Dataset`` (an Arrow table), not a list of rows."""
+    return hasattr(data, "column_names") and hasattr(data, "select_columns")
+
+
+def data_columns(data: Any) -> List[str]:
+    """The column names of ``data``: a ``datasets.Dataset``'s, or the keys of a list's first row."""
+    if is_hf_dataset(data):
+        return list(data.column_names)
+    first = next(iter(data), None) if len(data) else None
+    return list(first) if isinstance(first, Mapping) else []
+
+
+def column_batches(data: Any, columns: Optional[List[str]] = None) -> Iterable[Tuple[int, Dict[str, Any]]]:
+    """``(index, row)`` of ``columns`` (None: every column); a ``datasets.Dataset`` is read a thousand rows at
+    a time (bounded memory for any size), a list of rows as it is."""
+    if not is_hf_dataset(data):
+        for index, row in enumerate(data):
+            yield index, (dict(row) if columns is None else {c: row.get(c) for c in columns})
+        return
+    columns = list(data.column_names) if columns is None else columns
+    if not columns:
+        for index in range(len(data)):
+            yield index, {}
+        return
     view = data.select_columns(columns)
     for start in range(0, len(view), _BATCH):
         batch = view[start : start + _BATCH]
@@ -121,16 +202,14 @@ def check_text_columns(data: Any, required: List[str], optional: List[str], desc
     Raises:
         TuneError: one paragraph naming each column at fault, how many rows and the first of them.
     """
-    import datasets
-    import pyarrow.compute as pc
-
     problems: List[str] = []
+    arrow = is_hf_dataset(data)
+    available = data_columns(data)
     for column in dict.fromkeys([*required, *optional]):
-        if column not in data.column_names:
+        if column not in available:
             continue
         may_be_null = column not in required
-        feature = data.features[column]
-        dtype = feature.dtype if isinstance(feature, datasets.Value) else None
+        dtype = _arrow_dtype(data, column) if arrow else None
         if dtype == "null":
             if not may_be_null:
                 problems.append(f"column '{column}' is null in every row")
@@ -138,6 +217,8 @@ def check_text_columns(data: Any, required: List[str], optional: List[str], desc
         if dtype in ("string", "large_string"):
             if may_be_null:
                 continue
+            import pyarrow.compute as pc
+
             nulls = pc.is_null(data.data.column(column)).combine_chunks()
             if nulls.true_count:
                 rows = pc.indices_nonzero(nulls).to_pylist()
@@ -159,6 +240,14 @@ def check_text_columns(data: Any, required: List[str], optional: List[str], desc
             + ". Training would turn a null into the text 'None' and a number into its digits: fill those "
             "fields, drop those rows, or map the template field to another column (dataset.column_map)."
         )
+
+
+def _arrow_dtype(data: Any, column: str) -> Optional[str]:
+    """The Arrow type of a plain column (``string``, ``null``, ``int64`` ...), None for nested ones."""
+    import datasets
+
+    feature = data.features[column]
+    return feature.dtype if isinstance(feature, datasets.Value) else None
 
 
 def _rows_message(column: str, rows: List[int], what: str) -> str:

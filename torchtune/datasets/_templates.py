@@ -11,11 +11,12 @@ from torchtune.data._messages import ALPACA_PROMPT_INPUT, ALPACA_PROMPT_NO_INPUT
 
 
 class InstructTemplate:
-    """Turns a row into a prompt; the response column is appended after it by ``InstructDataset``.
+    """Turns a row into a prompt (``instruct_dataset(template=...)``: the user message); the response column is
+    the assistant's message.
 
     Subclasses set ``columns`` (fields the prompt needs), ``optional_columns`` (fields it uses when
     present) and ``response_column`` (the text the model learns to write), and implement ``format``.
-    Field names are the template's own; ``column_map`` in ``InstructDataset`` maps them onto a
+    Field names are the template's own; ``column_map`` of ``instruct_dataset`` maps them onto a
     dataset's column names. A subclass must build with no arguments to be named by dotted path.
     """
 

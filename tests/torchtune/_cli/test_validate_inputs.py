@@ -210,8 +210,9 @@ def test_resume_state_metadata(capsys, tmp_path):
 
 
 def test_template_that_fails_on_a_row_and_the_lengths_of_the_first_examples(capsys, tmp_path):
-    """The first examples are tokenized at set-up: a template that fails on the data stops validate and the
-    run alike before the weights; validate reports their lengths."""
+    """Every row is made into messages when the dataset is built: a template that fails on the data stops
+    validate and the run alike before the weights, naming the rows; validate reports the lengths of the
+    first examples (the Alpaca text as it is: chat_format plain_text, without Llama 2's [INST] template)."""
     cfg = config.load_config(TINY, [f"output_dir={tmp_path / 'out'}"])
     cfg.dataset = {
         "_component_": "torchtune.datasets.instruct_dataset",
@@ -225,18 +226,21 @@ def test_template_that_fails_on_a_row_and_the_lengths_of_the_first_examples(caps
     capsys.readouterr()
     assert main(["validate", str(mine), "--recipe", "full_finetune_single_device"]) == 1
     err = capsys.readouterr().err
-    assert "Example 0 of dataset could not be tokenized: ValueError" in " ".join(err.split()), err
+    flat = " ".join(err.split())
+    assert "demo/train.json' has rows that cannot be trained on: row 0: Unknown format code 'd'" in flat, err
+    assert "(and 2995 more rows)" in flat, err
     with pytest.raises(TuneError) as raised:
         build_recipe(cfg)
     assert err.strip() == format_message(f"Error: {raised.value}").strip()
 
     capsys.readouterr()  # the lengths of the first examples are reported, cut at max_seq_len
-    overrides = [f"output_dir={tmp_path / 'out'}", "dataset.max_seq_len=8", "dataset.train_on_input=True"]
+    plain = "+dataset.chat_format=plain_text"
+    overrides = [f"output_dir={tmp_path / 'out'}", "dataset.max_seq_len=8", "dataset.train_on_input=True", plain]
     assert main(["validate", TINY, *overrides]) == 0
     out = capsys.readouterr().out
     assert "dataset: 3000 examples, 188 steps per epoch; the first 8 examples are 8 to 8 tokens long" in out, out
     # with the loss on the responses only, the rows whose prompt (40 to 72 tokens) leaves no response token
     # under max_seq_len are left out, and counted
-    assert main(["validate", TINY, f"output_dir={tmp_path / 'out'}", "dataset.max_seq_len=60"]) == 0
+    assert main(["validate", TINY, f"output_dir={tmp_path / 'out'}", "dataset.max_seq_len=60", plain]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "dataset: 1954 examples" in out and "; 1046 rows with nothing to learn left out (1046 cut away" in out, out

@@ -1,3 +1,7 @@
+"""Instruction datasets with a text tokenizer (SentencePieceTokenizer: no chat format, so the messages are
+plain text): Alpaca's prompts, labels, truncation, rows with nothing to learn, column maps, templates, local
+files and the errors about them."""
+
 import json
 
 import pytest
@@ -7,7 +11,6 @@ from torchtune import TuneError
 from torchtune.datasets import (
     AlpacaInstructTemplate,
     FormatInstructTemplate,
-    InstructDataset,
     InstructTemplate,
     alpaca_dataset,
     instruct_dataset,
@@ -86,9 +89,15 @@ def test_rows_with_nothing_to_learn_are_left_out(tokenizer, tmp_path, cache_dir,
     assert tokenizer.decode([t for t in ds[1]["labels"] if t != -100]) == "bye"
     assert "2 of 4 rows have nothing to learn and are left out (2 empty reply): rows 1, 2." in caplog.text
     packed = alpaca_dataset(
-        tokenizer, source="json", data_files=data, cache_dir=cache_dir, train_on_input=False, packed=True
+        tokenizer,
+        source="json",
+        data_files=data,
+        cache_dir=cache_dir,
+        train_on_input=False,
+        packed=True,
+        max_seq_len=256,
     )
-    assert packed.num_examples == 2 and packed.num_dropped == 2
+    assert packed.num_examples == 2 and packed.dropped == {"empty reply": 2}
     assert len(alpaca_dataset(tokenizer, source="json", data_files=data, cache_dir=cache_dir)) == 4
     with pytest.raises(TuneError, match="has nothing to learn in any row"):
         alpaca_dataset(
@@ -224,13 +233,13 @@ def test_hub_name_offline_says_use_local_files(tokenizer, cache_dir):
 def test_format_string_template_and_response_column(tokenizer, tmp_path, cache_dir):
     data = _write(tmp_path / "qa.json", [{"question": "Why is the sky blue?", "answer": "Scattering."}])
     template = FormatInstructTemplate("Question: {question}\nAnswer:", response_column="answer")
-    ds = InstructDataset(tokenizer, "json", template, data_files=data, cache_dir=cache_dir)
+    ds = instruct_dataset(tokenizer, source="json", template=template, data_files=data, cache_dir=cache_dir)
     assert ds[0]["tokens"] == tokenizer.encode("Question: Why is the sky blue?\nAnswer:Scattering.")
     # A bare format string uses the `output` column, renamed here by column_map.
     ds = instruct_dataset(
         tokenizer,
-        "json",
-        "Question: {question}\n",
+        source="json",
+        template="Question: {question}\n",
         column_map={"output": "answer"},
         data_files=data,
         cache_dir=cache_dir,
@@ -249,14 +258,18 @@ class ShoutTemplate(InstructTemplate):
 @pytest.mark.parametrize("template", [ShoutTemplate, ShoutTemplate(), f"{__name__}.ShoutTemplate"])
 def test_custom_template_by_class_instance_or_dotted_path(tokenizer, tmp_path, cache_dir, template):
     data = _write(tmp_path / "shout.json", [{"text": "hello", "reply": "world"}])
-    ds = instruct_dataset(tokenizer, "json", template, data_files=data, cache_dir=cache_dir)
+    ds = instruct_dataset(tokenizer, source="json", template=template, data_files=data, cache_dir=cache_dir)
     assert ds[0]["tokens"] == tokenizer.encode("HELLO\nworld")
 
 
 def test_bad_dotted_template(tokenizer, alpaca_json, cache_dir):
     with pytest.raises(TuneError, match="dataset.template"):
         instruct_dataset(
-            tokenizer, "json", "torchtune.datasets.NoSuchTemplate", data_files=str(alpaca_json), cache_dir=cache_dir
+            tokenizer,
+            source="json",
+            template="torchtune.datasets.NoSuchTemplate",
+            data_files=str(alpaca_json),
+            cache_dir=cache_dir,
         )
 
 
@@ -275,3 +288,30 @@ def test_rows_are_tokenized_on_access(tokenizer, alpaca_json, cache_dir, alpaca_
     assert len(ds) == 3 and calls == []
     ds[2]
     assert calls == [AlpacaInstructTemplate().format(alpaca_rows[2]), "Paris."]
+
+
+def test_instruct_dataset_as_torchtune(tokenizer, tmp_path, cache_dir):
+    """Without a template: the ``input`` column is the user message, ``output`` the reply; the prompt is not
+    learnt by default; ``new_system_prompt`` goes first (never learnt); ``column_map`` may name one column."""
+    data = _write(tmp_path / "io.json", [{"question": "Why is the sky blue?", "output": "Scattering."}])
+    ds = instruct_dataset(
+        tokenizer, source="json", data_files=data, cache_dir=cache_dir, column_map={"input": "question"}
+    )
+    prompt = tokenizer.encode("Why is the sky blue?", add_eos=False)
+    assert ds[0]["tokens"] == prompt + tokenizer.encode("Scattering.", add_bos=False, trim_leading_whitespace=True)
+    assert ds[0]["labels"] == [-100] * len(prompt) + ds[0]["tokens"][len(prompt) :]
+    ds = instruct_dataset(
+        tokenizer,
+        source="json",
+        data_files=data,
+        cache_dir=cache_dir,
+        column_map={"input": "question"},
+        new_system_prompt="Be brief.",
+        train_on_input=True,
+    )
+    system = tokenizer.encode("Be brief.", add_eos=False)
+    assert ds[0]["tokens"][: len(system)] == system
+    assert ds[0]["labels"][: len(system)] == [-100] * len(system)
+    assert ds[0]["labels"][len(system) :] == ds[0]["tokens"][len(system) :]
+    with pytest.raises(TuneError, match="no column.*'input'.*InputOutputToMessages"):
+        instruct_dataset(tokenizer, source="json", data_files=data, cache_dir=cache_dir)

@@ -56,12 +56,14 @@ def test_packs_are_cached_next_to_the_dataset_and_read_back_identical(tokenizer,
     assert again.num_examples == len(ROWS)
     assert 0 < again.padding_share < 1 and again.padding_share == first.padding_share
     # the cache holds the packs: a different list of examples under the same file gives those back
-    assert torch.equal(PackedDataset([], 128, cache_file=first.cache_file)[0]["tokens"], first[0]["tokens"])
+    assert torch.equal(PackedDataset([], max_seq_len=128, cache_file=first.cache_file)[0]["tokens"], first[0]["tokens"])
 
 
 def test_the_cache_key_follows_data_tokenizer_and_settings(tokenizer, data, cache_dir, tmp_path):
     base = _packed(tokenizer, data, cache_dir).cache_file
     assert _packed(tokenizer, data, cache_dir, max_seq_len=96).cache_file != base
+    assert _packed(tokenizer, data, cache_dir, best_fit=True).cache_file != base  # other packs
+    assert _packed(tokenizer, data, cache_dir, chat_format="plain_text").cache_file != base  # a setting
     assert (
         alpaca_dataset(
             tokenizer, source="json", data_files=str(data), cache_dir=cache_dir, max_seq_len=128, packed=True
@@ -80,7 +82,7 @@ def test_a_damaged_cache_file_is_rebuilt(tokenizer, data, cache_dir):
     first.cache_file.write_bytes(b"not a torch file")
     again = _packed(tokenizer, data, cache_dir)
     _same(first, again)
-    assert torch.load(again.cache_file, weights_only=True)["format"] == 2
+    assert torch.load(again.cache_file, weights_only=True)["format"] == 3
 
 
 def test_padding_share_counts_pad_positions():
@@ -89,3 +91,11 @@ def test_padding_share_counts_pad_positions():
     assert packed.padding_share == pytest.approx(8 / 20)
     assert packed.num_examples == 3
     assert packed.cache_file is None
+
+
+def test_best_fit_packs_are_cached_too(tokenizer, data, cache_dir):
+    first = _packed(tokenizer, data, cache_dir, best_fit=True, max_seq_len=256)
+    again = _packed(tokenizer, data, cache_dir, best_fit=True, max_seq_len=256)
+    assert again.cache_file == first.cache_file and again.best_fit
+    _same(first, again)
+    assert first[0]["labels"][0] == -100  # best fit's labels: the first of every example ignored

@@ -1,3 +1,6 @@
+"""PackedDataset: torchtune's greedy packing by default (its packs, positions and labels), this library's
+best-fit packing with ``best_fit=True``; the collate functions of packs."""
+
 import functools
 
 import pytest
@@ -5,6 +8,7 @@ import torch
 
 from torchtune import TuneError
 from torchtune.datasets import (
+    ConcatDataset,
     PackedDataset,
     alpaca_dataset,
     block_causal_mask,
@@ -31,20 +35,48 @@ def shift(labels):
     return torch.cat([labels[:, 1:], torch.full_like(labels[:, :1], -100)], dim=1)
 
 
-def test_greedy_packs_of_exact_length():
+def test_greedy_packs_as_torchtune():
+    """Examples in order, a new pack when one does not fit; labels as they are (no boundary masking);
+    positions count on through the padding."""
     packed = PackedDataset(EXAMPLES, max_seq_len=10, padding_idx=0)
-    assert len(packed) == 3
     assert [p["seq_lens"].tolist() for p in packed] == [[5, 4, 1], [6, 3, 1], [7, 3]]
     for p in packed:
         assert p["tokens"].shape == p["labels"].shape == p["input_pos"].shape == (10,)
+    assert packed[0]["tokens"].tolist() == [1, 10, 11, 12, 2, 1, 20, 21, 2, 0]
+    assert packed[0]["labels"].tolist() == [1, 10, 11, 12, 2, -100, -100, 21, 2, -100]
+    assert packed[0]["input_pos"].tolist() == [0, 1, 2, 3, 4, 0, 1, 2, 3, 4]
+    assert packed[2]["input_pos"].tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
+    assert packed.num_examples == 5 and packed.padding_share == pytest.approx(5 / 30)
+
+
+def test_greedy_split_across_pack_continues_positions():
+    packed = PackedDataset(EXAMPLES, max_seq_len=10, split_across_pack=True)
+    assert [p["seq_lens"].tolist() for p in packed] == [[5, 4, 1], [5, 3, 2], [5, 5]]
+    assert packed[1]["input_pos"].tolist() == [1, 2, 3, 4, 5, 0, 1, 2, 0, 1]  # the split example counts on
+    assert [t for p in packed for t in p["tokens"].tolist() if t != 0] == [t for e in EXAMPLES for t in e["tokens"]]
+
+
+def test_greedy_max_packs_and_a_too_long_example():
+    packed = PackedDataset(EXAMPLES, max_seq_len=10, max_packs=2)
+    assert len(packed) == 2 and packed.num_examples == 4
+    # [5, 4, 1] and [5, 3, 2]: the fifth example starts in the second pack
+    assert PackedDataset(EXAMPLES, max_seq_len=10, max_packs=2, split_across_pack=True).num_examples == 5
+    with pytest.raises(ValueError, match="Dataset sample is too long"):
+        PackedDataset([example(12, 10)], max_seq_len=8)
+
+
+def test_best_fit_packs_of_exact_length():
+    packed = PackedDataset(EXAMPLES, max_seq_len=10, padding_idx=0, best_fit=True)
+    assert len(packed) == 3
+    assert [p["seq_lens"].tolist() for p in packed] == [[5, 4, 1], [6, 3, 1], [7, 3]]
     assert packed[0]["tokens"].tolist() == [1, 10, 11, 12, 2, 1, 20, 21, 2, 0]
     # First label of each example and all padding labels are ignored; prompt masking is kept.
     assert packed[0]["labels"].tolist() == [-100, 10, 11, 12, 2, -100, -100, 21, 2, -100]
     assert packed[2]["tokens"].tolist()[7:] == [0, 0, 0]
 
 
-def test_input_pos_restarts_per_segment_padding_included():
-    packed = PackedDataset(EXAMPLES, max_seq_len=10)
+def test_best_fit_input_pos_restarts_per_segment_padding_included():
+    packed = PackedDataset(EXAMPLES, max_seq_len=10, best_fit=True)
     assert packed[0]["input_pos"].tolist() == [0, 1, 2, 3, 4, 0, 1, 2, 3, 0]
     assert packed[2]["input_pos"].tolist() == [0, 1, 2, 3, 4, 5, 6, 0, 1, 2]
 
@@ -54,25 +86,25 @@ def segments(pack):
     return [chunk.tolist() for chunk in torch.split(pack["tokens"], pack["seq_lens"].tolist())]
 
 
-def test_total_real_tokens_preserved():
-    packed = PackedDataset(EXAMPLES, max_seq_len=10, padding_idx=0)
+@pytest.mark.parametrize("best_fit", [True, False])
+def test_total_real_tokens_preserved(best_fit):
+    packed = PackedDataset(EXAMPLES, max_seq_len=10, padding_idx=0, best_fit=best_fit)
     real = [seg for p in packed for seg in segments(p) if seg[0] == BOS]
     assert real == [e["tokens"] for e in EXAMPLES]
     assert sum(p["seq_lens"].sum().item() for p in packed) == 10 * len(packed)
 
 
-def test_long_example_is_truncated_keeping_eos():
-    packed = PackedDataset([example(12, 10), example(3, 40)], max_seq_len=8)
+def test_best_fit_cuts_a_long_example_keeping_eos():
+    packed = PackedDataset([example(12, 10), example(3, 40)], max_seq_len=8, best_fit=True)
     assert packed[0]["tokens"].tolist() == [1, 10, 11, 12, 13, 14, 15, 2]
     assert packed[0]["labels"].tolist() == [-100, 10, 11, 12, 13, 14, 15, 2]
     assert packed[0]["seq_lens"].tolist() == [8]
     assert packed[1]["seq_lens"].tolist() == [3, 5]
 
 
-def test_split_across_pack_fills_every_pack():
-    packed = PackedDataset(EXAMPLES, max_seq_len=10, split_across_pack=True)
-    assert [p["seq_lens"].tolist() for p in packed] == [[5, 4, 1], [5, 3, 2], [5, 5]]
-    assert [t for p in packed for t in p["tokens"].tolist() if t != 0] == [t for e in EXAMPLES for t in e["tokens"]]
+def test_best_fit_with_split_across_pack_is_refused():
+    with pytest.raises(TuneError, match="best_fit packs whole examples"):
+        PackedDataset(EXAMPLES, max_seq_len=10, split_across_pack=True, best_fit=True)
 
 
 def test_block_causal_mask():
@@ -103,8 +135,8 @@ def test_packed_collate_shapes_and_mask():
     assert batch["mask"].diagonal(dim1=1, dim2=2).all()
 
 
-def test_no_target_crosses_an_example_boundary_after_shift():
-    packed = PackedDataset(EXAMPLES, max_seq_len=10, split_across_pack=False)
+def test_best_fit_no_target_crosses_an_example_boundary_after_shift():
+    packed = PackedDataset(EXAMPLES, max_seq_len=10, best_fit=True)
     batch = packed_collate(list(packed))
     targets = shift(batch["labels"])
     for row, pack in enumerate(packed):
@@ -117,8 +149,17 @@ def test_no_target_crosses_an_example_boundary_after_shift():
                 assert targets[row, t] == batch["tokens"][row, t + 1]
 
 
-def test_packed_targets_match_unpacked_targets():
-    packed = packed_collate(list(PackedDataset(EXAMPLES, max_seq_len=10)))
+def test_greedy_targets_cross_example_boundaries_as_torchtune():
+    """torchtune's labels: after the shift the last token (EOS) of an example is trained to predict the BOS
+    of the next one in its pack."""
+    batch = packed_collate(list(PackedDataset(EXAMPLES, max_seq_len=10)))
+    targets = shift(batch["labels"])
+    # the pack [6, 3, pad 1]: the EOS ending the first example -> the BOS starting the second
+    assert batch["tokens"][1, 5] == 2 and targets[1, 5] == 1
+
+
+def test_best_fit_packed_targets_match_unpacked_targets():
+    packed = packed_collate(list(PackedDataset(EXAMPLES, max_seq_len=10, best_fit=True)))
     unpacked = padded_collate(EXAMPLES)
     packed_targets = [t for t in shift(packed["labels"]).flatten().tolist() if t != -100]
     unpacked_targets = [t for t in shift(unpacked["labels"]).flatten().tolist() if t != -100]
@@ -127,6 +168,8 @@ def test_packed_targets_match_unpacked_targets():
 
 def test_collate_for_picks_by_dataset_type():
     assert collate_for(PackedDataset(EXAMPLES, max_seq_len=10)) is packed_collate
+    packs = [PackedDataset(EXAMPLES, max_seq_len=10), PackedDataset(EXAMPLES, max_seq_len=10, best_fit=True)]
+    assert collate_for(ConcatDataset(packs)) is packed_collate
     collate = collate_for(EXAMPLES, padding_idx=3, ignore_idx=-1)
     assert isinstance(collate, functools.partial) and collate.func is padded_collate
     assert collate(EXAMPLES[:2])["tokens"].tolist()[1][-1] == 3
@@ -142,6 +185,7 @@ def test_alpaca_packed(tokenizer, alpaca_json, cache_dir):
     packed = alpaca_dataset(
         tokenizer, source="json", data_files=str(alpaca_json), cache_dir=cache_dir, max_seq_len=320, packed=True
     )
+    assert not packed.best_fit
     assert isinstance(packed, PackedDataset)
     assert all(p["tokens"].shape == (320,) for p in packed)
     assert len(packed) < len(plain)  # several examples share a pack
@@ -159,15 +203,33 @@ def test_packed_needs_max_seq_len(tokenizer, alpaca_json, cache_dir):
 
 
 def test_best_fit_puts_each_example_into_the_fullest_pack_that_holds_it():
-    # Next fit would close a pack at every example that does not fit: [6], [6, 4], [4], [3] -> 4 packs.
+    # Greedy packing closes a pack at every example that does not fit: [6], [6, 4], [4, 3] -> 3 packs, 9
+    # padding positions.
     examples = [example(6, 10), example(6, 20), example(4, 30), example(4, 40), example(3, 50)]
-    packed = PackedDataset(examples, max_seq_len=10)
+    assert [p["seq_lens"].tolist() for p in PackedDataset(examples, max_seq_len=10)] == [[6, 4], [6, 4], [4, 3, 3]]
+    packed = PackedDataset(examples, max_seq_len=10, best_fit=True)
     assert [p["seq_lens"].tolist() for p in packed] == [[6, 4], [6, 4], [3, 7]]
     # each pack keeps its examples in order: the first holds examples 0 and 2, the second 1 and 3
     assert [seg[1] for seg in segments(packed[0])] == [10, 30]
     assert [seg[1] for seg in segments(packed[1])] == [20, 40]
     assert packed.padding_share == pytest.approx(7 / 30)
     # the least room that still holds it wins, not the first pack with room: 3 joins the 7, not the 5
-    packed = PackedDataset([example(5, 10), example(7, 20), example(3, 30)], max_seq_len=10)
+    packed = PackedDataset([example(5, 10), example(7, 20), example(3, 30)], max_seq_len=10, best_fit=True)
     assert [p["seq_lens"].tolist() for p in packed] == [[5, 5], [7, 3]]
     assert [seg[1] for seg in segments(packed[1])] == [20, 30]
+
+
+def test_best_fit_max_packs():
+    examples = [example(6, 10), example(6, 20), example(4, 30), example(4, 40), example(3, 50)]
+    packed = PackedDataset(examples, max_seq_len=10, best_fit=True, max_packs=1)
+    assert [p["seq_lens"].tolist() for p in packed] == [[6, 4]] and packed.num_examples == 1  # 4: padding
+    assert PackedDataset(examples, max_seq_len=10, best_fit=True, max_packs=2).num_examples == 4
+
+
+def test_examples_with_nothing_to_learn_are_left_out_and_counted():
+    unlabelled = {"tokens": [1, 5, 6, 2], "labels": [-100, -100, -100, -100]}
+    for best_fit in (False, True):
+        packed = PackedDataset([EXAMPLES[0], unlabelled, EXAMPLES[1]], max_seq_len=10, best_fit=best_fit)
+        assert packed.num_examples == 2 and packed.num_dropped == 1
+        assert packed.dropped == {"with nothing to learn": 1}
+        assert packed[0]["seq_lens"].tolist() == [5, 4, 1]

@@ -63,21 +63,48 @@ class ChatEncoding:
     replies: List[Optional[TokenSpan]]
 
     def learnt(self, train: Sequence[bool]) -> List[bool]:
-        """Which tokens are learnt when message ``i`` is trained exactly where ``train[i]``: a trained
-        assistant message its reply, another trained message its whole turn (torchtune's per-message
-        ``masked``, inverted)."""
+        """Which tokens are learnt when message ``i`` is trained exactly where ``train[i]`` (torchtune's
+        per-message ``masked``, inverted):
+
+        - a trained assistant message: its reply (what the model writes, through its end-of-turn token);
+        - another trained message (system, user, ipython): its whole turn;
+        - the header of an assistant turn (the generation prompt before the reply, which ends the prompt the
+          reply answers): when that message and the one before it are both trained;
+        - what follows the last turn (a template's closing newline, a generation prompt): when every message
+          is trained.
+
+        So with every message trained every token is learnt (``train_on_input=True``), and with only the
+        assistant messages trained exactly the replies are (``is_assistant``)."""
         mask = [False] * len(self.tokens)
         for i, on in enumerate(train):
-            if not on:
+            start, end = self.turns[i]
+            reply = self.replies[i]
+            if reply is None:
+                if on:
+                    mask[start:end] = [True] * (end - start)
                 continue
-            start, end = self.replies[i] if self.replies[i] is not None else self.turns[i]
-            mask[start:end] = [True] * (end - start)
+            if on:
+                mask[reply[0] : reply[1]] = [True] * (reply[1] - reply[0])
+            if on and i > 0 and train[i - 1]:
+                mask[start : reply[0]] = [True] * (reply[0] - start)
+        if train and all(train):
+            last = max((end for _, end in self.turns), default=0)
+            mask[last:] = [True] * (len(self.tokens) - last)
         return mask
+
+    def mask(self, masked: Sequence[bool]) -> List[bool]:
+        """torchtune's token mask (True = not learnt) for messages masked where ``masked[i]``: the
+        complement of :meth:`learnt` of the unmasked messages."""
+        return [not learnt for learnt in self.learnt([not m for m in masked])]
 
     @property
     def is_assistant(self) -> List[bool]:
         """True for the tokens of the assistant replies: what a model learns by default."""
-        return self.learnt([r is not None for r in self.replies])
+        mask = [False] * len(self.tokens)
+        for reply in self.replies:
+            if reply is not None:
+                mask[reply[0] : reply[1]] = [True] * (reply[1] - reply[0])
+        return mask
 
     @property
     def message_index(self) -> List[int]:

@@ -14,6 +14,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from torchtune._assets import missing_path_hint
 from torchtune._errors import TuneError
+from torchtune.data._messages import Message
+from torchtune.data._utils import truncate
 from torchtune.modules.tokenizers._chat_spans import ChatEncoding, chat_spans
 
 TOKENIZER_JSON = "tokenizer.json"
@@ -102,15 +104,21 @@ class HFModelTokenizer:
       written in the text recognised, and what its post-processor puts around a text (Mistral's ``<s>``;
       nothing for Qwen and Phi-4) when ``add_bos``; ``eos_token`` of ``tokenizer_config.json`` after it
       when ``add_eos`` (a dataset ends each example so).
-    * ``tokenize_messages`` renders a conversation with the folder's chat template and tokenizes the text
-      once, as ``apply_chat_template`` does; the tokens inside each assistant message's content, and the
-      special token that closes it (``<|im_end|>``, ``</s>``), are the assistant's (learnt); headers,
-      system and user turns are the prompt.
+    * ``message_spans`` renders a conversation with the folder's chat template and tokenizes the text
+      once, as ``apply_chat_template`` does, and finds from further renders where each message lies: its
+      turn and, for an assistant message, its reply (the content and the special token that closes the
+      turn, ``<|im_end|>``, ``</s>``).
+    * torchtune's model-tokenizer protocol on top of it: ``tokenize_messages(messages)`` returns the ids and
+      a mask (True = not learnt) from each ``Message``'s ``masked`` flag (``ChatEncoding.learnt``: an
+      unmasked assistant message learns its reply, another unmasked message its whole turn), and calling the
+      tokenizer on ``{"messages": [...]}`` adds ``tokens`` and ``mask``, so it is a ``model_transform`` of
+      ``SFTDataset``.
 
     Args:
         path: the ``tokenizer.json`` (config key ``tokenizer.path``); ``tokenizer_config.json``,
             ``chat_template.jinja`` and ``generation_config.json`` are read from its folder.
-        max_seq_len: optional default longest sequence for datasets built on this tokenizer.
+        max_seq_len: the longest ``tokenize_messages`` returns (cut with ``eos_token`` last), and the datasets'
+            default; None for no limit.
 
     Raises:
         TuneError: a missing or unreadable ``tokenizer.json``, an unreadable ``tokenizer_config.json``, a
@@ -208,6 +216,16 @@ class HFModelTokenizer:
         """Every id the tokenizer can produce, the added special tokens included."""
         return self._backend.vocab_size
 
+    @property
+    def special_tokens(self) -> Dict[str, int]:
+        """``{text: id}`` of the special tokens (torchtune's ``ModelTokenizer`` attribute)."""
+        return dict(self._backend.special_tokens)
+
+    @property
+    def chat_template(self) -> Optional[str]:
+        """The source of the folder's chat template, None when it has none."""
+        return self._template_source
+
     def encode(
         self, text: str, add_bos: bool = True, add_eos: bool = True, trim_leading_whitespace: bool = False
     ) -> List[int]:
@@ -263,7 +281,7 @@ class HFModelTokenizer:
 
         template = self._compiled()
         kwargs = dict(
-            messages=[dict(m) for m in messages],
+            messages=[_as_dict(m) for m in messages],
             add_generation_prompt=add_generation_prompt,
             tools=None,
             documents=None,
@@ -301,7 +319,9 @@ class HFModelTokenizer:
             self._template = _compile_template(self._template_source, self._template_origin)
         return self._template
 
-    def message_spans(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = False) -> ChatEncoding:
+    def message_spans(
+        self, messages: Sequence[Union[Message, Mapping[str, Any]]], add_generation_prompt: bool = False
+    ) -> ChatEncoding:
         """A conversation in the model's chat format: its ids, and per message its turn and (assistant
         messages) the tokens the model writes.
 
@@ -315,6 +335,7 @@ class HFModelTokenizer:
             TuneError: no chat template, or the template fails on the conversation.
         """
         self._compiled()
+        messages = [_as_dict(m) for m in messages]
         track = bool(_GENERATION_TAG.search(self._template_source))
         text, blocks = self._render(messages, add_generation_prompt, track=track)
         encoding = self._tokenizer.encode(text, add_special_tokens=False)
@@ -332,15 +353,61 @@ class HFModelTokenizer:
         return ChatEncoding(tokens=tokens, turns=turns, replies=replies)
 
     def tokenize_messages(
-        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = False
+        self, messages: Sequence[Union[Message, Mapping[str, Any]]], *, add_generation_prompt: bool = False
     ) -> Tuple[List[int], List[bool]]:
-        """Tokens of a conversation in the model's chat format, and which of them the assistant writes
-        (see :meth:`message_spans`)."""
+        """torchtune's ``tokenize_messages``: the ids of the conversation in the model's chat format (those of
+        ``apply_chat_template``) and a mask, True where a token is not learnt.
+
+        What a message's ``masked`` flag covers is found from the template's renders (``message_spans``,
+        ``ChatEncoding.learnt``): an unmasked assistant message learns its reply, from the end of the
+        generation prompt through its end-of-turn token; an unmasked system, user or tool message learns its
+        whole turn; an assistant's header is learnt when it and the message before it are unmasked, and what
+        follows the last turn when no message is. So an assistant-only unmask gives the assistant mask of transformers'
+        ``return_assistant_tokens_mask``, and no mask at all learns every token. A mapping
+        ``{"role", "content"}`` is a message with ``masked=False``. Past ``max_seq_len`` the tokens are cut
+        and the last one becomes ``eos_token`` (each kept token keeps its mask), as torchtune's model
+        tokenizers cut.
+
+        Raises:
+            TuneError: no chat template, or the template fails on the conversation.
+        """
+        messages = [m if isinstance(m, Message) else Message.from_dict(m) for m in messages]
         encoded = self.message_spans(messages, add_generation_prompt=add_generation_prompt)
-        return encoded.tokens, encoded.is_assistant
+        tokens, mask = encoded.tokens, encoded.mask([m.masked for m in messages])
+        if self.max_seq_len is not None and len(tokens) > self.max_seq_len:
+            tokens, mask = truncate(tokens, self.max_seq_len, self.eos_id), truncate(mask, self.max_seq_len)
+        return tokens, mask
+
+    def __call__(self, sample: Mapping[str, Any], inference: bool = False) -> Mapping[str, Any]:
+        """``sample["messages"]`` replaced by ``tokens`` and ``mask`` (torchtune's model transform). With
+        ``inference`` the conversation ends with the generation prompt; an empty last assistant message (how
+        torchtune asks for a reply) is left out first."""
+        messages = list(sample.pop("messages"))
+        if inference and messages and _role(messages[-1]) == "assistant" and not _text(messages[-1]):
+            messages = messages[:-1]
+        sample["tokens"], sample["mask"] = self.tokenize_messages(messages, add_generation_prompt=inference)
+        return sample
 
     def __repr__(self) -> str:
         return f"HFModelTokenizer(path='{self.path}', vocab_size={self.vocab_size})"
+
+
+def _as_dict(message: Union[Message, Mapping[str, Any]]) -> Dict[str, Any]:
+    """A message as the chat template reads it: ``{"role", "content"}`` (a ``Message``'s text), and any
+    other key of a mapping."""
+    if isinstance(message, Message):
+        if message.contains_media:
+            raise TuneError(f"A {message.role} message holds an image; this library's chat templates render text only.")
+        return {"role": message.role, "content": message.text_content}
+    return dict(message)
+
+
+def _role(message: Union[Message, Mapping[str, Any]]) -> Any:
+    return message.role if isinstance(message, Message) else message.get("role")
+
+
+def _text(message: Union[Message, Mapping[str, Any]]) -> str:
+    return message.text_content if isinstance(message, Message) else str(message.get("content") or "")
 
 
 def _template_line(err: Exception) -> str:

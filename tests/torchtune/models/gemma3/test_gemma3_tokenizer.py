@@ -55,7 +55,8 @@ def test_chat_equals_apply_chat_template_with_labels_on_model_turns_only(folder)
     theirs = transformers.AutoTokenizer.from_pretrained(str(folder))
     end_of_turn = theirs.convert_tokens_to_ids("<end_of_turn>")
     for chat in CHATS:
-        tokens, is_assistant = ours.tokenize_messages(chat)
+        encoded = ours.message_spans(chat)
+        tokens, is_assistant = encoded.tokens, encoded.is_assistant
         assert tokens == theirs.apply_chat_template(chat, tokenize=True, return_dict=True)["input_ids"]
         learnt = [t for t, a in zip(tokens, is_assistant) if a]
         want = []
@@ -63,6 +64,6 @@ def test_chat_equals_apply_chat_template_with_labels_on_model_turns_only(folder)
             if message["role"] == "assistant":  # the template strips the content
                 want += theirs(message["content"].strip(), add_special_tokens=False)["input_ids"] + [end_of_turn]
         assert learnt == want
-        generation = ours.tokenize_messages(chat[:-1], add_generation_prompt=True)[0]
+        generation = ours.message_spans(chat[:-1], add_generation_prompt=True).tokens
         kwargs = dict(add_generation_prompt=True, tokenize=True, return_dict=True)
         assert generation == theirs.apply_chat_template(chat[:-1], **kwargs)["input_ids"]

@@ -11,6 +11,7 @@ import pytest
 from tests._helpers.chat_templates import marked
 from tests._helpers.hf_tokenizers import FAMILIES, make_hf_tokenizer_folder
 from torchtune._errors import TuneError
+from torchtune.data import Message
 from torchtune.modules.tokenizers import HFModelTokenizer
 
 transformers = pytest.importorskip("transformers")
@@ -58,9 +59,11 @@ def test_ids_equal_autotokenizer(folder):
 
 
 def test_alpaca_example_equals_autotokenizer_on_the_joined_text(folder, tmp_path):
-    """An instruction dataset encodes prompt and response apart; joined they are the ids of the joined text,
-    without the word-start marker a SentencePiece-style tokenizer (Mistral) puts before a text's start."""
-    from torchtune.datasets import alpaca_dataset
+    """With ``chat_format: plain_text`` an instruction dataset encodes prompt and response apart; joined they
+    are the ids of the joined text, without the word-start marker a SentencePiece-style tokenizer (Mistral)
+    puts before a text's start. By default (torchtune's) the prompt is a user message in the folder's chat
+    template."""
+    from torchtune.datasets import AlpacaInstructTemplate, alpaca_dataset
 
     family, path = folder
     ours = HFModelTokenizer(path / "tokenizer.json")
@@ -71,11 +74,13 @@ def test_alpaca_example_equals_autotokenizer_on_the_joined_text(folder, tmp_path
     ]
     data = tmp_path / f"{family}_alpaca.json"
     data.write_text(json.dumps(rows))
-    dataset = alpaca_dataset(
-        ours, source="json", data_files=str(data), train_on_input=False, cache_dir=str(tmp_path / "cache")
-    )
+    kwargs = dict(source="json", data_files=str(data), train_on_input=False, cache_dir=str(tmp_path / "cache"))
+    dataset = alpaca_dataset(ours, **kwargs, chat_format="plain_text")
+    chats = alpaca_dataset(ours, **kwargs)
     for i, row in enumerate(rows):
-        prompt = dataset.template.format(row)
+        prompt = AlpacaInstructTemplate().format(row)
+        chat = [{"role": "user", "content": prompt}, {"role": "assistant", "content": row["output"]}]
+        assert chats[i]["tokens"] == theirs.apply_chat_template(chat, tokenize=True, return_dict=False)
         expected = theirs(prompt + row["output"])["input_ids"] + [theirs.eos_token_id]
         assert dataset[i]["tokens"] == expected, (family, row["output"])
         prompt_len = len(theirs(prompt)["input_ids"])
@@ -94,14 +99,18 @@ def test_chat_equals_apply_chat_template_with_labels_on_assistant_only(folder):
     ours = HFModelTokenizer(path / "tokenizer.json")
     theirs = transformers.AutoTokenizer.from_pretrained(str(path))
     for chat in CHATS:
-        tokens, is_assistant = ours.tokenize_messages(chat)
+        encoded = ours.message_spans(chat)
+        tokens, is_assistant = encoded.tokens, encoded.is_assistant
+        # torchtune's message API, the non-assistant messages masked: the same labels
+        messages = [Message(m["role"], m["content"], masked=m["role"] != "assistant") for m in chat]
+        assert ours.tokenize_messages(messages) == (tokens, [not learnt for learnt in is_assistant])
         expected = theirs.apply_chat_template(
             chat, chat_template=marked(family), return_dict=True, return_assistant_tokens_mask=True
         )
         assert tokens == theirs.apply_chat_template(chat, tokenize=True, return_dict=True)["input_ids"]
         assert tokens == expected["input_ids"] and is_assistant == [bool(m) for m in expected["assistant_masks"]]
         assert not is_assistant[0]
-        generation = ours.tokenize_messages(chat[:-1], add_generation_prompt=True)[0]
+        generation = ours.message_spans(chat[:-1], add_generation_prompt=True).tokens
         kwargs = dict(add_generation_prompt=True, tokenize=True, return_dict=True)
         assert generation == theirs.apply_chat_template(chat[:-1], **kwargs)["input_ids"]
 

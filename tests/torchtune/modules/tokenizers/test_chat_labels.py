@@ -3,7 +3,8 @@ folder: the ids equal ``apply_chat_template``'s, and the learnt tokens equal the
 ``return_assistant_tokens_mask`` of a copy of the template with ``{% generation %}`` around what the
 assistant writes (``tests._helpers.chat_templates``). Replies that a text search got wrong are among the
 cases: one letter, a role word, code with newlines and tabs, trailing whitespace, Unicode, Qwen3's
-reasoning in earlier turns."""
+reasoning in earlier turns. torchtune's message API on the same tokenizer (``Message(role, content, masked)``,
+``tokenize_messages`` -> tokens and mask) gives the same labels."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import shutil
 import pytest
 
 from tests._helpers.chat_templates import TEMPLATES, marked
+from torchtune.data import Message
 from torchtune.models.llama3 import llama3_tokenizer
 from torchtune.modules.tokenizers import ChatEncoding, HFModelTokenizer
 
@@ -97,15 +99,29 @@ def test_marked_copy_renders_as_the_real_template(hf, family):
             assert theirs.apply_chat_template(chat_, chat_template=marked(family), **kwargs) == real
 
 
+def _spans(tokenizer, chat, add_generation_prompt=False):
+    encoded = tokenizer.message_spans(chat, add_generation_prompt=add_generation_prompt)
+    return encoded.tokens, encoded.is_assistant
+
+
+def _messages(chat, masked=lambda m: m["role"] != "assistant"):
+    """torchtune's messages of ``chat``, masked as its dataset transforms mask them by default."""
+    return [Message(m["role"], m["content"], masked=masked(m)) for m in chat]
+
+
 @pytest.mark.parametrize("name", sorted(CHATS))
 @pytest.mark.parametrize("family", FAMILIES)
 def test_labels_equal_the_assistant_mask_of_transformers(chat_tokenizer_dir, hf, family, name):
+    """The template path (``message_spans``) and torchtune's message API (``tokenize_messages`` of messages
+    masked but for the assistant's) both give transformers' ids and assistant mask."""
     ours = HFModelTokenizer(chat_tokenizer_dir(family) / "tokenizer.json")
     chat = CHATS[name]
     for gen in (False, True):
         chat_ = chat[:-1] if gen else chat
-        tokens, learnt = ours.tokenize_messages(chat_, add_generation_prompt=gen)
-        assert (tokens, learnt) == _oracle(hf(family), family, chat_, gen)
+        expected = _oracle(hf(family), family, chat_, gen)
+        assert _spans(ours, chat_, gen) == expected
+        tokens, mask = ours.tokenize_messages(_messages(chat_), add_generation_prompt=gen)
+        assert (tokens, [not m for m in mask]) == expected
 
 
 @pytest.mark.parametrize("name", sorted(CHATS))
@@ -118,8 +134,7 @@ def test_llama3_tokenizer_equals_transformers(chat_tokenizer_dir, hf, file, name
     chat = CHATS[name]
     for gen in (False, True):
         chat_ = chat[:-1] if gen else chat
-        encoded = ours.message_spans(chat_, add_generation_prompt=gen)
-        assert (encoded.tokens, encoded.is_assistant) == _oracle(hf("llama3"), "llama3", chat_, gen)
+        assert _spans(ours, chat_, gen) == _oracle(hf("llama3"), "llama3", chat_, gen)
 
 
 def _learnt_text(theirs, tokens, learnt):
@@ -130,19 +145,19 @@ def test_what_a_text_search_got_wrong(chat_tokenizer_dir, hf):
     """Readable cases: whitespace in a reply is learnt, a reply equal to header text is learnt where it is,
     the end-of-turn token after trailing whitespace is learnt, Qwen3's earlier turns keep their labels."""
     qwen = HFModelTokenizer(chat_tokenizer_dir("qwen2_5") / "tokenizer.json")
-    tokens, learnt = qwen.tokenize_messages(CHATS["code"])
+    tokens, learnt = _spans(qwen, CHATS["code"])
     assert _learnt_text(hf("qwen2_5"), tokens, learnt) == CHATS["code"][1]["content"] + "<|im_end|>"
-    tokens, learnt = qwen.tokenize_messages(CHATS["trailing_whitespace"])
+    tokens, learnt = _spans(qwen, CHATS["trailing_whitespace"])
     assert _learnt_text(hf("qwen2_5"), tokens, learnt) == "Done.  \n\n<|im_end|>"
-    tokens, learnt = qwen.tokenize_messages(CHATS["one_letter"])
+    tokens, learnt = _spans(qwen, CHATS["one_letter"])
     assert _learnt_text(hf("qwen2_5"), tokens, learnt) == "a<|im_end|>b<|im_end|>"
     gemma = HFModelTokenizer(chat_tokenizer_dir("gemma3") / "tokenizer.json")
     chat = CHATS["role_words"][:2]
-    tokens, learnt = gemma.tokenize_messages(chat)
+    tokens, learnt = _spans(gemma, chat)
     assert _learnt_text(hf("gemma3"), tokens, learnt) == "model<end_of_turn>"
     assert hf("gemma3").decode(tokens).count("model") == 2  # the header's and the reply's
     qwen3 = HFModelTokenizer(chat_tokenizer_dir("qwen3") / "tokenizer.json")
-    tokens, learnt = qwen3.tokenize_messages(CHATS["reasoning"])
+    tokens, learnt = _spans(qwen3, CHATS["reasoning"])
     # the earlier turn loses its reasoning (the template drops it) but not its labels; the last turn's
     # <think> block is written by the model, so it is learnt
     assert _learnt_text(hf("qwen3"), tokens, learnt) == "5<|im_end|><think>\nSix.\n</think>\n\n6<|im_end|>"
@@ -166,10 +181,12 @@ def test_message_spans_turns_and_replies(chat_tokenizer_dir):
     for turn, reply in zip(enc.turns, enc.replies):
         assert reply is None or turn[0] < reply[0] < reply[1] == turn[1]
     assert enc.learnt([m["role"] == "assistant" for m in chat]) == enc.is_assistant
-    # every turn, but of an assistant turn only the reply (its header is the generation prompt)
-    prompts = [t for (a, _), r in zip(enc.turns, enc.replies) if r is not None for t in range(a, r[0])]
-    assert enc.learnt([True] * len(chat)) == [t not in prompts for t in range(len(enc.tokens))]
+    assert enc.learnt([True] * len(chat)) == [True] * len(enc.tokens)  # train_on_input: every token
     assert enc.learnt([False] * len(chat)) == [False] * len(enc.tokens)
+    assert enc.mask([False] * len(chat)) == [False] * len(enc.tokens)  # torchtune's mask: True = not learnt
+    # a trained user message: its whole turn, and nothing of the reply's turn (masked) after it
+    user = enc.learnt([i == 1 for i in range(len(chat))])
+    assert [t for t in range(len(enc.tokens)) if user[t]] == list(range(*enc.turns[1]))
     index = enc.message_index
     assert index[0] == 0 and index[-1] == len(chat) - 1 and sorted(set(index)) == list(range(len(chat)))
 
@@ -189,12 +206,55 @@ def test_generation_blocks_of_a_template_are_its_replies(chat_tokenizer_dir, hf,
     ours = HFModelTokenizer(folder / "tokenizer.json")
     plain = HFModelTokenizer(chat_tokenizer_dir("qwen3") / "tokenizer.json")
     for chat in CHATS.values():
-        tokens, learnt = ours.tokenize_messages(chat)
-        assert (tokens, learnt) == _oracle(hf("qwen3"), "qwen3", chat, False) == plain.tokenize_messages(chat)
+        assert _spans(ours, chat) == _oracle(hf("qwen3"), "qwen3", chat, False) == _spans(plain, chat)
     # a template that marks less than the whole reply: the marks decide
     end_inside = "{{- '<|im_end|>' }}\n        {%- endgeneration %}"
     (folder / "chat_template.jinja").write_text(
         marked("qwen3").replace(end_inside, "{%- endgeneration %}{{- '<|im_end|>' }}")
     )
-    tokens, learnt = HFModelTokenizer(folder / "tokenizer.json").tokenize_messages(CHATS["one_letter"])
+    tokens, learnt = _spans(HFModelTokenizer(folder / "tokenizer.json"), CHATS["one_letter"])
     assert hf("qwen3").decode([t for t, m in zip(tokens, learnt) if m]) == "a<think>\n\n</think>\n\nb"
+
+
+@pytest.mark.parametrize("family", ["qwen2_5", "gemma3", "mistral", "phi4_mini"])
+def test_torchtune_message_masks(chat_tokenizer_dir, family):
+    """Per-message masks through torchtune's API: an unmasked user or system message learns its whole turn,
+    an unmasked assistant its reply; no mask at all learns every token (train_on_input=True), every mask
+    none; a mapping is an unmasked message."""
+    ours = HFModelTokenizer(chat_tokenizer_dir(family) / "tokenizer.json")
+    chat = CHATS["system_multi_turn"]
+    enc = ours.message_spans(chat)
+    for unmasked in ([], [0], [1], [2], [1, 2], [3, 4], [0, 1, 2, 3, 4]):
+        messages = [Message(m["role"], m["content"], masked=i not in unmasked) for i, m in enumerate(chat)]
+        tokens, mask = ours.tokenize_messages(messages)
+        assert tokens == enc.tokens
+        learnt = {t for t in range(len(tokens)) if not mask[t]}
+        expected = set()
+        for i in unmasked:
+            span = enc.replies[i] or enc.turns[i]
+            expected |= set(range(*span))
+            if enc.replies[i] is not None and i - 1 in unmasked:  # the header between the two
+                expected |= set(range(enc.turns[i][0], enc.replies[i][0]))
+        if len(unmasked) == len(chat):
+            expected = set(range(len(tokens)))
+        assert learnt == expected, unmasked
+    assert ours.tokenize_messages(chat) == (enc.tokens, [False] * len(enc.tokens))
+
+
+def test_model_transform_protocol(chat_tokenizer_dir, hf):
+    """``tokenizer({"messages": [...]})`` adds tokens and mask (SFTDataset's model transform); ``inference``
+    ends with the generation prompt, an empty last assistant message left out; ``max_seq_len`` cuts with
+    ``eos_token`` last."""
+    folder = chat_tokenizer_dir("qwen2_5")
+    ours = HFModelTokenizer(folder / "tokenizer.json")
+    chat = CHATS["system_multi_turn"]
+    sample = ours({"messages": _messages(chat), "id": 7})
+    assert set(sample) == {"tokens", "mask", "id"}
+    assert (sample["tokens"], sample["mask"]) == ours.tokenize_messages(_messages(chat))
+    prompt = ours({"messages": _messages(chat[:2]) + [Message("assistant", "")]}, inference=True)
+    theirs = hf("qwen2_5").apply_chat_template(chat[:2], add_generation_prompt=True, tokenize=True, return_dict=False)
+    assert prompt["tokens"] == theirs
+    short = HFModelTokenizer(folder / "tokenizer.json", max_seq_len=20)
+    tokens, mask = short.tokenize_messages(_messages(chat))
+    full_tokens, full_mask = ours.tokenize_messages(_messages(chat))
+    assert len(tokens) == 20 and tokens == full_tokens[:19] + [short.eos_id] and mask == full_mask[:20]
