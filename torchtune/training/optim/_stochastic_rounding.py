@@ -45,6 +45,7 @@ from torchtune._errors import ConfigError
 from torchtune.config._instantiate import COMPONENT_KEY
 from torchtune.modules import _native_kernels
 from torchtune.training.distributed._dtensor import is_dtensor, local_shard
+from torchtune.training.estimate._launch_counter import kernel_region
 from torchtune.training.optim._bnb_step import step_without_sync, supports_step_without_sync
 
 log = logging.getLogger("torchtune")
@@ -235,13 +236,16 @@ class StochasticRounding:
         else:
             target = dst
         flat_src, flat_dst = src.view(-1), target.view(-1)
-        if self.fused and src.numel() >= _COMPILE_MIN and _is_fake(src):
-            # what the kernel allocates (nothing but the count): the estimator counts the same
-            if counting:
-                changes.add(torch.count_nonzero(src.to(dst.dtype) != dst), dst.numel())
-            dst.copy_(src)
+        if self.fused and src.numel() >= _COMPILE_MIN and _is_abstract(src):
+            # what the compiled kernel allocates (nothing but the count) and launches (one kernel, a second
+            # for the count's reduction): the estimator and the launch counter count the same
+            with kernel_region("rounding", launches=2 if counting else 1):
+                if counting:
+                    changes.add(torch.count_nonzero(src.to(dst.dtype) != dst), dst.numel())
+                dst.copy_(src)
             return
-        changed = _apply("round", self.fused, keys, (flat_src, flat_dst), (), counting)
+        with kernel_region("rounding"):
+            changed = _apply("round", self.fused, keys, (flat_src, flat_dst), (), counting)
         if target is not dst:
             dst.copy_(target)
         if counting:
@@ -445,7 +449,7 @@ def _apply(name: str, fused: bool, keys: Sequence[int], tensors: tuple, args: tu
     all three (the Adam update's fp32 arithmetic may differ by an FMA contraction: one bf16 step, rarely).
     Returns the count of changed elements when ``count``."""
     n, device = tensors[0].numel(), tensors[0].device
-    if fused and not _is_fake(tensors[0]):
+    if fused and not _is_abstract(tensors[0]):
         native = (
             _native_kernels.round_into(*tensors, keys, count)
             if name == "round"
@@ -496,6 +500,11 @@ def _is_fake(t: torch.Tensor) -> bool:
     from torch._subclasses.fake_tensor import is_fake
 
     return is_fake(t)
+
+
+def _is_abstract(t: torch.Tensor) -> bool:
+    """A fake (memory estimator) or meta (launch counter) tensor: no data, no compiled kernel can run on it."""
+    return t.device.type == "meta" or _is_fake(t)
 
 
 def build_stochastic_rounding(
@@ -830,8 +839,10 @@ def _adam_one_pass(
     keys = (*rounding.next_key(), *rounding.next_key("exp_avg"), *rounding.next_key("exp_avg_sq"))
     decoupled = type(optimizer) is torch.optim.AdamW or bool(group.get("decoupled_weight_decay", False))
     count = changes is not None
-    if rounding.fused and w.numel() >= _COMPILE_MIN and _is_fake(w):
-        return  # the kernel writes in place and allocates nothing: the estimator counts the same
+    if rounding.fused and w.numel() >= _COMPILE_MIN and _is_abstract(w):
+        # the compiled kernel writes in place and allocates nothing (a second kernel reduces the count)
+        with kernel_region("optimizer", launches=2 if count else 1):
+            return
     scalars = _adam_scalars(group, state["step"], w.device)
     args = (scalars, decoupled, bool(group.get("maximize", False)))
     changed = _apply("adam", rounding.fused, keys, (w, g, m, v), args, count)

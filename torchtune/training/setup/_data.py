@@ -18,7 +18,7 @@ from torchtune.training.setup._sampler import ResumableSampler
 
 log = logging.getLogger("torchtune")
 
-__all__ = ["TrainingData", "build_dataloader", "check_data_head", "num_tokens", "padding_id"]
+__all__ = ["TrainingData", "build_dataloader", "check_data_head", "num_tokens", "padding_id", "pin_batches"]
 
 # Examples tokenized at set-up: enough to meet a template or row that does not fit, in milliseconds.
 HEAD_EXAMPLES = 8
@@ -74,6 +74,11 @@ class TrainingData:
         batches = iter(self.dataloader)
         while len(micro := list(itertools.islice(batches, gradient_accumulation_steps))) == gradient_accumulation_steps:
             yield micro
+
+
+def pin_batches(device: torch.device) -> bool:
+    """Whether the loader puts its batches in pinned host memory for a run on ``device``."""
+    return False
 
 
 def num_tokens(batch: Dict[str, torch.Tensor], pad_id: int) -> int:
