@@ -10,6 +10,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from torchtune.modules.attention_flex import BlockMask, flex_attention
 from torchtune.modules.kv_cache import KVCache
 from torchtune.modules.sliding_window import attention, sliding_window_attention
 
@@ -140,6 +141,9 @@ class MultiHeadAttention(nn.Module):
             v = v.repeat_interleave(rep, dim=1)
 
         dropout_p = self.attn_dropout if self.training else 0.0
+        if isinstance(mask, BlockMask):  # a packed batch on a GPU (torchtune.modules.attention_flex)
+            out = flex_attention(q, k, v, mask, scale=self.scale)
+            return self.output_proj(out.transpose(1, 2).reshape(bsz, seq_len, self.num_heads * self.head_dim))
         mask = None if mask is None else mask[:, None, :, :]
         if self.sliding_window is not None:
             out = sliding_window_attention(

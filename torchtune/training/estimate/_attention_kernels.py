@@ -6,7 +6,9 @@ kernel for fp16/bf16 without a mask and the memory-efficient kernel otherwise; e
 tensors for backward and allocates different workspaces. ``target_attention("cuda")`` replaces the call
 by the CUDA kernel's own ATen op, whose fake (meta) implementation gives exactly the tensors the kernel
 returns and saves, and adds the flash backward's fp32 workspaces (``dq_accum`` and ``softmax_d`` of
-PyTorch's FlashAttention-2 ``mha_bwd``) for the duration of the backward kernel.
+PyTorch's FlashAttention-2 ``mha_bwd``) for the duration of the backward kernel. A packed batch on CUDA
+goes through FlexAttention (``torchtune.modules.attention_flex``): inside ``target_attention("cuda")`` its
+compiled kernel is the stand-in below, which allocates and saves what that kernel does.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ __all__ = ["describe_attention", "target_attention"]
 _FLASH = "flash"
 _EFFICIENT = "memory-efficient"
 _MATH = "math"
+_FLEX = "flex"
 
 DESCRIPTIONS = {
     _FLASH: "CUDA flash SDPA kernel (aten._scaled_dot_product_flash_attention, PyTorch's first choice for "
@@ -30,6 +33,9 @@ DESCRIPTIONS = {
     _EFFICIENT: "CUDA memory-efficient SDPA kernel (aten._scaled_dot_product_efficient_attention; a boolean mask "
     "becomes a materialised additive bias of b x s x s): saves the output and an fp32 log-sum-exp",
     _MATH: "the math SDPA path (materialises the s x s attention weights)",
+    _FLEX: "compiled FlexAttention with a block-causal document mask (packed batches on CUDA): saves the output "
+    "and an fp32 log-sum-exp, no s x s matrix; the block mask's per-block tensors and its backward's fp32 "
+    "row sums are counted",
 }
 
 
@@ -133,6 +139,7 @@ def target_attention(device_type: str) -> Iterator[dict[str, int]]:
     ``TorchFunctionMode``, because activation checkpointing recomputes the layer inside the autograd
     engine, where function modes are not active: the recomputation must save what the forward saved.
     """
+    from torchtune.modules import attention_flex
     from torchtune.modules.sliding_window import window_kernel_device
 
     if device_type != "cuda":
@@ -140,12 +147,17 @@ def target_attention(device_type: str) -> Iterator[dict[str, int]]:
         return
     original = F.scaled_dot_product_attention
     stand_in = _TargetAttention(original)
-    F.scaled_dot_product_attention = stand_in
+
+    def flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask: Any) -> torch.Tensor:
+        stand_in.kernels[_FLEX] = stand_in.kernels.get(_FLEX, 0) + 1
+        return flex_attention_as_compiled(q, k, v, block_mask)
+
+    F.scaled_dot_product_attention, attention_flex.STAND_IN = stand_in, flex
     try:
         with window_kernel_device(device_type):
             yield stand_in.kernels
     finally:
-        F.scaled_dot_product_attention = original
+        F.scaled_dot_product_attention, attention_flex.STAND_IN = original, None
 
 
 def describe_attention(kernels: dict[str, int], device_type: str) -> str:

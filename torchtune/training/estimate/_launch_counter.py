@@ -63,6 +63,7 @@ __all__ = [
     "note_host_sync",
     "note_prefetch",
     "note_stream_wait",
+    "optimizer_work",
 ]
 
 DEVICE = torch.device("meta")  # plays the CUDA device
@@ -333,10 +334,7 @@ class LaunchCounter(TorchDispatchMode):
         if key not in self._host_marks and (key is None or key != self._last_read):
             self.host_sync("item() / tolist() / float() of a device tensor")
         self._last_read = key
-        # the value is unknown: -1 for integers (a NaN guard's "no bad step"), 0 for floats, False for bools
-        if t.dtype == torch.bool:
-            return False
-        return 0.0 if t.dtype.is_floating_point else -1
+        return _unknown(t.dtype)
 
     def _transfer(self, func, args, kwargs) -> Optional[torch.Tensor]:
         """A host<->device copy: counted, and done as an allocation on ``meta`` (nothing is read or written).
@@ -415,6 +413,14 @@ class LaunchCounter(TorchDispatchMode):
             self.launch(kind, launches)
 
 
+def _unknown(dtype: torch.dtype) -> Any:
+    """What a read of a device value returns here, where values are unknown: -1 (a NaN guard's "no bad step",
+    whether read as an integer or among a logged step's floats), False for a bool."""
+    if dtype == torch.bool:
+        return False
+    return -1.0 if dtype.is_floating_point else -1
+
+
 def _bool_index(args: Any) -> bool:
     indices = args[1] if len(args) > 1 else []
     return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool and i.device.type == "meta" for i in indices)
@@ -439,9 +445,16 @@ def kernel_region(kind: str, launches: Optional[int] = None) -> Iterator[None]:
         yield
 
 
-def counter_active() -> bool:
-    """Whether a ``LaunchCounter`` is counting (code whose compiled kernel cannot run on meta tensors asks)."""
-    return _ACTIVE is not None
+@contextlib.contextmanager
+def optimizer_work() -> Iterator[None]:
+    """Inside: optimizer work that runs outside a parameter's hook (a deferred multi-tensor step): its launches
+    and host time are the optimizer step's (its parameters were counted by their hooks)."""
+    counter = _ACTIVE
+    if counter is None:
+        yield
+        return
+    with counter.optimizer_step(0):
+        yield
 
 
 def note_host_sync(what: str) -> None:
@@ -537,8 +550,7 @@ def counting(counter: LaunchCounter) -> Iterator[LaunchCounter]:
             return tolist(self)
         if not counter._is_host(self):
             counter.host_sync("tolist() of a device tensor")
-        value = 0.0 if self.dtype.is_floating_point else (False if self.dtype == torch.bool else -1)
-        out: Any = value
+        out: Any = _unknown(self.dtype)
         for size in reversed(self.shape):
             out = [out] * size if not isinstance(out, list) else [list(out) for _ in range(size)]
         return out

@@ -5,7 +5,7 @@
 bitsandbytes classes, their paged state simulated -- in backward or not, the loss, the rounding), with the
 device played by ``meta`` tensors, and runs the loop body of the recipe around it: ``StepMetrics.start_step``
 (arms the gradient norm and weight-change count on logged steps), forward and backward with the in-backward
-steps, ``step_optimizer``, the NaN guard, and on a logged step the guard's check and ``StepMetrics.log_step``.
+steps, ``step_optimizer``, the NaN guard, and on a logged step ``StepMetrics.log_step`` and the guard's check.
 Attention runs as the CUDA kernels (``target_attention("cuda")``); activation offloading copies through a
 counting engine (streams and events as tokens); the batch comes from the host as the recipe's loader gives
 it (pinned where the loader pins on CUDA).
@@ -27,8 +27,8 @@ __all__ = ["CountingCopies", "StepLaunches", "count_step_launches", "synthetic_b
 
 class CountingCopies(SimulatedCopies):
     """The offloading engine on meta tensors: host buffers are meta tensors marked as pinned host memory,
-    copies run no op and are counted as transfers, waits are counted as what they are (``synchronize``: a
-    host wait; ``wait``/``wait_stream``: the GPU's)."""
+    copies run no op and are counted as transfers, and waits (``wait``/``wait_stream``: the GPU's) are
+    counted apart from host syncs."""
 
     device_type = "meta"
 
@@ -52,9 +52,6 @@ class CountingCopies(SimulatedCopies):
 
     def wait_stream(self, stream: Any, other: Any) -> None:
         lc.note_stream_wait()
-
-    def synchronize(self, event: Any) -> None:
-        lc.note_host_sync("event.synchronize() (activation offloading)")
 
 
 @dataclasses.dataclass
@@ -164,8 +161,8 @@ def _loop_body(step: Any, batch: dict, metrics: Any, nan_guard: Any, *, global_s
     loss = step(batch)  # forward_backward + step_optimizer
     nan_guard.record(loss, global_step)
     if logged:
+        metrics.log_step(epoch=0, step=global_step, loss=loss, lr=0.0, bar=_NoBar(), nan_guard=nan_guard)
         nan_guard.check(0, None)
-        metrics.log_step(epoch=0, step=global_step, loss=loss, lr=0.0, bar=_NoBar())
 
 
 class _HostData:
