@@ -231,7 +231,7 @@ class StepMetrics:
         """Log a step ``start_step`` armed. Its device values -- ``loss`` (over all ranks already), the gradient
         norm, the count of changed weights and ``nan_guard``'s bad step (a ``NonFiniteLossGuard``, told what
         was read: its ``check`` then reads nothing) -- are read in one device-to-host copy, the step's one
-        host sync."""
+        host sync. A step after which the guard holds a NaN/inf loss is not logged."""
         norm_sq = self.grad_norm.total_square()  # a collective with sharded gradients
         values = [loss.detach().reshape(()), norm_sq]
         changed, counted = self.weight_changes.total() if self.weight_changes is not None else (None, 0)
@@ -243,6 +243,8 @@ class StepMetrics:
         loss_value, grad_norm = host[0], math.sqrt(max(host[1], 0.0))
         if nan_guard is not None:
             nan_guard.note(int(host[-1]))
+            if int(host[-1]) >= 0:
+                return  # a NaN/inf loss: nothing of this step is logged; the guard's check stops the run
         seconds = max(time.perf_counter() - (self._interval_start or 0.0), 1e-9)
         tokens, positions, rate = self._over_ranks(self._interval[0], self._interval[1], self._interval[0] / seconds)
         self._interval, self._interval_start = [0, 0], time.perf_counter()
