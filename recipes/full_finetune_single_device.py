@@ -110,7 +110,9 @@ class FullFinetuneRecipeSingleDevice:
     training starts); an output_dir that holds another run's checkpoints or metrics (resume it, pick
     another output_dir, or set overwrite=True); a resume that cannot continue (missing or damaged state, another
     model, other optimizer/batch settings); weights or a tokenizer that do not fit the model; an
-    empty dataset; a NaN or infinite loss. Each message names the key to change.
+    empty dataset; a NaN or infinite loss; on a GPU, a compiled kernel that cannot be built (the fused
+    rounded optimizer step at set-up, FlexAttention for packed batches at the first step) rather than a
+    silent, slower fallback. Each message names the key to change.
     """
 
     def __init__(self, cfg: DictConfig) -> None:
