@@ -230,3 +230,31 @@ def test_the_plain_paths_passes_are_what_the_warning_says():
         sr._chunked(sr._round_into, 1000, lc.DEVICE, False, (1, 2), src, dst)
     c = counter.count()
     assert c.total == sr._PLAIN_PASSES + 1 and c.h2d_pinned == 1
+
+
+def test_a_logged_steps_norm_and_weight_count_come_from_the_kernels():
+    """On a logged step the fused kernels sum the gradients' squares and count the changed weights: the norm is
+    the gradients' own, and the count what moved (a big parameter alone, the small ones in their call)."""
+    from torchtune.training import GradNormTracker
+    from torchtune.training.optim._optimizer import register_optim_in_bwd_hooks
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512, bias=False), torch.nn.LayerNorm(512, bias=False))
+    model = model.to(torch.bfloat16)
+    optims = {n: _opt("PagedAdamW", [p]) for n, p in model.named_parameters()}
+    norm, changes = GradNormTracker(), WeightChangeTracker()
+    register_optim_in_bwd_hooks(
+        model, optims, norm, rounding=StochasticRounding(seed=0, device=CPU), weight_changes=changes
+    )
+    x = torch.randn(4, 256).bfloat16()
+    grads = {}
+    for n, p in model.named_parameters():
+        p.register_hook(lambda g, n=n: grads.__setitem__(n, g.detach().float().clone()))
+    before = [p.detach().clone() for p in model.parameters()]
+    norm.arm(CPU)
+    changes.arm(CPU)
+    model(x).float().pow(2).mean().backward()
+    want = torch.sqrt(sum(g.pow(2).sum() for g in grads.values())).item()
+    assert norm.pop() == pytest.approx(want, rel=1e-5)
+    moved = sum(int((p.detach() != b).sum()) for p, b in zip(model.parameters(), before))
+    assert changes.pop() == pytest.approx(moved / sum(p.numel() for p in model.parameters()))
