@@ -22,6 +22,7 @@ SentencePiece tokenizer and one Alpaca-format JSON file, each recipe running its
   bitsandbytes' PagedAdamW, in backward, activation checkpointing and offloading, chunked loss, no
   compile; ours with bf16 stochastic rounding) on Alpaca-like data packed to ``--seq-len``: the
   flagship comparison of ``benchmarks/gpu_proof.py`` (``--size 7b --checkpoint DIR`` on a GPU).
+  ``--compile-lowmem`` runs both with ``compile: True``.
 
 ``--checkpoint DIR`` uses an existing HF checkpoint of ``--size`` (``benchmarks/gpu_proof.py`` writes a
 7B one on the GPU) instead of writing one. ``--tt-pythonpath`` runs torchtune 0.6.1 with the same
@@ -192,7 +193,8 @@ def config(impl: str, assets: Dict[str, Path], out: Path, args: argparse.Namespa
         "optimizer_in_bwd": True,
         "loss": {"_component_": loss},
         "clip_grad_norm": None,
-        "compile": args.scenario == "alpaca" and args.compile,
+        "compile": (args.scenario == "alpaca" and args.compile)
+        or (args.scenario == "lowmem" and getattr(args, "compile_lowmem", False)),
         "device": args.device,
         "dtype": args.dtype,
         "enable_activation_checkpointing": lowmem,
@@ -406,6 +408,9 @@ def main(argv: Any = None) -> None:
         help="alpaca scenario without compile for both (compiling a 168M model takes CPU-minutes per run)",
     )
     parser.add_argument(
+        "--compile-lowmem", action="store_true", help="lowmem scenario with compile=True for both recipes"
+    )
+    parser.add_argument(
         "--extra",
         action="append",
         default=[],
@@ -494,6 +499,7 @@ def main(argv: Any = None) -> None:
     ours, theirs = summaries["ours"], summaries.get("torchtune")
     dims = SIZES[args.size]
     note = " (no compile)" if args.scenario == "alpaca" and not args.compile else ""
+    note = " (compile=True for both)" if args.scenario == "lowmem" and args.compile_lowmem else note
     print(
         f"\nScenario {args.scenario}{note}: Llama2 {dims}, {args.dtype} on {args.device}, batch {args.batch_size} x "
         f"seq {args.seq_len}, {args.steps} steps per run (first {args.skip} left out), {args.repeats} interleaved "

@@ -23,8 +23,9 @@ in particular bitsandbytes' paged buffers, which it never frees):
    recipe with ``bf16_stochastic_rounding=False`` and with ``enable_activation_offloading=False``
    (``benchmarks/compare_torchtune.py --scenario lowmem``); ``--speed-rows`` adds our recipe with
    liger-kernel (``liger_kernels=True`` and ``LigerLinearCrossEntropyLoss``; liger-kernel must be among
-   the carried wheels, else that row alone fails) and with ``compile=True`` (~100 s more: with every
-   phase the run then needs more than its 8 minutes, so run it as ``--phases compare --speed-rows``).
+   the carried wheels, else that row alone fails) and a second run of both recipes with ``compile=True``
+   (compile on and off on the same machine; ~220 s more: with every phase the run then needs more than
+   its 8 minutes, so run it as ``--phases compare --speed-rows``).
    torchtune 0.6.1 runs from ``.gpu_carry/tt061`` (unpacked wheels); where it cannot be imported the row
    says so and the rest runs.
 4. ``learn``: a small Llama2, 200 steps, in fp32, in bf16 with stochastic rounding and in bf16 without,
@@ -32,6 +33,10 @@ in particular bitsandbytes' paged buffers, which it never frees):
    each run moved the weights along the fp32 run's direction, as a fraction of the fp32 run's movement),
    with the bounds bf16 + stochastic rounding must meet (``LEARN_BOUNDS``).
 5. ``pytest``: ``pytest -m gpu tests/gpu``.
+6. ``launches`` (only when named in ``--phases``): one unlogged and one logged step of
+   ``llama2/7B_full_low_memory`` at 2 x 2048 tokens, unpacked and packed, as ``bench_step_launches.py``
+   counts it on meta tensors and as the GPU runs it under ``torch.profiler`` (kernel launch calls, host
+   waits): the check of the counter's figures (docs/speed.md) on the first lent GPU.
 
 Not measured: what paging costs on a real 16 GB card. Paged state is CUDA managed memory; squeezing the
 card with a ballast would ask for more managed memory than the card has free, which can hang the GPU
@@ -65,11 +70,14 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))  # run from a checkout without install
 
 PHASES = ("step", "resume", "compare", "learn", "pytest")
+# run only when named in --phases (the default run must fit its 8 minutes)
+OPTIONAL_PHASES = ("launches",)
 GB, GIB, MIB = 1e9, float(1 << 30), float(1 << 20)
 # seconds each phase took (or is expected to take) on the H200 of ../shared/GPU.md; the plan's minutes
-EXPECTED_S = {"step": 70, "resume": 100, "compare": 150, "learn": 30, "pytest": 100}
-# --speed-rows: two more 7B runs in compare (~37 s each, as its runs took) and compile's warm-up
-SPEED_ROWS_S = 100
+EXPECTED_S = {"step": 70, "resume": 100, "compare": 150, "learn": 30, "pytest": 100, "launches": 120}
+# --speed-rows: the liger row and both recipes with compile=True (~37 s a 7B run, as compare's took, and
+# compile's warm-up, ~60 s a recipe)
+SPEED_ROWS_S = 220
 # the machines a --plan can be checked against: what they have, with margins (GPU.md: 64 GB of disk,
 # 125 GiB of RAM, 143,771 MiB of device memory, 64 MiB carried with the tree)
 TARGETS = {
@@ -328,31 +336,144 @@ def phase_compare(settings: Settings, work: Path, budget: Budget, env: dict, car
         command += ["--extra", "enable_activation_offloading=False:enable_activation_offloading=False"]
     if not settings.smoke and settings.speed_rows:
         command += ["--extra", f"liger_kernels=True + liger loss:liger_kernels=True;{LIGER_LOSS}"]
-        command += ["--extra", "compile=True:compile=True"]
     command += ["--tt-pythonpath", tt_path] if tt_path else ["--no-torchtune"]
+    # compile off, then (--speed-rows) both recipes again with compile=True: the same checkpoint and data
+    runs = [("", command)]
+    if not settings.smoke and settings.speed_rows:
+        compiled = [c for c in command if c != "--no-compile"]
+        extras = {i for i, c in enumerate(compiled) if c == "--extra"}
+        compiled = [c for i, c in enumerate(compiled) if i not in extras and i - 1 not in extras]
+        compiled[compiled.index(str(out))] = str(work / "compare_compiled.json")
+        runs.append((", compile=True", compiled + ["--compile-lowmem"]))
+    rows = []
     try:
-        _run(command, budget=budget, env=env, log=work / "compare.log", cwd=work)
+        for suffix, run in runs:
+            log = work / f"compare{suffix.replace(', ', '_').replace('=', '_')}.log"
+            _run(run, budget=budget, env=env, log=log, cwd=work)
+            rows += _compare_rows(json.loads(Path(run[run.index("--json") + 1]).read_text()), suffix)
     finally:
         shutil.rmtree(ckpt, ignore_errors=True)
-    compared = json.loads(out.read_text())
-    summaries = compared["summaries"]
+    if tt_path is None:
+        rows.append({"item": "torchtune 0.6.1", "note": tt_note})
+    return rows
+
+
+def _compare_rows(compared: dict, suffix: str) -> list[dict]:
+    """Table rows of one ``compare_torchtune.py`` run (``suffix``: what the run set for both recipes)."""
     rows = []
-    for name, s in summaries.items():
+    for name, s in compared["summaries"].items():
         label = {"ours": "ours", "torchtune": "torchtune 0.6.1"}.get(name, f"ours, {name}")
         rows.append(
             {
-                "item": label,
+                "item": label + suffix,
                 "tokens_per_second": s["tok_s"],
                 "median_step_s": s["wall"],
                 **{f"torch_{k}": s[k] for k in ("peak_allocated_gb", "peak_reserved_gb") if k in s},
             }
         )
-    if tt_path is None:
-        rows.append({"item": "torchtune 0.6.1", "note": tt_note})
     for name, tail in compared.get("failed", {}).items():
         label = {"torchtune": "torchtune 0.6.1"}.get(name, f"ours, {name}")
-        rows.append({"item": label, "note": "failed: " + " | ".join(tail)})
+        rows.append({"item": label + suffix, "note": "failed: " + " | ".join(tail)})
     return rows
+
+
+def phase_launches(settings: Settings, work: Path, budget: Budget, env: dict) -> list[dict]:
+    out = work / "launches.json"
+    command = [sys.executable, __file__, "--worker", "launches", "--device", settings.device, "--out", str(out)]
+    _run(command + (["--smoke"] if settings.smoke else []), budget=budget, env=env, log=work / "launches.log")
+    return json.loads(out.read_text())
+
+
+# what the profiler calls each thing it sees: a kernel launch (runtime or driver API: Triton launches through
+# the driver), a host wait for the device, a copy call
+_LAUNCH_CALLS = (
+    "cudaLaunchKernel",
+    "cudaLaunchKernelExC",
+    "cuLaunchKernel",
+    "cuLaunchKernelEx",
+    "cudaLaunchCooperativeKernel",
+)
+_SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
+
+
+def worker_launches(args: argparse.Namespace) -> None:
+    """One unlogged and one logged step of ``llama2/7B_full_low_memory`` at 2 x 2048 tokens, unpacked and packed:
+    counted on meta tensors (``benchmarks/bench_step_launches.py``'s counter), and on a GPU run for real under
+    ``torch.profiler`` (kernel launch calls, device kernels, host waits, copies), so the counter's figures are
+    checked against the GPU's. The smoke run counts the tiny config only."""
+    import torch
+
+    from torchtune.config import load_config
+    from torchtune.training.estimate._step_launches import count_step_launches
+
+    smoke = args.smoke
+    name, seq_len = ("llama2/tiny_full", 64) if smoke else ("llama2/7B_full_low_memory", 2048)
+    overrides = ["dtype=bf16", "bf16_stochastic_rounding=True", "device=cuda"] if smoke else []
+    rows = []
+    for packed in (False, True):
+        cfg = load_config(name, [*overrides, f"dataset.packed={packed}", "batch_size=2"])
+        counted = count_step_launches(cfg, seq_len=seq_len, batch_size=2, packed=packed)
+        batch = "packed" if packed else "unpacked"
+        for step, c in (("unlogged", counted.unlogged), ("logged", counted.logged)):
+            rows.append(
+                {
+                    "item": f"counted: {batch}, {step}",
+                    "launches": float(c.total),
+                    "host_syncs": float(c.syncs),
+                    "note": f"H2D pageable {c.h2d_pageable}, pinned {c.h2d_pinned}",
+                }
+            )
+        if args.device.startswith("cuda") and torch.cuda.is_available():
+            for step, figures in _profiled_step(cfg, seq_len, packed).items():
+                rows.append({"item": f"profiled: {batch}, {step}", **figures})
+    Path(args.out).write_text(json.dumps(rows))
+
+
+def _profiled_step(cfg: Any, seq_len: int, packed: bool) -> dict[str, dict]:
+    """The recipe's loop body on the GPU (random weights): two warm-up steps (state, compiled kernels), then one
+    unlogged and one logged step, each under ``torch.profiler``."""
+    import torch
+    from omegaconf import OmegaConf
+    from torch.profiler import ProfilerActivity, profile
+
+    from torchtune import training
+    from torchtune.training.estimate._step_launches import _HostData, _loop_body, synthetic_batch
+
+    device = torch.device("cuda")
+    grad_norm, changes = training.GradNormTracker(), training.WeightChangeTracker()
+    step = training.TrainStep.from_config(
+        cfg, device=device, dtype=torch.bfloat16, compile_model=False, grad_norm=grad_norm, weight_changes=changes
+    )
+    batch, _ = synthetic_batch(2, seq_len, step.model.tok_embeddings.num_embeddings, packed=packed)
+    batch = {k: v.pin_memory() for k, v in batch.items()}  # as the loader pins them on CUDA
+    metrics = training.StepMetrics(
+        OmegaConf.create({"log_every_n_steps": 1, "log_peak_memory_stats": True}),
+        device=device,
+        grad_norm=grad_norm,
+        weight_changes=changes,
+    )
+    metrics.data, metrics.logger = _HostData(), training.MetricLoggers([], path=None)
+    guard = training.NonFiniteLossGuard(device)
+    for index in range(2):
+        _loop_body(step, batch, metrics, guard, global_step=index + 1, logged=index == 1)
+    torch.cuda.synchronize()
+    out = {}
+    for index, logged in ((3, False), (4, True)):
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            _loop_body(step, batch, metrics, guard, global_step=index, logged=logged)
+            torch.cuda.synchronize()
+        events = prof.events()
+        calls = [e for e in events if e.device_type == torch.autograd.DeviceType.CPU]
+        kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+        launches = sum(e.name in _LAUNCH_CALLS for e in calls)
+        syncs = sum(e.name in _SYNC_CALLS for e in calls) - 1  # the measurement's own synchronize
+        copies = sum(e.name.startswith("cudaMemcpy") for e in calls)
+        out["logged" if logged else "unlogged"] = {
+            "launches": float(launches),
+            "host_syncs": float(syncs),
+            "note": f"{len(kernels)} device activities (kernels, copies, memsets); {copies} copy calls",
+        }
+    return out
 
 
 def phase_learn(settings: Settings, work: Path, budget: Budget, env: dict) -> list[dict]:
@@ -523,6 +644,8 @@ def _table(results: dict[str, Any]) -> str:
         ("host_peak_rss_gb", "host RSS", ".2f"),
         ("host_peak_mapped_files_gb", "mapped", ".2f"),
         ("tokens_per_second", "tokens/s", ".0f"),
+        ("launches", "launches", ".0f"),
+        ("host_syncs", "syncs", ".0f"),
     ]
     lines = [
         "GPU proof (GB = 1e9 bytes; device: PyTorch's peaks, driver = NVML incl. context and resident managed "
@@ -559,7 +682,11 @@ def _table(results: dict[str, Any]) -> str:
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--phases", default=",".join(PHASES), help=f"comma-separated, of {', '.join(PHASES)}")
+    parser.add_argument(
+        "--phases",
+        default=",".join(PHASES),
+        help=f"comma-separated, of {', '.join(PHASES)} (default: all) and {', '.join(OPTIONAL_PHASES)}",
+    )
     parser.add_argument("--budget-s", type=float, default=480.0, help="stop cleanly before this many seconds")
     parser.add_argument("--json", default="gpu_proof.json", help="where the results go (written after every phase)")
     parser.add_argument("--device", default="cuda")
@@ -569,10 +696,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--plan", action="store_true", help="print the needs and whether they fit, run nothing")
     parser.add_argument("--target", choices=sorted(TARGETS), default=None, help="check the plan against this machine")
     parser.add_argument(
-        "--speed-rows", action="store_true", help="compare: also ours with liger-kernel and with compile=True"
+        "--speed-rows",
+        action="store_true",
+        help="compare: also ours with liger-kernel, and both recipes again with compile=True",
     )
     parser.add_argument("--learn-steps", type=int, default=None, help="steps of the learn phase (200; smoke: 20)")
-    parser.add_argument("--worker", choices=["checkpoint", "learn"], help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=["checkpoint", "learn", "launches"], help=argparse.SUPPRESS)
     parser.add_argument("--variant", choices=["fp32", "bf16_rounding", "bf16"], help=argparse.SUPPRESS)
     parser.add_argument("--model", default="7b", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -583,11 +712,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.worker == "learn":
         worker_learn(args)
         return 0
+    if args.worker == "launches":
+        worker_launches(args)
+        return 0
 
     phases = [p.strip() for p in args.phases.split(",") if p.strip()]
-    unknown = [p for p in phases if p not in PHASES]
+    unknown = [p for p in phases if p not in PHASES + OPTIONAL_PHASES]
     if unknown:
-        raise SystemExit(f"--phases {args.phases}: unknown {unknown}; choose from {', '.join(PHASES)}")
+        raise SystemExit(
+            f"--phases {args.phases}: unknown {unknown}; choose from {', '.join(PHASES + OPTIONAL_PHASES)}"
+        )
     settings = Settings(args)
     carry = Path(args.carry)
     need = needs(settings, phases, carry)

@@ -223,7 +223,13 @@ class FullFinetuneRecipeDistributed:
         self._tokenizer = config.instantiate(cfg.tokenizer)
         batch_size = self._local_batch_size
         self._data = training.build_dataloader(
-            cfg.dataset, self._tokenizer, batch_size=batch_size, shuffle=cfg.shuffle, seed=self.seed, info=self._dist
+            cfg.dataset,
+            self._tokenizer,
+            batch_size=batch_size,
+            shuffle=cfg.shuffle,
+            seed=self.seed,
+            info=self._dist,
+            device=self._device,
         )
         # Each rank evaluates its share of the validation set; the loss sums are added over ranks.
         self._validation = training.build_validation(
@@ -348,9 +354,16 @@ class FullFinetuneRecipeDistributed:
                         dist.all_reduce(step_loss)
                     self._nan_guard.record(step_loss, step)
                     if logged:  # every rank: the token counts and the gradient norm are summed over ranks
+                        self._metrics.log_step(  # the loss, norm and NaN guard in one read
+                            epoch=epoch,
+                            step=step,
+                            loss=step_loss,
+                            lr=lr,
+                            bar=self._steps.bar,
+                            nan_guard=self._nan_guard,
+                        )
                         self._nan_guard.check(epoch, self._checkpoints.last_folder)
                         self._check_loaded_checksums(wait=False)  # background checksums: no wait
-                        self._metrics.log_step(epoch=epoch, step=step, loss=step_loss, lr=lr, bar=self._steps.bar)
                     self._metrics.log_validation(self._validation, self._model, self._loss_fn, step)
                     if self._checkpoints.step_checkpoint_due(self.progress, self._steps.steps_per_epoch):
                         self.save_checkpoint(epoch=epoch, step_checkpoint=True)

@@ -119,7 +119,9 @@ class FullFinetuneRecipeSingleDevice:
     training starts); an output_dir that holds another run's checkpoints or metrics (resume it, pick
     another output_dir, or set overwrite=True); a resume that cannot continue (missing or damaged state, another
     model, other optimizer/batch settings); weights or a tokenizer that do not fit the model; an
-    empty dataset; a NaN or infinite loss. Each message names the key to change.
+    empty dataset; a NaN or infinite loss; on a GPU, a compiled kernel that cannot be built (the fused
+    rounded optimizer step at set-up, FlexAttention for packed batches at the first step) rather than a
+    silent, slower fallback. Each message names the key to change.
     """
 
     def __init__(self, cfg: DictConfig) -> None:
@@ -174,7 +176,12 @@ class FullFinetuneRecipeSingleDevice:
         self._tokenizer = config.instantiate(cfg.tokenizer)
         batch_size = self._settings.batch_size
         self._data = training.build_dataloader(
-            cfg.dataset, self._tokenizer, batch_size=batch_size, shuffle=cfg.shuffle, seed=self.seed
+            cfg.dataset,
+            self._tokenizer,
+            batch_size=batch_size,
+            shuffle=cfg.shuffle,
+            seed=self.seed,
+            device=self._device,
         )
         self._validation = training.build_validation(
             cfg.validation_dataset, self._tokenizer, batch_size=batch_size, every_n_steps=cfg.eval_every_n_steps
@@ -269,9 +276,11 @@ class FullFinetuneRecipeSingleDevice:
                     step = steps.finish_step()
                     self._profiler.step()
                     self._nan_guard.record(step_loss, step)  # on the device: no sync
-                    if logged:
+                    if logged:  # the loss, norm, weight-change count and NaN guard in one read: one sync
+                        metrics.log_step(
+                            epoch=epoch, step=step, loss=step_loss, lr=lr, bar=steps.bar, nan_guard=self._nan_guard
+                        )
                         self._check_loss_and_loaded_checkpoint(epoch, before_save=False)
-                        metrics.log_step(epoch=epoch, step=step, loss=step_loss, lr=lr, bar=steps.bar)
                     metrics.log_validation(self._validation, self._model, self._loss_fn, step)
                     if self._checkpoints.step_checkpoint_due(self.progress, steps.steps_per_epoch):
                         self.save_checkpoint(epoch=epoch, step_checkpoint=True)

@@ -144,3 +144,21 @@ def test_smoke_run_every_phase_in_fresh_processes(gpu_python, tmp_path):
 
 def _args():
     return gpu_proof.argparse.Namespace(smoke=False, device="cuda", learn_steps=None)
+
+
+def test_launches_phase_counts_the_tiny_step_on_the_cpu(tmp_path):
+    """The launches phase's worker on a CPU (no GPU to profile): the counted rows of the tiny config."""
+    import argparse
+
+    out = tmp_path / "launches.json"
+    gpu_proof.worker_launches(argparse.Namespace(smoke=True, device="cpu", out=str(out)))
+    rows = {r["item"]: r for r in json.loads(out.read_text())}
+    assert set(rows) == {f"counted: {b}, {s}" for b in ("unpacked", "packed") for s in ("unlogged", "logged")}
+    assert rows["counted: unpacked, unlogged"]["host_syncs"] == 0 and rows["counted: packed, logged"]["host_syncs"] == 1
+    assert all(r["launches"] > 0 for r in rows.values())
+
+
+def test_launches_is_a_phase_to_name_not_a_default_one():
+    assert "launches" not in gpu_proof.PHASES and "launches" in gpu_proof.OPTIONAL_PHASES
+    need = gpu_proof.needs(gpu_proof.Settings(_args()), ["compare", "launches"], REPO_ROOT / ".gpu_carry")
+    assert need["minutes"] < 8

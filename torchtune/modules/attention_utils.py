@@ -9,7 +9,6 @@ partial; elsewhere it is a boolean ``[b, s, s]`` block-diagonal causal mask for 
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Callable, List, Optional, Union
 
 import torch
@@ -44,22 +43,15 @@ def is_block_mask(mask: Any) -> bool:
     return BlockMask is not None and isinstance(mask, BlockMask)
 
 
-@functools.lru_cache(maxsize=None)
-def _compiled_flex_attention() -> Callable:
-    # Compiled on first use, not at import: flex attention is only fast compiled, and compiling costs
-    # seconds that a run without packed CUDA batches should not pay.
-    from torch.nn.attention.flex_attention import flex_attention
-
-    return torch.compile(flex_attention, dynamic=False)
-
-
-@torch.compiler.disable(recursive=False)
 def compile_friendly_flex_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask: Any, scale: Optional[float] = None
 ) -> torch.Tensor:
-    """Compiled flex attention of ``[b, h, s, d]`` tensors with ``block_mask``, callable from compiled and
-    eager code alike (a compiled model does not try to compile it again inside its own graph)."""
-    return _compiled_flex_attention()(q, k, v, block_mask=block_mask, scale=scale)
+    """Flex attention of ``[b, h, s, d]`` tensors with ``block_mask``, from compiled and eager code alike: the
+    kernel compiled once per shape, traced into the graph of a compiled layer instead
+    (``torchtune.modules.attention_flex.flex_attention``, which also stops a run whose kernel cannot be built)."""
+    from torchtune.modules.attention_flex import flex_attention
+
+    return flex_attention(q, k, v, block_mask, scale=scale)
 
 
 def flex_attention_call(
@@ -106,15 +98,11 @@ def packed_block_causal_mask(seq_lens: List[torch.Tensor]) -> _MaskType:
     (built on ``cuda``), else :func:`create_block_causal_mask`'s boolean tensor."""
     if not _SUPPORTS_FLEX_ATTENTION:
         return create_block_causal_mask(seq_lens)
-    from torch.nn.attention.flex_attention import create_block_mask
+    # the recipes' builder: block summaries, no s x s tensor and nothing compiled (create_block_mask's way)
+    from torchtune.modules.attention_flex import block_causal_block_mask
 
-    document_ids = _get_document_ids_from_seq_lens(seq_lens).to("cuda")
-    batch_size, max_seq_len = document_ids.shape
-
-    def mask_mod(b, h, q_idx, kv_idx):
-        return (q_idx >= kv_idx) & (document_ids[b, q_idx] == document_ids[b, kv_idx])
-
-    return create_block_mask(mask_mod, batch_size, None, max_seq_len, max_seq_len, device="cuda")
+    document_ids = _get_document_ids_from_seq_lens(seq_lens).to(device="cuda", dtype=torch.int32)
+    return block_causal_block_mask(document_ids)
 
 
 def _sdpa_or_flex_attention() -> Callable:

@@ -22,7 +22,7 @@ from typing import Iterator, Optional
 import torch
 import torch.nn.functional as F
 
-__all__ = ["attention", "sliding_window_attention", "window_kernel_device"]
+__all__ = ["attention", "sliding_window_attention", "target_device_type", "window_kernel_device"]
 
 _TARGET_DEVICE: Optional[str] = None
 
@@ -36,6 +36,11 @@ def window_kernel_device(device_type: Optional[str]) -> Iterator[None]:
         yield
     finally:
         _TARGET_DEVICE = previous
+
+
+def target_device_type(device: torch.device) -> str:
+    """The device type kernels are picked for: ``window_kernel_device``'s inside it, else ``device``'s."""
+    return _TARGET_DEVICE or torch.device(device).type
 
 
 def attention(
@@ -119,7 +124,7 @@ def sliding_window_attention(
     if s_q <= window:  # the window covers everything causal attention sees
         return attention(q, k, v, mask=mask, is_causal=True, scale=scale, softcap=softcap, dropout_p=dropout_p)
     if chunked is None:
-        chunked = (_TARGET_DEVICE or q.device.type) == "cuda"
+        chunked = target_device_type(q.device) == "cuda"
     idx = torch.arange(s_q, device=q.device)
     if not chunked:
         window_mask = _window(idx[:, None], idx[None, :], window)

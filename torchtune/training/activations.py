@@ -12,7 +12,6 @@ GPU memory with sequence length.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import functools
 import weakref
@@ -140,10 +139,6 @@ class CudaCopies:
     def wait_stream(self, stream: Any, other: Any) -> None:
         stream.wait_stream(other)
 
-    def synchronize(self, event: Any) -> None:
-        """The CPU waits until ``event`` has happened on the GPU."""
-        event.synchronize()
-
     def host_buffer(self, t: torch.Tensor) -> torch.Tensor:
         # pinned: the copy can run asynchronously; the caching host allocator keeps the block until
         # the copies that use it have finished. empty_like keeps the strides autograd saved.
@@ -154,9 +149,6 @@ class CudaCopies:
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = True) -> None:
         dst.copy_(src, non_blocking=non_blocking)
-
-    def record_stream(self, t: torch.Tensor, stream: Any) -> None:
-        t.record_stream(stream)
 
 
 class SimulatedCopies:
@@ -189,9 +181,6 @@ class SimulatedCopies:
     def wait_stream(self, stream: Any, other: Any) -> None:
         pass
 
-    def synchronize(self, event: Any) -> None:
-        pass
-
     def host_buffer(self, t: torch.Tensor) -> torch.Tensor:
         with self.host_ctx():
             return torch.empty_like(t)
@@ -201,9 +190,6 @@ class SimulatedCopies:
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = True) -> None:
         dst.copy_(src)
-
-    def record_stream(self, t: torch.Tensor, stream: Any) -> None:
-        pass
 
 
 _CUDA = CudaCopies()
@@ -245,14 +231,15 @@ class OffloadActivations(saved_tensors_hooks):
     ``max_in_flight``-th next tensor is packed, so at most ``max_in_flight`` device tensors (with
     checkpointing: about one layer input) are held for copying however far the CPU runs ahead.
     Backward copies each tensor back on another side stream into memory of that stream, together
-    with the next ``prefetch`` tensors backward will ask for: the copy stream waits only for the
-    forward copy of the same tensor, and compute waits only for the copy of the tensor it uses now,
-    so bringing back the next layer's input overlaps the current layer's backward. A copy's memory
-    is returned to the copy stream only once compute is done with it (``record_stream``), which the
-    allocator can only see when the GPU gets there; so before new copies are made the CPU waits
-    until the GPU has reached the use of the tensor ``prefetch + 1`` unpacks back. That bounds the
-    device copies alive to about ``prefetch + 3`` however far the CPU runs ahead, and costs no GPU
-    time while the CPU is that far ahead (it stays one layer ahead with checkpointing).
+    with the next ``prefetch`` tensors backward will ask for: each copy waits for the forward copy of
+    the same tensor, and compute waits only for the copy of the tensor it uses now, so bringing back
+    the next layer's input overlaps the current layer's backward. A copy's memory belongs to the copy
+    stream and goes back to its pool when autograd lets the tensor go (on the host, while the GPU may
+    still be using it); before new copies are made, the copy stream waits for the compute work queued
+    so far, which includes every use of the copies let go, so a reused block is never overwritten
+    early. Streams and events only: the host never waits for the GPU, however far ahead it runs, and
+    the device copies alive stay about ``prefetch + 2`` (each reused in stream order, not held until the
+    host sees the GPU done with it).
 
     A tensor saved by several ops (an RMSNorm saves its input twice; q, k and v projections each save a
     flattened view of the same input) is moved once each way, unless it was changed in place in between.
@@ -301,8 +288,6 @@ class OffloadActivations(saved_tensors_hooks):
         self._packed_ids: dict[int, tuple[Any, int, _Offloaded]] = {}
         self._shared: dict[int, torch.Tensor] = {}  # brought back and still to be unpacked by other slots
         self._back: dict[int, tuple[torch.Tensor, Any]] = {}  # prefetched: (device copy, ready event)
-        # compute-stream events at the last unpacks, where compute starts using each copy, newest last
-        self._in_use: collections.deque = collections.deque()
         self._streams: dict[tuple[str, torch.device], Any] = {}
         super().__init__(self._pack, self._unpack)
 
@@ -314,7 +299,6 @@ class OffloadActivations(saved_tensors_hooks):
         self._release_in_flight(keep=0)
         self._by_index.clear()
         self._back.clear()
-        self._in_use.clear()
         self._packed_ids.clear()
         self._shared.clear()
         if self._model is not None:
@@ -450,21 +434,17 @@ class OffloadActivations(saved_tensors_hooks):
             return _observe(shared)
         engine = packed.engine
         entry = self._back.pop(packed.index, None)
-        if entry is None and self.use_streams:
-            self._catch_up(engine)
+        # backward runs in reverse order of saving: start bringing back the next ones now
+        ahead = [i for i in range(packed.index - 1, packed.index - 1 - self.prefetch, -1) if i in self._by_index]
+        ahead = [i for i in ahead if i not in self._back]
+        if self.use_streams and (entry is None or ahead):
+            # new copies reuse the copy stream's blocks that autograd let go: after their uses, queued so far
+            compute = engine.current_stream(packed.device)
+            engine.wait_stream(self._stream(engine, "h2d", packed.device), compute)
         tensor, ready = entry if entry is not None else self._bring_back(packed)
         if ready is not None:
             compute = engine.current_stream(packed.device)
             engine.wait(compute, ready)  # this tensor's copy only, not the prefetches behind it
-            # the block belongs to the copy stream's pool: when autograd frees it, it must not be reused
-            # before the compute work using it has run
-            engine.record_stream(tensor, compute)
-            self._in_use.append(engine.record(compute))
-        # backward runs in reverse order of saving: start bringing back the next ones now
-        ahead = [i for i in range(packed.index - 1, packed.index - 1 - self.prefetch, -1) if i in self._by_index]
-        ahead = [i for i in ahead if i not in self._back]
-        if ahead and self.use_streams:
-            self._catch_up(engine)
         for index in ahead:
             self._back[index] = self._bring_back(self._by_index[index])
         self._by_index.pop(packed.index, None)
@@ -472,12 +452,6 @@ class OffloadActivations(saved_tensors_hooks):
         if packed.uses > 0:
             self._shared[packed.index] = tensor
         return _observe(tensor)
-
-    def _catch_up(self, engine: Any) -> None:
-        """Before new device copies: the CPU waits until the GPU uses the copy ``prefetch + 1`` unpacks
-        back, so the copies compute has finished with are free again (see the class docstring)."""
-        while len(self._in_use) > self.prefetch + 1:
-            engine.synchronize(self._in_use.popleft())
 
 
 class NoOpManager(contextlib.nullcontext):

@@ -266,34 +266,8 @@ def test_bitsandbytes_in_backward_step_skips_its_device_syncs(monkeypatch, compo
     assert len(syncs) == 3 * (2 if "Paged" in component else 1)
     syncs.clear()
     assert torch.equal(run(True, None), own) and syncs == []
-    run(True, StochasticRounding(seed=0, device=torch.device("cpu")))  # rounded: update_step on slices
+    run(True, StochasticRounding(seed=0, device=torch.device("cpu")))  # rounded: one fused pass (_fused_step)
     assert syncs == []
-
-
-@pytest.mark.parametrize("component", ["bitsandbytes.optim.PagedAdamW", "bitsandbytes.optim.AdamW8bit"])
-def test_bitsandbytes_steps_in_slices_with_the_same_result(monkeypatch, component):
-    """bitsandbytes' update runs slice by slice on views of its state (32-bit, and 8-bit blockwise with
-    one absmax per 256 elements): the same weights and state as the parameter swapped to fp32 whole."""
-    import torchtune.training.optim._stochastic_rounding as sr
-
-    def run(sliced):
-        monkeypatch.setattr(sr, "_SLICE", 1024)  # 4 slices of 4 blocks each for 4096 elements
-        monkeypatch.setattr(sr, "_bnb_sliceable", sr._bnb_sliceable if sliced else lambda o, p: False)
-        torch.manual_seed(0)
-        param = torch.nn.Parameter((torch.rand(64, 64) + 1).bfloat16())
-        opt = _cls(component)([param], lr=1e-3)
-        rounding = StochasticRounding(seed=0, device=torch.device("cpu"))
-        for _ in range(3):
-            param.grad = torch.randn(64, 64).bfloat16()
-            step_parameter(opt, param, rounding=rounding, in_backward=True)
-        return param.detach().clone(), dict(opt.state[param])
-
-    (sliced, sliced_state), (whole, whole_state) = run(True), run(False)
-    assert torch.equal(sliced, whole)
-    assert sliced_state.keys() == whole_state.keys() and sliced_state["step"] == whole_state["step"] == 3
-    for key, value in whole_state.items():
-        if torch.is_tensor(value):
-            assert torch.equal(sliced_state[key], value) and sliced_state[key].dtype == value.dtype, key
 
 
 def test_compiled_rounding_is_unbiased_resumes_exactly_and_counts(kernel):

@@ -6,7 +6,9 @@ kernel for fp16/bf16 without a mask and the memory-efficient kernel otherwise; e
 tensors for backward and allocates different workspaces. ``target_attention("cuda")`` replaces the call
 by the CUDA kernel's own ATen op, whose fake (meta) implementation gives exactly the tensors the kernel
 returns and saves, and adds the flash backward's fp32 workspaces (``dq_accum`` and ``softmax_d`` of
-PyTorch's FlashAttention-2 ``mha_bwd``) for the duration of the backward kernel.
+PyTorch's FlashAttention-2 ``mha_bwd``) for the duration of the backward kernel. A packed batch on CUDA
+goes through FlexAttention (``torchtune.modules.attention_flex``): inside ``target_attention("cuda")`` its
+compiled kernel is the stand-in below, which allocates and saves what that kernel does.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ __all__ = ["describe_attention", "target_attention"]
 _FLASH = "flash"
 _EFFICIENT = "memory-efficient"
 _MATH = "math"
+_FLEX = "flex"
 
 DESCRIPTIONS = {
     _FLASH: "CUDA flash SDPA kernel (aten._scaled_dot_product_flash_attention, PyTorch's first choice for "
@@ -30,6 +33,9 @@ DESCRIPTIONS = {
     _EFFICIENT: "CUDA memory-efficient SDPA kernel (aten._scaled_dot_product_efficient_attention; a boolean mask "
     "becomes a materialised additive bias of b x s x s): saves the output and an fp32 log-sum-exp",
     _MATH: "the math SDPA path (materialises the s x s attention weights)",
+    _FLEX: "compiled FlexAttention with a block-causal document mask (packed batches on CUDA): saves the output "
+    "and an fp32 log-sum-exp, no s x s matrix; the block mask's per-block tensors and its backward's fp32 "
+    "row sums are counted",
 }
 
 
@@ -133,6 +139,7 @@ def target_attention(device_type: str) -> Iterator[dict[str, int]]:
     ``TorchFunctionMode``, because activation checkpointing recomputes the layer inside the autograd
     engine, where function modes are not active: the recomputation must save what the forward saved.
     """
+    from torchtune.modules import attention_flex
     from torchtune.modules.sliding_window import window_kernel_device
 
     if device_type != "cuda":
@@ -140,12 +147,17 @@ def target_attention(device_type: str) -> Iterator[dict[str, int]]:
         return
     original = F.scaled_dot_product_attention
     stand_in = _TargetAttention(original)
-    F.scaled_dot_product_attention = stand_in
+
+    def flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask: Any) -> torch.Tensor:
+        stand_in.kernels[_FLEX] = stand_in.kernels.get(_FLEX, 0) + 1
+        return flex_attention_as_compiled(q, k, v, block_mask)
+
+    F.scaled_dot_product_attention, attention_flex.STAND_IN = stand_in, flex
     try:
         with window_kernel_device(device_type):
             yield stand_in.kernels
     finally:
-        F.scaled_dot_product_attention = original
+        F.scaled_dot_product_attention, attention_flex.STAND_IN = original, None
 
 
 def describe_attention(kernels: dict[str, int], device_type: str) -> str:
@@ -153,3 +165,61 @@ def describe_attention(kernels: dict[str, int], device_type: str) -> str:
     if not kernels:
         return f"attention counted as the kernel the {device_type} device itself picks"
     return "attention counted as the " + "; and ".join(DESCRIPTIONS[k] for k in sorted(kernels))
+
+
+# --- FlexAttention, compiled, as a stand-in on fake and meta tensors --------------------------------------
+# A compiled ``flex_attention`` is one Triton kernel forward and two backward (the ``delta = sum(dO * O)``
+# preprocessing and the dq/dk/dv kernel). Forward it returns the output and the fp32 log-sum-exp of each
+# query row and saves them with q, k, v and the block mask; backward allocates delta (fp32, per query row)
+# besides dq, dk and dv. These custom ops allocate exactly that and compute nothing: the memory estimator
+# counts their tensors, the launch counter counts them as those kernels (by their names, which it knows).
+# The block mask's own tensors are made by the code that builds it (``torchtune.modules.attention_flex``).
+
+
+@torch.library.custom_op("tune_kernels::flex_attention", mutates_args=())
+def flex_attention_stand_in(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(output, log-sum-exp) shapes of a compiled FlexAttention call; fake and meta tensors only."""
+    raise NotImplementedError("the FlexAttention stand-in runs on fake and meta tensors only")
+
+
+@flex_attention_stand_in.register_fake
+def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    out = torch.empty((*q.shape[:-1], v.shape[-1]), dtype=q.dtype, device=q.device)
+    return out, torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+
+
+@torch.library.custom_op("tune_kernels::flex_attention_backward", mutates_args=())
+def flex_attention_backward_stand_in(
+    grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) of a compiled FlexAttention backward; fake and meta tensors only."""
+    raise NotImplementedError("the FlexAttention stand-in runs on fake and meta tensors only")
+
+
+@flex_attention_backward_stand_in.register_fake
+def _(grad_out, q, k, v, out, lse):
+    delta = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)  # noqa: F841 - held by the kernel
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _flex_setup(ctx: Any, inputs: tuple, output: tuple) -> None:
+    q, k, v = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+
+
+def _flex_backward(ctx: Any, grad_out: torch.Tensor, grad_lse: Any) -> tuple:
+    q, k, v, out, lse = ctx.saved_tensors
+    return flex_attention_backward_stand_in(grad_out.contiguous(), q, k, v, out, lse)
+
+
+flex_attention_stand_in.register_autograd(_flex_backward, setup_context=_flex_setup)
+
+
+def flex_attention_as_compiled(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask: Any = None
+) -> torch.Tensor:
+    """What a compiled ``flex_attention(q, k, v, block_mask=...)`` returns and saves, on fake or meta tensors.
+    The block mask's tensors stay alive with the graph, as they do for the real kernel."""
+    out, _ = flex_attention_stand_in(q, k, v)
+    return out

@@ -412,7 +412,8 @@ class LayoutOptimizer(torch.optim.Optimizer):
     bitsandbytes, ``load_state_dict`` (the real class's own method: it deep-copies the state and moves
     it to the device) behave as the real class's, so checkpoint code runs on it unchanged. The step is a
     plain in-place update, so the step's memory behaviour (grads read in place, no copies) matches the
-    fused kernels.
+    fused kernels; rounded, a bitsandbytes Adam's stand-in (``steps_fused``) is stepped as that in-place
+    kernel too, other ones in fp32 slices, as their real step is.
     """
 
     paged_bytes_total = 0  # summed over every instance: one optimizer per parameter in backward
@@ -425,6 +426,10 @@ class LayoutOptimizer(torch.optim.Optimizer):
         self.optimizer_component = optimizer_component
         self.real_kwargs = kwargs
         self.is_paged = optimizer_component.rsplit(".", 1)[-1].startswith("Paged")
+        # a rounded step of a bitsandbytes Adam is one in-place kernel (``_fused_step``): so is this one's
+        from torchtune.training.optim._fused_step import fused_component
+
+        self.steps_fused = fused_component(optimizer_component)
         self.paged_bytes = 0
         # bitsandbytes' load_state_dict moves these keys to the device without casting them
         self.non_castable_tensor_keys = {"state1", "state2", "device_state", "paged_state"}
@@ -832,7 +837,8 @@ def estimate_recipe_memory(
     is simulated on CPU tensors; bitsandbytes/torchao optimizers become ``LayoutOptimizer``. With
     ``fake=False`` the same runs on real CPU tensors (to check the estimate on a small model).
     ``attention="target"`` counts attention as the kernel ``cfg.device`` runs (CUDA: flash or
-    memory-efficient SDPA), ``"native"`` as the CPU's own kernel (what a real CPU run does).
+    memory-efficient SDPA; a packed batch, ``dataset.packed: True``, through FlexAttention and its block
+    mask), ``"native"`` as the CPU's own kernel (what a real CPU run does).
     """
     from torchtune import training
 
@@ -840,6 +846,7 @@ def estimate_recipe_memory(
         raise ValueError(f"attention must be 'target' or 'native', got {attention!r}")
     seq_len = int(seq_len) if seq_len is not None else default_seq_len(cfg)
     batch = int(batch_size) if batch_size is not None else training.positive_int(cfg, "batch_size")
+    packed = cfg.get("dataset") is not None and bool(cfg.dataset.get("packed", False))
     cfg, device, dtype, notes = prepare_estimate(cfg)
 
     def setup() -> tuple[nn.Module, Callable[[], Any]]:
@@ -855,6 +862,13 @@ def estimate_recipe_memory(
             "tokens": torch.randint(0, vocab, (batch, seq_len)),
             "labels": torch.randint(0, vocab, (batch, seq_len)),
         }
+        if packed:
+            # a packed batch's positions (one segment a row: the mask's memory does not depend on where
+            # segments end) and its dense mask, made as the loader makes it, on the host: a target that
+            # takes FlexAttention builds its block mask from the positions and leaves the dense mask there
+            data["input_pos"] = torch.arange(seq_len).expand(batch, seq_len).clone()
+            with _disable_current_modes():
+                data["mask"] = torch.ones(seq_len, seq_len, dtype=torch.bool).tril().expand(batch, -1, -1)
         return step.model, lambda: step(data)
 
     estimate = profile_memory(

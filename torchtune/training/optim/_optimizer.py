@@ -6,8 +6,10 @@ nothing left to do, because the hooks already stepped every parameter during ``b
 
 In backward, ``optimizer_in_bwd_group`` says how many parameters one inner optimizer holds:
 ``param``, one each (each gradient is freed as soon as it is complete); ``layer``, all the
-parameters of one decoder layer (``model.layers[i]``), stepped together by one foreach/fused call
-when the layer's last gradient arrives, so at most one layer's gradients exist at a time.
+parameters of one decoder layer (``model.layers[i]``), stepped together when the layer's last gradient
+arrives (torch's foreach/fused optimizers in one call; with bf16 stochastic rounding one fused kernel per
+weight), so at most one layer's gradients exist at a time. With rounding, small parameters (norm scales)
+of either grouping are stepped together in one multi-tensor call when backward ends (``_fused_step``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from torchtune import config
 from torchtune._errors import ConfigError, TuneError
 from torchtune.training.distributed._dtensor import is_dtensor
 from torchtune.training.optim._cpu_optimizer_worker import CPUOptimizerWorker, WorkerOptimInBackward, grad_bytes
+from torchtune.training.optim._fused_step import SmallParamSteps, check_fused_kernels
 from torchtune.training.optim._low_rank import StepAfterBackward, build_low_rank_optimizers, is_low_rank
 from torchtune.training.optim._stochastic_rounding import StochasticRounding, WeightChangeTracker, step_parameter
 from torchtune.training.optim._torchao_local_step import needs_local_step, step_on_local_shards
@@ -47,18 +50,21 @@ class GradNormTracker:
     """The global gradient norm of a step, summed on the device, only on steps that are logged.
 
     ``arm(device)`` before a logged step; the in-backward hooks then ``add`` each gradient before it
-    is freed (or ``step_optimizer`` records the total of a standard step); ``pop()`` reads the norm
-    (the one host sync) and disarms. Unarmed, every call is a no-op, so steps that are not logged
-    spend nothing on it. Each ``add`` is one reduction kernel; the norms are kept as 0-dim tensors
-    and summed once in ``pop``, so a step of N parameters launches N reductions, not 3N ops.
+    is freed (a fused optimizer kernel that reads the gradient anyway ``add_square``s its squared sum
+    instead; ``step_optimizer`` records the total of a standard step); ``pop()`` reads the norm (a host
+    sync) and disarms; ``total_square()`` gives the squared norm on the device without a sync, for a
+    logged step that reads all its values at once. Unarmed, every call is a no-op, so steps that are not
+    logged spend nothing on it. Each ``add`` is one reduction kernel; the norms are kept as 0-dim tensors
+    and summed once, so a step of N parameters launches N reductions, not 3N ops.
 
-    Sharded gradients (FSDP2's DTensors) add only this rank's shard; ``pop`` then sums the shards'
-    squares over the ranks, so every rank must call it (it is a collective there).
+    Sharded gradients (FSDP2's DTensors) add only this rank's shard; the total then sums the shards'
+    squares over the ranks, so every rank must take it (it is a collective there).
     """
 
     def __init__(self) -> None:
         self._norms: Optional[List[torch.Tensor]] = None  # fp32 norms of whole gradients (or totals)
-        self._local: List[torch.Tensor] = []  # fp32 norms of this rank's shards: summed over ranks in pop
+        self._squares: List[torch.Tensor] = []  # fp32 squared sums of whole gradients
+        self._local: List[torch.Tensor] = []  # fp32 norms of this rank's shards: summed over ranks
         self._device: Optional[torch.device] = None
 
     @property
@@ -66,7 +72,7 @@ class GradNormTracker:
         return self._norms is not None
 
     def arm(self, device: torch.device) -> None:
-        self._norms, self._local, self._device = [], [], torch.device(device)
+        self._norms, self._squares, self._local, self._device = [], [], [], torch.device(device)
 
     def add(self, grad: torch.Tensor) -> None:
         """Add one gradient's norm (taken in fp32); of a sharded gradient, this rank's shard."""
@@ -77,17 +83,24 @@ class GradNormTracker:
         else:
             self._norms.append(torch.linalg.vector_norm(grad, dtype=torch.float32))
 
+    def add_square(self, square: torch.Tensor) -> None:
+        """Add the fp32 sum of squares of one whole gradient (or of several: a multi-tensor step's)."""
+        if self._norms is not None:
+            self._squares.append(square)
+
     def add_total(self, norm: torch.Tensor) -> None:
         """Add a norm already taken over many gradients, over all ranks (``clip_grad_norm_``'s result)."""
         if self._norms is not None:
             self._norms.append(norm.detach().float())
 
-    def pop(self) -> float:
-        """The norm since ``arm`` (a host sync; with sharded gradients a collective); disarms. NaN if
-        it was not armed."""
+    def total_square(self) -> torch.Tensor:
+        """The squared norm since ``arm`` as a 0-dim fp32 device tensor (with sharded gradients a collective,
+        no host sync); disarms. NaN if it was not armed."""
         if self._norms is None:
-            return float("nan")
+            return torch.full((), float("nan"), device=self._device)
         total = _sum_of_squares(self._norms, self._device)
+        if self._squares:
+            total = total + torch.stack([s.float() for s in self._squares]).sum()
         if self._local:
             import torch.distributed as dist
 
@@ -95,9 +108,15 @@ class GradNormTracker:
             if dist.is_initialized():
                 dist.all_reduce(local)
             total = total + local
-        value = math.sqrt(max(total.item(), 0.0))
-        self._norms, self._local = None, []
-        return value
+        self._norms, self._squares, self._local = None, [], []
+        return total
+
+    def pop(self) -> float:
+        """The norm since ``arm`` (a host sync; with sharded gradients a collective); disarms. NaN if
+        it was not armed."""
+        if self._norms is None:
+            return float("nan")
+        return math.sqrt(max(self.total_square().item(), 0.0))
 
 
 def _sum_of_squares(norms: List[torch.Tensor], device: Optional[torch.device]) -> torch.Tensor:
@@ -179,9 +198,11 @@ def register_optim_in_bwd_hooks(
     members: Dict[int, List[torch.Tensor]] = {}
     for name, opt in optim_map.items():
         members.setdefault(id(opt), []).append(params[name])
+    # small bf16 parameters (norm scales) are stepped together at the end of backward (``_fused_step``)
+    small = SmallParamSteps(rounding, weight_changes) if rounding is not None and worker is None else None
     return [
         params[name].register_post_accumulate_grad_hook(
-            _step_and_free(opt, members[id(opt)], grad_norm, rounding, weight_changes, worker)
+            _step_and_free(opt, members[id(opt)], grad_norm, rounding, weight_changes, worker, small)
         )
         for name, opt in optim_map.items()
     ]
@@ -194,15 +215,19 @@ def _step_and_free(
     rounding: Optional[StochasticRounding] = None,
     weight_changes: Optional[WeightChangeTracker] = None,
     worker: Optional[CPUOptimizerWorker] = None,
+    small: Optional[SmallParamSteps] = None,
 ) -> Callable[[torch.Tensor], None]:
     if len(group) == 1:
 
         def step(param: torch.Tensor) -> None:
-            if grad_norm is not None:
-                grad_norm.add(param.grad)
+            if small is not None and small.defer(optimizer, param, grad_norm):
+                return  # stepped with the other small parameters when backward ends
             # The optimizer holds only this parameter: step_parameter dropping its grad is all zero_grad
-            # would do, without zero_grad's ~25 us of Python per parameter per step.
-            step_parameter(optimizer, param, rounding=rounding, changes=weight_changes, in_backward=True)
+            # would do, without zero_grad's ~25 us of Python per parameter per step. It adds the gradient
+            # to grad_norm (when armed) first, or from its fused kernel.
+            step_parameter(
+                optimizer, param, rounding=rounding, changes=weight_changes, in_backward=True, grad_norm=grad_norm
+            )
 
         if worker is None:
             return step
@@ -222,8 +247,10 @@ def _step_and_free(
             optimizer.step()
             for p in group:
                 p.grad = None
-        else:  # rounded (or counted) one parameter at a time: one parameter's fp32 copies at once
-            step_each_parameter(optimizer, group, rounding=rounding, changes=weight_changes, in_backward=True)
+        else:  # rounded (or counted) one parameter at a time: one fused kernel each, small ones deferred
+            step_each_parameter(
+                optimizer, group, rounding=rounding, changes=weight_changes, in_backward=True, small=small
+            )
 
     def group_hook(param: torch.Tensor) -> None:
         group = [p for g in optimizer.param_groups for p in g["params"]]
@@ -294,7 +321,10 @@ def build_optimizer(
             return StepAfterBackward(optim_map)
         register_optim_in_bwd_hooks(model, optim_map, grad_norm, **hooks)
         return _in_bwd_wrapper(optim_map, worker)
-    extra = rounding.optimizer_kwargs(str(cfg_optimizer.get(config.COMPONENT_KEY, ""))) if rounding is not None else {}
+    component = str(cfg_optimizer.get(config.COMPONENT_KEY, ""))
+    extra = rounding.optimizer_kwargs(component) if rounding is not None else {}
+    if rounding is not None:
+        check_fused_kernels(rounding.device, component)  # a kernel that cannot be built stops the run here
     if not optimizer_in_bwd:
         return _instantiate(cfg_optimizer, list(params.values()), **extra)
     optim_map: Dict[str, Optimizer] = {}
@@ -403,15 +433,19 @@ def step_each_parameter(
     rounding: Optional[StochasticRounding] = None,
     changes: Optional[WeightChangeTracker] = None,
     in_backward: bool = False,
+    small: Optional[SmallParamSteps] = None,
 ) -> None:
     """One optimizer step of several parameters, taken one parameter at a time (``step_parameter``): the
     others' gradients are set aside, so only one parameter's fp32 copy (or weight copy) exists at once.
-    Each parameter's update depends only on that parameter, so the result is that of one step."""
+    Each parameter's update depends only on that parameter, so the result is that of one step. ``small``:
+    inside backward, small parameters are left to its multi-tensor step at the end of backward."""
     grads = [p.grad for p in params]
     for p in params:
         p.grad = None  # optimizers skip parameters without a gradient
     for i, p in enumerate(params):
         p.grad, grads[i] = grads[i], None  # each gradient goes with its step
+        if small is not None and small.defer(optimizer, p):
+            continue
         step_parameter(optimizer, p, rounding=rounding, changes=changes, in_backward=in_backward)
     # A bitsandbytes update may have run through its update_step, not step(): tell LR schedulers
     # (torch's flag for "optimizer.step() was called") that the step happened.

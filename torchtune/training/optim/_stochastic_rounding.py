@@ -20,6 +20,9 @@ How each optimizer family is stepped (``step_parameter``):
 - ``torch.optim.AdamW`` and ``Adam`` (not amsgrad, capturable or differentiable): one pass per
   parameter (``_step_adam_fused``) reads the bf16 weight, gradient and moments, computes torch's update
   in fp32 registers and writes the weight and both moments stochastically rounded; no fp32 copy exists.
+- ``bitsandbytes.optim`` Adam/AdamW (32-bit or 8-bit state, paged or not): one pass per parameter
+  (``_fused_step.bnb_adam_step``) reads the bf16 weight and gradient and the state in place, computes
+  bitsandbytes' update in fp32 registers and writes the state and the stochastically rounded weight.
 - Other ``torch.optim`` and ``bitsandbytes.optim``: the parameter, its gradient and (torch) its bf16 state
   are swapped to fp32 copies for ``optimizer.step()``, one slice of a large parameter at a time (the
   fp32 copies exist for one slice, never for a whole parameter); the weight and the bf16 state go back
@@ -41,10 +44,11 @@ from typing import Any, Dict, Iterator, Mapping, Optional, Sequence
 import torch
 from torch.optim import Optimizer
 
-from torchtune._errors import ConfigError
+from torchtune._errors import ConfigError, TuneError
 from torchtune.config._instantiate import COMPONENT_KEY
 from torchtune.modules import _native_kernels
 from torchtune.training.distributed._dtensor import is_dtensor, local_shard
+from torchtune.training.estimate._launch_counter import kernel_region
 from torchtune.training.optim._bnb_step import step_without_sync, supports_step_without_sync
 
 log = logging.getLogger("torchtune")
@@ -117,35 +121,48 @@ class WeightChangeTracker:
     """The share of trainable weight elements whose stored value changed in a step, only on logged steps.
 
     ``arm(device)`` before a logged step; ``step_parameter`` then adds each parameter's count of changed
-    elements (on the device) and its size; ``pop()`` reads the share (the one host sync) and disarms.
-    Unarmed, nothing is counted and nothing is copied.
+    elements (on the device) and its size; ``pop()`` reads the share (a host sync) and disarms. The counts
+    are kept as 0-dim tensors and summed once (``total()``), so a step of N parameters launches no kernel
+    per parameter for the sum. Unarmed, nothing is counted and nothing is copied.
     """
 
     def __init__(self) -> None:
-        self._changed: Optional[torch.Tensor] = None
+        self._changed: Optional[list] = None  # device counts
+        self._host = 0  # counts already on the host (the CPU kernels return them)
         self._total = 0
+        self._device: Optional[torch.device] = None
 
     @property
     def armed(self) -> bool:
         return self._changed is not None
 
     def arm(self, device: torch.device) -> None:
-        self._changed = torch.zeros((), dtype=torch.int64, device=device)
-        self._total = 0
+        self._changed, self._host, self._total, self._device = [], 0, 0, torch.device(device)
 
-    def add(self, changed: torch.Tensor, numel: int) -> None:
+    def add(self, changed: Any, numel: int) -> None:
         if self._changed is not None:
-            self._changed += changed
+            if torch.is_tensor(changed):
+                self._changed.append(changed)
+            else:
+                self._host += int(changed)
             self._total += numel
+
+    def total(self) -> tuple:
+        """``(changed elements as a 0-dim int64 device tensor, elements counted)`` since ``arm``; disarms.
+        No host sync: a logged step reads it with its other values at once."""
+        changed, total = self._changed, self._total
+        self._changed = None
+        if not changed:
+            return torch.full((), self._host, dtype=torch.int64, device=self._device), total
+        summed = torch.stack([c.to(torch.int64) for c in changed]).sum()
+        return (summed + self._host if self._host else summed), total
 
     def pop(self) -> float:
         """The share since ``arm`` (a host sync); disarms. NaN if nothing was counted."""
-        if self._changed is None or self._total == 0:
-            self._changed = None
+        if self._changed is None:
             return float("nan")
-        value = self._changed.item() / self._total
-        self._changed = None
-        return value
+        changed, total = self.total()
+        return changed.item() / total if total else float("nan")
 
 
 class StochasticRounding:
@@ -235,13 +252,16 @@ class StochasticRounding:
         else:
             target = dst
         flat_src, flat_dst = src.view(-1), target.view(-1)
-        if self.fused and src.numel() >= _COMPILE_MIN and _is_fake(src):
-            # what the kernel allocates (nothing but the count): the estimator counts the same
-            if counting:
-                changes.add(torch.count_nonzero(src.to(dst.dtype) != dst), dst.numel())
-            dst.copy_(src)
+        if self.fused and src.numel() >= _COMPILE_MIN and _is_abstract(src):
+            # what the compiled kernel allocates (nothing but the count) and launches (one kernel, a second
+            # for the count's reduction): the estimator and the launch counter count the same
+            with kernel_region("rounding", launches=2 if counting else 1):
+                if counting:
+                    changes.add(torch.count_nonzero(src.to(dst.dtype) != dst), dst.numel())
+                dst.copy_(src)
             return
-        changed = _apply("round", self.fused, keys, (flat_src, flat_dst), (), counting)
+        with kernel_region("rounding"):
+            changed = _apply("round", self.fused, keys, (flat_src, flat_dst), (), counting)
         if target is not dst:
             dst.copy_(target)
         if counting:
@@ -333,6 +353,8 @@ _COMPILE_MIN = 1 << 20
 _CHUNK = 1 << 18  # the plain path's chunk: its int32 and fp32 temporaries stay a few MB
 _SPAN = 1 << 30  # the compiled kernel's largest call: element indices stay int32
 _COMPILED: Dict[str, Any] = {}
+# the plain path rounds a chunk in this many ops (hash, float bit tricks, copy) where the kernel launches one
+_PLAIN_PASSES = 33  # launches of one chunk, counted by the launch counter (test_fused_step.py)
 _FUSED_BROKEN: Optional[str] = None
 _INF = float("inf")
 
@@ -439,13 +461,13 @@ def _adam_whole(w, g, m, v, keys, s, decoupled: bool, maximize: bool, count: boo
 
 def _apply(name: str, fused: bool, keys: Sequence[int], tensors: tuple, args: tuple, count: bool):
     """Kernel ``name`` over flat ``tensors``. Where ``fused``: on a CPU the C kernels (``_native_kernels``),
-    elsewhere (or without a C compiler) the compiled kernel for tensors of ``_COMPILE_MIN`` elements or more,
-    in spans of at most ``_SPAN`` elements; otherwise, and wherever that cannot compile, the same arithmetic
+    elsewhere the compiled kernel (on a CPU without a C compiler, for tensors of ``_COMPILE_MIN`` elements or
+    more), in spans of at most ``_SPAN`` elements; otherwise, and wherever that cannot compile, the same arithmetic
     in plain PyTorch on chunks (``_KERNELS``: its whole-tensor and its per-chunk form). The same bits from
     all three (the Adam update's fp32 arithmetic may differ by an FMA contraction: one bf16 step, rarely).
     Returns the count of changed elements when ``count``."""
     n, device = tensors[0].numel(), tensors[0].device
-    if fused and not _is_fake(tensors[0]):
+    if fused and not _is_abstract(tensors[0]):
         native = (
             _native_kernels.round_into(*tensors, keys, count)
             if name == "round"
@@ -459,7 +481,7 @@ def _apply(name: str, fused: bool, keys: Sequence[int], tensors: tuple, args: tu
         end = min(start + _SPAN, n)
         span, moved = tuple(t[start:end] for t in tensors), _moved(keys, start)
         done, counted = False, None
-        if fused and n >= _COMPILE_MIN:
+        if fused and (n >= _COMPILE_MIN or device.type != "cpu"):
             done, counted = _run_compiled(name, whole, *span, _key_tensor(moved, device), *args, count)
         if not done:
             counted = _chunked(part, end - start, device, count, moved, *span, args=args)
@@ -472,8 +494,11 @@ _KERNELS = {"round": (_round_whole, _round_into), "adam": (_adam_whole, _adam_in
 
 
 def _run_compiled(name: str, fn, *args) -> tuple:
-    """``(True, fn(*args))`` through one compiled kernel (compiled once per process with dynamic sizes);
-    ``(False, None)``, having done nothing, where it cannot compile (said once)."""
+    """``(True, fn(*args))`` through one compiled kernel (compiled once per process with dynamic sizes).
+    Where it cannot compile: on a GPU the run stops (``TuneError`` with the reason: the plain path would
+    launch a few dozen kernels per tensor instead of one, and ``check_fused_kernels`` builds every kernel
+    at set-up, so this is said before training); on a CPU ``(False, None)``, having done nothing, and the
+    plain PyTorch path runs instead (said once, with what it costs)."""
     global _FUSED_BROKEN
     if _FUSED_BROKEN is not None:
         return False, None
@@ -481,13 +506,25 @@ def _run_compiled(name: str, fn, *args) -> tuple:
         if name not in _COMPILED:
             _COMPILED[name] = torch.compile(fn, dynamic=True, fullgraph=True)
         return True, _COMPILED[name](*args)
-    except Exception as error:  # noqa: BLE001 - a compiler missing on this machine: fall back, say so once
-        _FUSED_BROKEN = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    except Exception as error:  # noqa: BLE001 - a compiler missing on this machine
+        reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
+        if device.type != "cpu":
+            raise TuneError(
+                f"{KEY}=True: the compiled kernel {name!r} could not be built on {device} ({reason}). Without "
+                "it each parameter's step would run as a few dozen separate kernels instead of one "
+                "(benchmarks/bench_step_launches.py counts them), so the run stops rather than slow down. "
+                "Fix the compiler (a Triton matching this torch), or set "
+                f"{KEY}=False."
+            ) from error
+        _FUSED_BROKEN = reason
         log.warning(
-            "%s: the compiled rounding kernel failed (%s); rounding with the plain PyTorch path (the same "
-            "bits, several passes over each chunk).",
+            "%s: the compiled kernel %r failed on the CPU (%s); the plain PyTorch path runs instead: the same "
+            "bits, about %d separate passes over each chunk where the kernel makes one.",
             KEY,
+            name,
             _FUSED_BROKEN,
+            _PLAIN_PASSES,
         )
         return False, None
 
@@ -496,6 +533,11 @@ def _is_fake(t: torch.Tensor) -> bool:
     from torch._subclasses.fake_tensor import is_fake
 
     return is_fake(t)
+
+
+def _is_abstract(t: torch.Tensor) -> bool:
+    """A fake (memory estimator) or meta (launch counter) tensor: no data, no compiled kernel can run on it."""
+    return t.device.type == "meta" or _is_fake(t)
 
 
 def build_stochastic_rounding(
@@ -671,84 +713,6 @@ def _step_in_fp32_slices(
         state.update(saved)
 
 
-_BNB_KEYS = {"step", "state1", "state2", "qmap1", "qmap2", "absmax1", "absmax2"}
-_BNB_BLOCK = 256  # bitsandbytes' 8-bit blockwise state: one absmax per 256 elements
-
-
-def _bnb_sliceable(optimizer: Optimizer, param: torch.nn.Parameter) -> bool:
-    """A bitsandbytes Adam/AdamW (32-bit or 8-bit blockwise, paged or not) whose state is elementwise, so
-    its update may run slice by slice with bitsandbytes' own ``update_step`` on views of that state."""
-    return (
-        supports_step_without_sync(optimizer)
-        and getattr(optimizer, "optimizer_name", None) == "adam"
-        and not getattr(getattr(optimizer, "args", None), "max_unorm", 0.0)
-        and param.is_contiguous()
-    )
-
-
-def _step_bnb_in_fp32_slices(
-    optimizer: Optimizer,
-    param: torch.nn.Parameter,
-    rounding: StochasticRounding,
-    changes: Optional[WeightChangeTracker],
-) -> bool:
-    """bitsandbytes' update of ``param`` run on fp32 slices (its kernels want the weight and gradient in
-    one dtype): each slice of the weight and gradient is an fp32 stand-in parameter whose state is views
-    of the real state (written in place), stepped by ``update_step``; the weight slice is written back
-    stochastically rounded. Returns False, having done nothing, for a state layout it does not know."""
-    group = next(g for g in optimizer.param_groups if any(q is param for q in g["params"]))
-    gindex = optimizer.param_groups.index(group)
-    pindex = next(i for i, q in enumerate(group["params"]) if q is param)
-    if not optimizer.initialized:
-        optimizer.check_overrides()
-        optimizer.to_gpu()
-        optimizer.initialized = True
-    state = optimizer.state[param]
-    if len(state) == 0:
-        optimizer.init_state(group, param, gindex, pindex)  # the layout a bf16 parameter gets
-    if not set(state) <= _BNB_KEYS or state["state1"].shape != param.shape:
-        return False
-    optimizer.prefetch_state(param)
-    n, flat_w = param.numel(), param.data.view(-1)
-    flat_g = param.grad.reshape(-1)
-    param.grad = None
-    weight_key = rounding.next_key()
-    try:
-        for start in range(0, n, _SLICE):  # _SLICE is a multiple of the 256-element block
-            end = min(start + _SLICE, n)
-            part = torch.nn.Parameter(flat_w[start:end].float())
-            part.grad = flat_g[start:end].float()
-            part_state = {}
-            for key, value in state.items():
-                if key in ("state1", "state2"):
-                    value = _paged_like(value.view(-1)[start:end], value)
-                elif key in ("absmax1", "absmax2"):
-                    value = value[start // _BNB_BLOCK : -(-end // _BNB_BLOCK)]
-                part_state[key] = value  # qmaps are shared; the step count is an int
-            optimizer.state[part] = part_state
-            group["params"][pindex] = part
-            optimizer.update_step(group, part, gindex, pindex)
-            group["params"][pindex] = param
-            part_state = optimizer.state.pop(part)
-            part.grad = None
-            rounding.round_(flat_w[start:end], part.data, changes, key=weight_key, offset=start)
-            if end == n:
-                state["step"] = part_state["step"]
-            del part, part_state
-    finally:
-        group["params"][pindex] = param
-    return True
-
-
-def _paged_like(view: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
-    # A paged buffer is a host-device tensor over CUDA managed memory that bitsandbytes recognises by
-    # these attributes (its device check skips such tensors); a view of it is the same memory.
-    if getattr(base, "is_paged", False):
-        view.is_paged = True
-        view.page_deviceid = base.page_deviceid
-    return view
-
-
 _ADAM_STATE = {"step", "exp_avg", "exp_avg_sq"}
 
 
@@ -830,8 +794,10 @@ def _adam_one_pass(
     keys = (*rounding.next_key(), *rounding.next_key("exp_avg"), *rounding.next_key("exp_avg_sq"))
     decoupled = type(optimizer) is torch.optim.AdamW or bool(group.get("decoupled_weight_decay", False))
     count = changes is not None
-    if rounding.fused and w.numel() >= _COMPILE_MIN and _is_fake(w):
-        return  # the kernel writes in place and allocates nothing: the estimator counts the same
+    if rounding.fused and w.numel() >= _COMPILE_MIN and _is_abstract(w):
+        # the compiled kernel writes in place and allocates nothing (a second kernel reduces the count)
+        with kernel_region("optimizer", launches=2 if count else 1):
+            return
     scalars = _adam_scalars(group, state["step"], w.device)
     args = (scalars, decoupled, bool(group.get("maximize", False)))
     changed = _apply("adam", rounding.fused, keys, (w, g, m, v), args, count)
@@ -871,13 +837,16 @@ def step_parameter(
     rounding: Optional[StochasticRounding] = None,
     changes: Optional[WeightChangeTracker] = None,
     in_backward: bool = False,
+    grad_norm: Any = None,
 ) -> None:
     """``optimizer.step()`` for ``param``, the one parameter with a gradient, then free that gradient.
 
     Rounded stochastically when ``rounding`` is given and the parameter is bf16; counted in ``changes``
     when that is armed (a copy of the weight is made for it only where the rounding does not count).
     ``in_backward``: called from a gradient hook, where a bitsandbytes optimizer is stepped without its
-    device synchronisations (``_bnb_step``), so backward keeps running ahead of the GPU.
+    device synchronisations (``_bnb_step``), so backward keeps running ahead of the GPU. ``grad_norm`` (a
+    ``GradNormTracker``): the gradient is added to it first; a fused bitsandbytes step adds it from its
+    own kernel, which reads the gradient anyway.
     """
     counting = changes is not None and changes.armed
     sr = rounding is not None and param.dtype == torch.bfloat16
@@ -885,6 +854,18 @@ def step_parameter(
     local = local_shard(param.data)
     if sr and local.numel() == 0:
         sr = False  # this rank's shard is empty (a dimension smaller than the rank count): nothing to round
+    if sr and _family(optimizer) == "bitsandbytes":
+        from torchtune.training.optim._fused_step import bnb_adam_step
+
+        if bnb_adam_step(optimizer, param, rounding, changes if counting else None, grad_norm):
+            return
+    if grad_norm is not None:
+        grad_norm.add(param.grad)
+    if sr and getattr(optimizer, "steps_fused", False):
+        # the memory estimator's stand-in of a fused bitsandbytes step: in place, as the kernel is
+        optimizer.step()
+        param.grad = None
+        return
     if sr and _step_adam_fused(optimizer, param, rounding, changes if counting else None):
         return
     if sr and elementwise and local.is_contiguous():
@@ -897,8 +878,6 @@ def step_parameter(
             f"which rounds itself; {type(optimizer).__module__}.{type(optimizer).__name__} is neither. Use one of "
             f"those, or set {KEY}=False."
         )
-    if sr and _bnb_sliceable(optimizer, param) and _step_bnb_in_fp32_slices(optimizer, param, rounding, changes):
-        return
     step = step_without_sync if in_backward and supports_step_without_sync(optimizer) else _own_step
     if sr and _family(optimizer) != "torchao":
         with _stepped_in_fp32(optimizer, param, rounding) as w32:

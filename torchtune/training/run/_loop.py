@@ -5,6 +5,7 @@ records. Each recipe's ``train()`` composes them; what differs between the recip
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import Any, Dict, Iterator, List, Optional
 
@@ -224,10 +225,26 @@ class StepMetrics:
         dist.all_reduce(summed, group=self.info.cpu_group)
         return summed.tolist()
 
-    def log_step(self, *, epoch: int, step: int, loss: torch.Tensor, lr: float, bar: Any) -> None:
-        """Log a step ``start_step`` armed: ``loss`` (over all ranks already) is read here, the one sync."""
-        loss_value = loss.item()
-        grad_norm = self.grad_norm.pop()  # a collective with sharded gradients
+    def log_step(
+        self, *, epoch: int, step: int, loss: torch.Tensor, lr: float, bar: Any, nan_guard: Any = None
+    ) -> None:
+        """Log a step ``start_step`` armed. Its device values -- ``loss`` (over all ranks already), the gradient
+        norm, the count of changed weights and ``nan_guard``'s bad step (a ``NonFiniteLossGuard``, told what
+        was read: its ``check`` then reads nothing) -- are read in one device-to-host copy, the step's one
+        host sync. A step after which the guard holds a NaN/inf loss is not logged."""
+        norm_sq = self.grad_norm.total_square()  # a collective with sharded gradients
+        values = [loss.detach().reshape(()), norm_sq]
+        changed, counted = self.weight_changes.total() if self.weight_changes is not None else (None, 0)
+        if changed is not None:
+            values.append(changed)
+        if nan_guard is not None:
+            values.append(nan_guard.bad_step)
+        host = torch.stack([v.to(torch.float64) for v in values]).tolist()  # the one sync
+        loss_value, grad_norm = host[0], math.sqrt(max(host[1], 0.0))
+        if nan_guard is not None:
+            nan_guard.note(int(host[-1]))
+            if int(host[-1]) >= 0:
+                return  # a NaN/inf loss: nothing of this step is logged; the guard's check stops the run
         seconds = max(time.perf_counter() - (self._interval_start or 0.0), 1e-9)
         tokens, positions, rate = self._over_ranks(self._interval[0], self._interval[1], self._interval[0] / seconds)
         self._interval, self._interval_start = [0, 0], time.perf_counter()
@@ -242,9 +259,9 @@ class StepMetrics:
             "padding_share": 1.0 - tokens / max(positions, 1),  # of the token positions since the last logged step
             "grad_norm": grad_norm,
         }
-        if self.weight_changes is not None:
+        if changed is not None:
             # share of weight elements whose stored value changed: near 0 means bf16 updates are lost
-            payload["weights_changed"] = self.weight_changes.pop()
+            payload["weights_changed"] = host[2] / counted if counted else float("nan")
         if self.peak_memory:
             payload.update(memory.get_memory_stats(self.device, self._device_peak))  # rank 0's device
         self.logger.log_dict(payload, step=step)

@@ -138,14 +138,27 @@ class NonFiniteLossGuard:
     """Remembers, on the device, the first step whose loss was NaN or infinite.
 
     ``record`` costs no host sync, so steps that are not logged stay sync-free; ``check`` reads the
-    result (one sync) before anything is logged or saved, so bad weights never reach a checkpoint.
+    result (one sync) before anything is saved, so bad weights never reach a checkpoint. A logged step
+    reads the guard with its other values in one read (``StepMetrics.log_step``, which calls ``note``):
+    its ``check`` then reads nothing more.
     """
 
     def __init__(self, device: torch.device) -> None:
         self._bad_step = torch.full((), -1, dtype=torch.long, device=device)
+        self._read: Optional[int] = None  # the value read since the last record, if any
 
     def record(self, loss: torch.Tensor, step: int) -> None:
         self._bad_step = torch.where((self._bad_step < 0) & ~torch.isfinite(loss), step, self._bad_step)
+        self._read = None
+
+    @property
+    def bad_step(self) -> torch.Tensor:
+        """The first bad step (-1: none), a 0-dim device tensor: read it with other values, then ``note`` it."""
+        return self._bad_step
+
+    def note(self, bad_step: int) -> None:
+        """``bad_step`` was read on the host (with a logged step's other values): ``check`` uses it."""
+        self._read = int(bad_step)
 
     def check(self, epoch: int, last_checkpoint: Optional[Path]) -> None:
         """Raise if a NaN/inf loss was recorded.
@@ -153,7 +166,8 @@ class NonFiniteLossGuard:
         Raises:
             TuneError: naming the step, the last good checkpoint and what to change.
         """
-        step = int(self._bad_step.item())
+        step = self._read if self._read is not None else int(self._bad_step.item())
+        self._read = step
         if step >= 0:
             last = f" The last good checkpoint is {last_checkpoint}." if last_checkpoint else ""
             raise TuneError(

@@ -53,21 +53,36 @@ def forward_loss(
     ``train_on_input: False``, padding or packing the prompt tokens cost nothing there. The loss and
     the gradients are those of the full computation (the left-out positions contribute exactly zero
     to both), up to float summation order. The positions are found on the host copy of the labels,
-    so nothing is read back from the device.
+    so nothing is read back from the device. A packed batch on a GPU attends through FlexAttention with its
+    segments' block mask (``torchtune.modules.attention_flex``) instead of its dense mask.
     """
+    from torchtune.modules.attention_flex import block_causal_block_mask, document_ids, uses_flex_attention
+
+    # what is derived on the host from a batch the loader pinned (on CUDA) is pinned too, so every copy
+    # below is queued on the stream without waiting for it (a pageable one would)
+    pinned = batch["tokens"].is_pinned()
+
+    def to_device(t: torch.Tensor) -> torch.Tensor:
+        if pinned and not t.is_pinned():
+            t = t.pin_memory()
+        return t.to(device, non_blocking=True)
+
     labels = shift_labels(batch["labels"])
     positions = label_positions(labels) if select_label_positions else None
     mask = batch.get("mask")
     input_pos = batch.get("input_pos")
-    tokens = batch["tokens"].to(device, non_blocking=True)
-    if mask is not None:
-        mask = mask.to(device, non_blocking=True)
+    tokens = to_device(batch["tokens"])
+    if mask is not None and input_pos is not None and uses_flex_attention(device, model):
+        # a packed batch on a GPU: FlexAttention with the block mask of its segments (no s x s mask moves)
+        mask = block_causal_block_mask(to_device(document_ids(input_pos)))
+    elif mask is not None:
+        mask = to_device(mask)
     if input_pos is not None:
-        input_pos = input_pos.to(device, non_blocking=True)
+        input_pos = to_device(input_pos)
     if positions is not None:
         labels = labels.reshape(-1)[positions]
-        positions = positions.to(device, non_blocking=True)
-    labels = labels.to(device, non_blocking=True)
+        positions = to_device(positions)
+    labels = to_device(labels)
     hidden = model(tokens, mask=mask, input_pos=input_pos, output_hidden_states=True, output_positions=positions)
     return loss_fn(model.output, hidden, labels)
 

@@ -18,7 +18,7 @@ from torchtune.training.setup._sampler import ResumableSampler
 
 log = logging.getLogger("torchtune")
 
-__all__ = ["TrainingData", "build_dataloader", "check_data_head", "num_tokens", "padding_id"]
+__all__ = ["TrainingData", "build_dataloader", "check_data_head", "num_tokens", "padding_id", "pin_batches"]
 
 # Examples tokenized at set-up: enough to meet a template or row that does not fit, in milliseconds.
 HEAD_EXAMPLES = 8
@@ -76,6 +76,13 @@ class TrainingData:
             yield micro
 
 
+def pin_batches(device: Optional[torch.device]) -> bool:
+    """Whether the loader puts its batches in pinned host memory for a run on ``device``: on CUDA, where a
+    copy from pageable memory first waits for everything queued on the stream (CUDA's rule for pageable
+    host-to-device copies) and a pinned one is queued like a kernel (``non_blocking=True``)."""
+    return device is not None and torch.device(device).type == "cuda"
+
+
 def num_tokens(batch: Dict[str, torch.Tensor], pad_id: int) -> int:
     """Non-padding tokens of a batch, counted on the host before it moves (no device sync): the count
     behind the ``tokens_per_second`` a recipe logs."""
@@ -127,13 +134,15 @@ def build_dataloader(
     shuffle: bool,
     seed: int,
     info: Any = None,
+    device: Optional[torch.device] = None,
 ) -> TrainingData:
     """The dataset of ``cfg_dataset`` in batches of ``batch_size``, in a seeded order that can resume.
 
     The order depends only on ``(seed, epoch)`` (``ResumableSampler``); padded examples get
     ``CROSS_ENTROPY_IGNORE_IDX`` labels, packed ones a block-causal mask. With ``info`` (the
     ``DistributedInfo`` of several ranks), this rank's loader yields its share of that order in per-rank
-    batches of ``batch_size``.
+    batches of ``batch_size``. ``device``: the run's device; on CUDA the batches come in pinned host memory
+    (``pin_batches``), so the step's copies to the device neither wait for the GPU nor block the host.
 
     Raises:
         TuneError: the dataset has no examples, or its first examples do not tokenize (``check_data_head``).
@@ -153,6 +162,7 @@ def build_dataloader(
         batch_size=batch_size,
         sampler=sampler,
         collate_fn=collate_for(dataset, padding_idx=pad_id, ignore_idx=CROSS_ENTROPY_IGNORE_IDX),
+        pin_memory=pin_batches(device),
     )
     log.info("Dataset: %d examples, %d batches per epoch", len(dataset), len(dataloader))
     return TrainingData(dataloader=dataloader, sampler=sampler, pad_id=pad_id, head=head)
