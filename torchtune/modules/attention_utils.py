@@ -9,15 +9,16 @@ partial; elsewhere it is a boolean ``[b, s, s]`` block-diagonal causal mask for 
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from typing import Any, Callable, List, Optional, Union
 
 import torch
 from torch import nn
 
-try:  # torch >= 2.5
-    from torch.nn.attention.flex_attention import BlockMask
-except ImportError:  # pragma: no cover - older torch: no flex attention at all
-    BlockMask = None  # type: ignore[assignment, misc]
+# Flex attention's module imports the compiler stack and FSDP (about a second): it is imported where a block
+# mask is built or run, never when this module loads (`tune validate` and a CPU run never pay for it).
+_FLEX_MODULE = "torch.nn.attention.flex_attention"
 
 __all__ = [
     "compile_friendly_flex_attention",
@@ -30,7 +31,8 @@ __all__ = [
 
 def _flex_attention_supported() -> bool:
     """torchtune's condition: flex attention (torch >= 2.5) and a CUDA GPU of compute capability 7.5+."""
-    return BlockMask is not None and torch.cuda.is_available() and torch.cuda.get_device_capability() >= (7, 5)
+    has_flex = importlib.util.find_spec(_FLEX_MODULE) is not None
+    return has_flex and torch.cuda.is_available() and torch.cuda.get_device_capability() >= (7, 5)
 
 
 _SUPPORTS_FLEX_ATTENTION: bool = _flex_attention_supported()
@@ -40,7 +42,9 @@ _MaskType = Union[torch.Tensor, Any]  # a boolean / additive tensor, or a flex-a
 
 def is_block_mask(mask: Any) -> bool:
     """Whether ``mask`` is a flex-attention ``BlockMask`` (rather than a tensor or ``None``)."""
-    return BlockMask is not None and isinstance(mask, BlockMask)
+    if mask is None or isinstance(mask, torch.Tensor) or _FLEX_MODULE not in sys.modules:
+        return False  # no BlockMask can exist before its module is imported
+    return isinstance(mask, sys.modules[_FLEX_MODULE].BlockMask)
 
 
 def compile_friendly_flex_attention(

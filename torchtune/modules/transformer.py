@@ -303,7 +303,8 @@ class TransformerDecoder(nn.Module):
                 module.rope_init(device)
 
     # --- forward ---------------------------------------------------------------------------------
-    @torch.compiler.disable
+    # torchtune wraps this in @torch.compiler.disable; applying that decorator imports the compiler stack (a
+    # second) when this module loads, and the recipes compile layer by layer, never this method.
     def chunked_output(self, last_hidden_state: torch.Tensor) -> List[torch.Tensor]:
         """The output projection of ``[b, s, dim]`` in ``num_output_chunks`` chunks along the sequence."""
         return [self.output(chunk) for chunk in last_hidden_state.chunk(self.num_output_chunks, dim=1)]

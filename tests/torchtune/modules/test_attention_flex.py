@@ -65,9 +65,7 @@ def _loss(model, batch, flex):
         return real(*args, **kwargs)
 
     with pytest.MonkeyPatch.context() as patch, torch.no_grad():
-        import torchtune.modules.attention as attention_module
-
-        patch.setattr(attention_module, "flex_attention", spy)
+        patch.setattr(attention_flex, "flex_attention", spy)
         target = window_kernel_device("cuda" if flex else None)
         with target:
             loss = forward_loss(model, CrossEntropyLoss(), batch, device=torch.device("cpu"))

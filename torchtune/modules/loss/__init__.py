@@ -17,6 +17,8 @@ from torchtune._errors import ConfigError
 from torchtune.config._types import whole_number
 from torchtune.modules._chunked_loss import DEFAULT_MIN_CHUNK_ROWS, chunked_linear_cross_entropy
 from torchtune.modules._vocab_chunked_loss import vocab_chunked_linear_cross_entropy
+from torchtune.modules.loss._ignore_index import CROSS_ENTROPY_IGNORE_IDX
+from torchtune.modules.loss.ce_chunked_output_loss import CEWithChunkedOutputLoss
 
 __all__ = [
     "CEWithChunkedOutputLoss",
@@ -26,14 +28,6 @@ __all__ = [
     "LigerLinearCrossEntropyLoss",
     "VocabChunkedCrossEntropyLoss",
 ]
-
-# The label the losses leave out: prompt tokens (train_on_input=False), padding and the first token of
-# each packed segment carry it. -100 is also F.cross_entropy's default ignore_index. Datasets, collate
-# functions and recipes import it from here.
-CROSS_ENTROPY_IGNORE_IDX = -100
-
-# torchtune's loss, at torchtune's path (after the constant above, which it uses)
-from torchtune.modules.loss.ce_chunked_output_loss import CEWithChunkedOutputLoss  # noqa: E402
 
 
 def _refuse_softcap(output_proj: nn.Module, loss: str) -> None:

@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from torchtune.modules.loss import CROSS_ENTROPY_IGNORE_IDX
+from torchtune.modules._chunked_loss import chunked_linear_cross_entropy
+from torchtune.modules.loss._ignore_index import CROSS_ENTROPY_IGNORE_IDX
 
 
 class CEWithChunkedOutputLoss(nn.Module):
@@ -49,10 +50,10 @@ class CEWithChunkedOutputLoss(nn.Module):
         if isinstance(logits, nn.Module):
             output_proj, hidden, (targets,) = logits, labels, rest
             if getattr(output_proj, "softcap", None) is None:
-                from torchtune.modules.loss import ChunkedCrossEntropyLoss
-
-                chunked = ChunkedCrossEntropyLoss(self.num_output_chunks, self.ignore_index, min_chunk_rows=1)
-                return chunked(output_proj, hidden, targets)
+                # ChunkedCrossEntropyLoss's computation (min_chunk_rows=1: exactly num_output_chunks chunks)
+                return chunked_linear_cross_entropy(
+                    hidden, output_proj.weight, output_proj.bias, targets, self.num_output_chunks, self.ignore_index, 1
+                )
             # logits the projection caps itself (Gemma 2): through the module, a chunk of rows at a time
             flat_h, flat_y = hidden.reshape(-1, hidden.size(-1)), targets.reshape(-1)
             total = sum(
