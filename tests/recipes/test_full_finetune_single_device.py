@@ -13,7 +13,7 @@ from tests._helpers.tiny_run import run_recipe as _run
 
 def _final_weights(output_dir: Path) -> dict:
     epochs = sorted(Path(output_dir).glob("epoch_*"), key=lambda p: int(p.name.split("_")[1]))
-    return load_file(str(epochs[-1] / "model.safetensors"))
+    return load_file(str(epochs[-1] / "model-00001-of-00001.safetensors"))
 
 
 @pytest.fixture(scope="module")
@@ -139,7 +139,7 @@ def test_cli_run_logs_per_step_losses(tiny, tmp_path):
     cli_losses = read_losses(out)
     assert len(cli_losses) == 3
     assert cli_losses == read_losses(in_process_dir)
-    assert (out / "epoch_0" / "model.safetensors").exists()
+    assert (out / "epoch_0" / "model-00001-of-00001.safetensors").exists()
     assert (out / "epoch_0" / "config.json").exists()
 
 

@@ -55,7 +55,7 @@ def _flat(text: str) -> str:
 
 
 def _final_weights(output_dir: Path) -> dict:
-    return load_file(str(Path(output_dir) / "epoch_1" / "model.safetensors"))
+    return load_file(str(Path(output_dir) / "epoch_1" / "model-00001-of-00001.safetensors"))
 
 
 def _assert_same_weights(a: dict, b: dict) -> None:
@@ -241,7 +241,7 @@ def test_full_disk_during_save_is_reported_and_previous_kept(tiny, reference, tm
 # 2. safe loading: damaged files are named, with the checkpoint to fall back to; weights_only loads
 # ---------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("damage", ["truncate", "corrupt"])
-@pytest.mark.parametrize("file", ["model.safetensors", "recipe_state.pt"])
+@pytest.mark.parametrize("file", ["model-00001-of-00001.safetensors", "recipe_state.pt"])
 def test_damaged_checkpoint_names_file_and_fallback(tiny, reference, tmp_path, capsys, file, damage):
     out = tmp_path / "out"
     shutil.copytree(reference, out)
@@ -264,7 +264,7 @@ def test_damaged_checkpoint_names_file_and_fallback(tiny, reference, tmp_path, c
     assert f"checkpointer.recipe_checkpoint={fallback}" in err
     assert not resumed.exists() or not any(resumed.glob("step_*"))
 
-    if file == "model.safetensors" and damage == "corrupt":  # the suggested fallback really resumes
+    if file == "model-00001-of-00001.safetensors" and damage == "corrupt":  # the suggested fallback really resumes
         assert (
             _main(
                 tiny,

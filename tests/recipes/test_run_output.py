@@ -52,7 +52,7 @@ def run(tmp_path_factory):
 def test_bundled_config_runs_from_another_directory(run):
     out, result, rows = run
     assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3, 4]
-    assert (out / "epoch_0" / "model.safetensors").is_file()
+    assert (out / "epoch_0" / "model-00001-of-00001.safetensors").is_file()
     assert "Generating train split" not in result.stderr  # datasets' progress bars are off
 
 

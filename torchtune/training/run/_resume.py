@@ -337,7 +337,8 @@ def build_checkpointer(cfg_checkpointer: Any, resume: Optional[ResumePlan]) -> A
     """The checkpointer of ``cfg_checkpointer``; a resumed run reads its weights from the resumed folder."""
     if resume is None:
         return config.instantiate(cfg_checkpointer)
-    # A checkpoint folder holds the weights (in the input format) next to recipe_state.pt.
+    # A checkpoint folder holds the weights (in the input format) next to recipe_state.pt; the checkpointer
+    # reads them under the names the save wrote.
     return config.instantiate(cfg_checkpointer, checkpoint_dir=str(resume.checkpoint_dir))
 
 
