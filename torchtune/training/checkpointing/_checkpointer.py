@@ -27,6 +27,7 @@ from torchtune.models._hf_family import (
     check_shape,
     check_yaml_model_type,
     detect_family,
+    families,
     supported_model_types,
 )
 from torchtune.models.llama2._convert_weights import meta_to_tune, tune_to_meta
@@ -538,7 +539,11 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
         # {"repo_id": ...} written by torchtune's download, kept for the adapter config of a PEFT save
         repo_id_path = (self._checkpoint_dir / REPO_ID_FNAME).with_suffix(".json")
         self.repo_id = json.loads(repo_id_path.read_text()).get("repo_id") if repo_id_path.is_file() else None
-        self._family = detect_family(config, config_path)
+        if config.get("model_type") is None and not config.get("architectures") and self._model_type in families():
+            # a config.json that names no family (older converted folders, torchtune's tests): model_type decides
+            self._family = families()[self._model_type]
+        else:
+            self._family = detect_family(config, config_path)
         if self._family.model_type in MODEL_TYPES:
             # Llama 2 / 3 / 3.2 share model_type "llama": HFModelConfig tells them apart by RoPE and tying
             # (its message names the RoPE settings), and checks the RoPE scaling of the model.
