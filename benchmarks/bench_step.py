@@ -215,7 +215,7 @@ class LoggedStep:
         payload = {"loss": loss.item(), "grad_norm": self.grad_norm.pop()}
         if self.weight_changes is not None:
             payload["weights_changed"] = self.weight_changes.pop()
-        payload.update(self.memory.get_memory_stats(self.step.device))
+        payload.update(self.memory.get_memory_stats(self.step.device, reset_stats=False))
         self.logger.log_dict(payload, step=self.count)
         return loss
 

@@ -19,6 +19,15 @@ class TuneError(Exception):
     exit_code = 1
 
 
+class TuneValueError(TuneError, ValueError):
+    """A ``TuneError`` where torchtune's API raises ``ValueError``: code that catches ``ValueError`` (as
+    torchtune's callers and tests do) keeps working, and the command line still prints one paragraph."""
+
+
+class TuneRuntimeError(TuneError, RuntimeError):
+    """A ``TuneError`` where torchtune's API raises ``RuntimeError`` (see ``TuneValueError``)."""
+
+
 class UsageError(TuneError):
     """A bad command line or config override."""
 

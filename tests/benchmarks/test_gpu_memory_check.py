@@ -33,7 +33,7 @@ def test_cpu_smoke_runs_every_phase(tmp_path, capsys):
     assert torch.isfinite(torch.tensor([steps["last_loss"], resumed["last_loss"]])).all()
     # the resume read a real step checkpoint: weights in HF format and the recipe state
     (folder,) = (tmp_path / "work" / "output").glob("step_*")
-    assert (folder / "model.safetensors").stat().st_size > 0
+    assert (folder / "model-00001-of-00001.safetensors").stat().st_size > 0
     assert (folder / "recipe_state.pt").stat().st_size > 0
 
 

@@ -74,7 +74,7 @@ def test_sampled_driver_peak_catches_what_a_snapshot_misses():
         del spike
         torch.cuda.empty_cache()  # the driver gets the memory back: a snapshot now shows no spike
         torch.cuda.synchronize()
-        stats = memory.get_memory_stats(device, peak)
+        stats = memory.get_memory_stats(device, reset_stats=False, device_peak=peak)
     assert peak.source in ("NVML", "cudaMemGetInfo")
     assert peak.peak_bytes - before >= 0.95 * size
     assert stats["peak_device_memory_used"] - stats["device_memory_used"] >= 0.95 * size / 1e9

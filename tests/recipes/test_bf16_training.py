@@ -101,8 +101,8 @@ def test_bf16_stochastic_rounding_resumes_exactly(tmp_path):
     )
     assert read_losses(resumed) == read_losses(full)[3:]  # identical, not just close
     a, b = (
-        load_file(str(full / "epoch_0" / "model.safetensors")),
-        load_file(str(resumed / "epoch_0" / "model.safetensors")),
+        load_file(str(full / "epoch_0" / "model-00001-of-00001.safetensors")),
+        load_file(str(resumed / "epoch_0" / "model-00001-of-00001.safetensors")),
     )
     for name in a:
         assert torch.equal(a[name], b[name]), name
@@ -126,8 +126,8 @@ def test_resume_needs_the_saved_rounding_stream(tmp_path, monkeypatch):
         **{"checkpointer.recipe_checkpoint": str(full / "step_3" / "recipe_state.pt")},
     )
     a, b = (
-        load_file(str(full / "epoch_0" / "model.safetensors")),
-        load_file(str(resumed / "epoch_0" / "model.safetensors")),
+        load_file(str(full / "epoch_0" / "model-00001-of-00001.safetensors")),
+        load_file(str(resumed / "epoch_0" / "model-00001-of-00001.safetensors")),
     )
     assert any(not torch.equal(a[n], b[n]) for n in a)
 
@@ -154,8 +154,8 @@ def test_flagship_settings_on_cpu_give_the_losses_of_the_plain_path(tmp_path):
     losses = read_losses(tmp_path / "flagship")
     assert len(losses) == 6
     assert losses == read_losses(tmp_path / "plain")
-    a = load_file(str(tmp_path / "flagship" / "epoch_0" / "model.safetensors"))
-    b = load_file(str(tmp_path / "plain" / "epoch_0" / "model.safetensors"))
+    a = load_file(str(tmp_path / "flagship" / "epoch_0" / "model-00001-of-00001.safetensors"))
+    b = load_file(str(tmp_path / "plain" / "epoch_0" / "model-00001-of-00001.safetensors"))
     assert all(torch.equal(a[n], b[n]) for n in a)
     assert losses == pytest.approx(read_losses(tmp_path / "fp32"), abs=0.03)
     assert losses[-1] < losses[0] - 0.05

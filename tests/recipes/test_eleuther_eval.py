@@ -88,7 +88,8 @@ def test_meta_format_and_step_checkpoint_score_like_the_hf_folder(tmp_path, caps
     umask = os.umask(0)
     os.umask(umask)
     modes = {
-        stat.S_IMODE((step / f).stat().st_mode) for f in ("eval_results.json", "model.safetensors", "recipe_state.pt")
+        stat.S_IMODE((step / f).stat().st_mode)
+        for f in ("eval_results.json", "model-00001-of-00001.safetensors", "recipe_state.pt")
     }
     assert modes == {0o666 & ~umask}, (oct(umask), sorted(map(oct, modes)))
     for name in ("step", "meta"):

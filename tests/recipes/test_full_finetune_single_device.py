@@ -13,7 +13,7 @@ from tests._helpers.tiny_run import run_recipe as _run
 
 def _final_weights(output_dir: Path) -> dict:
     epochs = sorted(Path(output_dir).glob("epoch_*"), key=lambda p: int(p.name.split("_")[1]))
-    return load_file(str(epochs[-1] / "model.safetensors"))
+    return load_file(str(epochs[-1] / "model-00001-of-00001.safetensors"))
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +39,17 @@ def test_lr_logged_is_the_cosine_schedule(tiny, tmp_path):
 
     _run(tiny, output_dir=str(tmp_path / "o"), epochs=1)
     lrs = [row["lr"] for row in read_metrics(tmp_path / "o" / "logs" / "metrics.jsonl")]
-    # warm-up over 2 steps, starting above 0 (a step at lr 0 would change nothing), then a half cosine
-    # over the remaining 4 of the (one-epoch) run
+    # torchtune's warm-up over 2 steps, from LR 0, then a half cosine over the remaining 4 of the (one-epoch) run
+    peak = 1e-3
+    cosine = [0.5 * (1 + math.cos(math.pi * k / 4)) * peak for k in range(1, 4)]
+    assert lrs == pytest.approx([0.0, peak / 2, peak, *cosine], abs=1e-12)
+
+
+def test_lr_warmup_from_zero_false_is_one_step_ahead(tiny, tmp_path):
+    from torchtune.training.metric_logging import read_metrics
+
+    _run(tiny, output_dir=str(tmp_path / "o"), epochs=1, **{"lr_scheduler.warmup_from_zero": False})
+    lrs = [row["lr"] for row in read_metrics(tmp_path / "o" / "logs" / "metrics.jsonl")]
     peak = 1e-3
     cosine = [0.5 * (1 + math.cos(math.pi * k / 4)) * peak for k in range(1, 4)]
     assert lrs == pytest.approx([peak / 3, 2 * peak / 3, peak, *cosine], abs=1e-12)
@@ -139,7 +148,7 @@ def test_cli_run_logs_per_step_losses(tiny, tmp_path):
     cli_losses = read_losses(out)
     assert len(cli_losses) == 3
     assert cli_losses == read_losses(in_process_dir)
-    assert (out / "epoch_0" / "model.safetensors").exists()
+    assert (out / "epoch_0" / "model-00001-of-00001.safetensors").exists()
     assert (out / "epoch_0" / "config.json").exists()
 
 

@@ -20,8 +20,8 @@ def test_two_processes_train_what_one_process_trains(tmp_path):
     assert len(losses) == 6 and losses == pytest.approx(
         read_losses(tmp_path / "single"), abs=1e-4, rel=0
     )  # reduction order across ranks
-    a = load_file(str(tmp_path / "dist" / "epoch_0" / "model.safetensors"))
-    b = load_file(str(tmp_path / "single" / "epoch_0" / "model.safetensors"))
+    a = load_file(str(tmp_path / "dist" / "epoch_0" / "model-00001-of-00001.safetensors"))
+    b = load_file(str(tmp_path / "single" / "epoch_0" / "model-00001-of-00001.safetensors"))
     assert "lm_head.weight" not in a and a.keys() == b.keys()
     for name in a:
         # Adam normalises each update: an entry whose gradient is near zero moves by up to lr per step

@@ -20,7 +20,7 @@ def tiny(tmp_path_factory):
 
 
 def _final(output_dir):
-    return load_file(str(output_dir / "epoch_0" / "model.safetensors"))
+    return load_file(str(output_dir / "epoch_0" / "model-00001-of-00001.safetensors"))
 
 
 @pytest.fixture(scope="module")

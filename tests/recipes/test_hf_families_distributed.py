@@ -46,8 +46,8 @@ def test_two_processes_train_save_and_resume_what_one_process_trains(tmp_path, f
     _tune_dist(dist, tmp_path / "resumed", "resume_from_checkpoint=True", f"checkpointer.recipe_checkpoint={state}")
     # the same two ranks reduce in the same order: the resumed step is the uninterrupted one, bit for bit
     assert read_losses(tmp_path / "resumed") == losses[2:]
-    a = load_file(str(tmp_path / "dist" / "epoch_0" / "model.safetensors"))
-    b = load_file(str(tmp_path / "resumed" / "epoch_0" / "model.safetensors"))
+    a = load_file(str(tmp_path / "dist" / "epoch_0" / "model-00001-of-00001.safetensors"))
+    b = load_file(str(tmp_path / "resumed" / "epoch_0" / "model-00001-of-00001.safetensors"))
     base = load_file(str(tmp_path / "run" / f"tiny_{family}" / "model.safetensors"))
     assert sorted(a) == sorted(b) == sorted(base)  # the family's own names, fused where its folder fuses
     assert all(torch.equal(a[k], b[k]) for k in a)

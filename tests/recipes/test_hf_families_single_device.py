@@ -32,8 +32,8 @@ def test_finetune_save_and_exact_resume(tmp_path, family, optimizer_in_bwd):
         **{"checkpointer.recipe_checkpoint": str(full_dir / "step_6" / "recipe_state.pt")},
     )
     assert read_losses(tmp_path / "resumed") == losses[6:]
-    a = load_file(str(full_dir / "epoch_1" / "model.safetensors"))
-    b = load_file(str(tmp_path / "resumed" / "epoch_1" / "model.safetensors"))
+    a = load_file(str(full_dir / "epoch_1" / "model-00001-of-00001.safetensors"))
+    b = load_file(str(tmp_path / "resumed" / "epoch_1" / "model-00001-of-00001.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
     saved = full_dir / "epoch_1"

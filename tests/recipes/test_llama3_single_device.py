@@ -18,7 +18,7 @@ def tiny(tmp_path_factory, llama3_tokenizer_dir):
 
 
 def _final(output_dir):
-    return load_file(str(output_dir / "epoch_1" / "model.safetensors"))
+    return load_file(str(output_dir / "epoch_1" / "model-00001-of-00001.safetensors"))
 
 
 def test_both_optimizer_modes_train_the_tied_model_alike(tiny, tmp_path):
@@ -42,7 +42,7 @@ def test_both_optimizer_modes_train_the_tied_model_alike(tiny, tmp_path):
     base = load_file(str(tiny.parent / "base" / "model.safetensors"))
     assert not torch.equal(a["model.embed_tokens.weight"], base["model.embed_tokens.weight"])
     saved = sorted(p.name for p in (tmp_path / "bwd" / "epoch_1").iterdir())
-    assert {"config.json", "tokenizer.json", "tokenizer_config.json", "model.safetensors"} <= set(saved)
+    assert {"config.json", "tokenizer.json", "tokenizer_config.json", "model-00001-of-00001.safetensors"} <= set(saved)
 
 
 @pytest.mark.parametrize("optimizer_in_bwd", [True, False])

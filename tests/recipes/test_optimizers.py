@@ -72,7 +72,7 @@ def _run_to_end(config, **overrides):
 def _weights(output_dir):
     from safetensors.torch import load_file
 
-    return load_file(str(output_dir / "epoch_0" / "model.safetensors"))
+    return load_file(str(output_dir / "epoch_0" / "model-00001-of-00001.safetensors"))
 
 
 def test_resumed_paged_state_goes_back_into_paged_buffers(tiny, tmp_path):

@@ -91,10 +91,10 @@ def test_overwrite_true_replaces_the_earlier_run(first, tmp_path):
     config, finished = first
     out = tmp_path / "out"
     shutil.copytree(finished, out)
-    old_weights = (out / "epoch_0" / "model.safetensors").read_bytes()
+    old_weights = (out / "epoch_0" / "model-00001-of-00001.safetensors").read_bytes()
     run_recipe(config, output_dir=str(out), overwrite=True, save_every_n_steps=None, **{"optimizer.lr": 1e-2})
     assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["epoch_0", "logs"]  # step folders deleted
-    assert (out / "epoch_0" / "model.safetensors").read_bytes() != old_weights
+    assert (out / "epoch_0" / "model-00001-of-00001.safetensors").read_bytes() != old_weights
     rows = read_metrics(out / "logs" / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2] and rows[-1]["lr"] != pytest.approx(1e-3)
 
@@ -117,7 +117,7 @@ def test_a_damaged_step_with_nothing_earlier_names_the_resume_key_on_its_own_lin
     config, finished = first
     out = tmp_path / "out"
     shutil.copytree(finished, out)
-    weights = out / "step_1" / "model.safetensors"
+    weights = out / "step_1" / "model-00001-of-00001.safetensors"
     data = bytearray(weights.read_bytes())
     data[-1] ^= 0xFF  # same size, other bytes: found by the background checksums once training runs
     weights.write_bytes(bytes(data))

@@ -55,7 +55,7 @@ def _flat(text: str) -> str:
 
 
 def _final_weights(output_dir: Path) -> dict:
-    return load_file(str(Path(output_dir) / "epoch_1" / "model.safetensors"))
+    return load_file(str(Path(output_dir) / "epoch_1" / "model-00001-of-00001.safetensors"))
 
 
 def _assert_same_weights(a: dict, b: dict) -> None:
@@ -74,7 +74,14 @@ def reference(tiny, tmp_path_factory) -> Path:
     """An uninterrupted run; read-only for the tests (copy a folder before damaging it)."""
     out = tmp_path_factory.mktemp("reference") / "out"
     assert _main(tiny, f"output_dir={out}", *RUN) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["epoch_0", "epoch_1", "logs", "step_4", "step_8"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "epoch_0",
+        "epoch_1",
+        "logs",
+        "step_4",
+        "step_8",
+        "torchtune_config.yaml",  # the resolved config, written by the listed DiskLogger as torchtune does
+    ]
     assert len(read_losses(out)) == 12
     return out
 
@@ -228,7 +235,11 @@ def test_full_disk_during_save_is_reported_and_previous_kept(tiny, reference, tm
     assert f"Saving the checkpoint {out / 'epoch_0'} failed: the disk is full" in err
     assert f"the previous checkpoint {out / 'step_4'} is kept" in err
     assert str(out / "step_4" / "recipe_state.pt") in err
-    assert sorted(p.name for p in out.iterdir()) == ["logs", "step_4"]  # partial folder removed
+    assert sorted(p.name for p in out.iterdir()) == [
+        "logs",
+        "step_4",
+        "torchtune_config.yaml",
+    ]  # partial folder removed
     verify_manifest(out / "step_4")
 
     assert _main(tiny, f"output_dir={out}", *RUN, *_resume_args(out / "step_4")) == 0
@@ -241,7 +252,7 @@ def test_full_disk_during_save_is_reported_and_previous_kept(tiny, reference, tm
 # 2. safe loading: damaged files are named, with the checkpoint to fall back to; weights_only loads
 # ---------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("damage", ["truncate", "corrupt"])
-@pytest.mark.parametrize("file", ["model.safetensors", "recipe_state.pt"])
+@pytest.mark.parametrize("file", ["model-00001-of-00001.safetensors", "recipe_state.pt"])
 def test_damaged_checkpoint_names_file_and_fallback(tiny, reference, tmp_path, capsys, file, damage):
     out = tmp_path / "out"
     shutil.copytree(reference, out)
@@ -264,7 +275,7 @@ def test_damaged_checkpoint_names_file_and_fallback(tiny, reference, tmp_path, c
     assert f"checkpointer.recipe_checkpoint={fallback}" in err
     assert not resumed.exists() or not any(resumed.glob("step_*"))
 
-    if file == "model.safetensors" and damage == "corrupt":  # the suggested fallback really resumes
+    if file == "model-00001-of-00001.safetensors" and damage == "corrupt":  # the suggested fallback really resumes
         assert (
             _main(
                 tiny,
@@ -449,7 +460,7 @@ def test_sigterm_mid_backward_finishes_the_step_then_stops(
     assert f"Stopped by SIGTERM after step 3; checkpoint saved to {folder}" in capsys.readouterr().err
     assert [r["step"] for r in read_metrics(out / "logs" / "metrics.jsonl")] == [1, 2, 3]
     assert verify_manifest(folder)["step"] == 3
-    assert sorted(p.name for p in out.iterdir()) == ["logs", "step_3"]
+    assert sorted(p.name for p in out.iterdir()) == ["logs", "step_3", "torchtune_config.yaml"]
     assert _main(tiny, f"output_dir={out}", *RUN, mode, *_resume_args(folder)) == 0
     full = reference  # an uninterrupted in-backward run; the standard mode needs its own
     if not optimizer_in_bwd:
@@ -464,17 +475,17 @@ def test_sigterm_mid_backward_finishes_the_step_then_stops(
 # ---------------------------------------------------------------------------------------------------
 def test_nan_loss_stops_naming_the_step_and_keeps_last_good_checkpoint(tiny, tmp_path, capsys):
     out = tmp_path / "out"
-    # An absurd learning rate: the weights blow up and the loss of step 3 is NaN (steps 1-2 finite;
-    # the loss of a step is that of the weights before its update).
+    # An absurd learning rate: the weights blow up and the loss of step 4 is NaN (steps 1-3 finite: the
+    # warm-up's first step trains at LR 0, and the loss of a step is that of the weights before its update).
     rc = _main(tiny, f"output_dir={out}", "optimizer.lr=1e30", "save_every_n_steps=1", "epochs=1")
     assert rc == 1
     err = _flat(capsys.readouterr().err)
     assert "Traceback" not in err
-    assert "The loss became NaN or infinite at step 3 (epoch 0)" in err, err[-2000:]
-    assert f"The last good checkpoint is {out / 'step_2'}" in err
-    assert sorted(p.name for p in out.iterdir() if p.name != "logs") == ["step_1", "step_2"]
-    assert [r["step"] for r in read_metrics(out / "logs" / "metrics.jsonl")] == [1, 2]
-    verify_manifest(out / "step_2")
+    assert "The loss became NaN or infinite at step 4 (epoch 0)" in err, err[-2000:]
+    assert f"The last good checkpoint is {out / 'step_3'}" in err
+    assert sorted(p.name for p in out.iterdir() if p.is_dir() and p.name != "logs") == ["step_1", "step_2", "step_3"]
+    assert [r["step"] for r in read_metrics(out / "logs" / "metrics.jsonl")] == [1, 2, 3]
+    verify_manifest(out / "step_3")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -497,7 +508,7 @@ def test_pruning_and_host_memory_stay_bounded(tiny, tmp_path, components):
     assert growth_mb < 3.0, {s: round(v / 2**20, 1) for s, v in rss.items()}
     # 6 steps per epoch, step saves every 2 steps inside an epoch: 2, 4, 8, 10, 14, 16, 20, 22.
     names = sorted(p.name for p in out.iterdir())
-    assert names == ["epoch_0", "epoch_1", "epoch_2", "epoch_3", "logs", "step_20", "step_22"]
+    assert names == ["epoch_0", "epoch_1", "epoch_2", "epoch_3", "logs", "step_20", "step_22", "torchtune_config.yaml"]
 
     # Resuming from step_20 into the same folder, keeping 1: the resumed-from folder is never pruned.
     cfg.epochs, cfg.keep_last_n_checkpoints = 5, 1

@@ -52,7 +52,7 @@ def run(tmp_path_factory):
 def test_bundled_config_runs_from_another_directory(run):
     out, result, rows = run
     assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3, 4]
-    assert (out / "epoch_0" / "model.safetensors").is_file()
+    assert (out / "epoch_0" / "model-00001-of-00001.safetensors").is_file()
     assert "Generating train split" not in result.stderr  # datasets' progress bars are off
 
 
@@ -74,10 +74,12 @@ def test_stdout_tensorboard_and_wandb_get_the_same_metrics(run):
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    events = EventAccumulator(str(out / "tb"))
+    (tb_run,) = (out / "tb").glob("run_0_*")  # torchtune's organize_logs: one folder per run
+    events = EventAccumulator(str(tb_run))
     events.Reload()
-    assert {e.step: e.value for e in events.Scalars("loss")} == pytest.approx(losses, rel=1e-6)
-    assert [e.step for e in events.Scalars("val_loss")] == [2, 4]
+    value = lambda e: e.tensor_proto.float_val[0]  # noqa: E731 - new-style scalars are tensor summaries
+    assert {e.step: value(e) for e in events.Tensors("loss")} == pytest.approx(losses, rel=1e-6)
+    assert [e.step for e in events.Tensors("val_loss")] == [2, 4]
 
     (run_dir,) = (out / "wandb").glob("offline-run-*")
     history, wandb_config = read_offline_run(run_dir)

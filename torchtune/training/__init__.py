@@ -21,31 +21,63 @@ A recipe calls them in order (see ``recipes/full_finetune_single_device.py``)::
 
 The memory estimator (``tune estimate-memory``) and the benchmarks build their steps from the same
 functions, so what they measure is what a recipe runs.
+
+torchtune 0.6.1's names of ``torchtune.training`` are here too, with its signatures, each a front of the same
+implementation (``docs/training.md`` lists them and where they differ).
 """
 
 import importlib
 from typing import Any
 
-from torchtune.training import checkpointing, memory
+from torchtune.training import checkpointing, lr_schedulers, memory, metric_logging, pooling, precision, seed
 from torchtune.training.activations import (
+    NoOpManager,
     OffloadActivations,
+    apply_selective_activation_checkpointing,
     get_act_offloading_ctx_manager,
     set_activation_checkpointing,
 )
-from torchtune.training.checkpointing import FullModelHFCheckpointer, FullModelMetaCheckpointer
+from torchtune.training.checkpointing import (
+    ADAPTER_CONFIG,
+    ADAPTER_KEY,
+    DATALOADER_KEY,
+    EPOCHS_KEY,
+    MAX_STEPS_KEY,
+    MODEL_KEY,
+    OPT_KEY,
+    RNG_KEY,
+    SEED_KEY,
+    STEPS_KEY,
+    TOTAL_EPOCHS_KEY,
+    Checkpointer,
+    FormattedCheckpointFiles,
+    FullModelHFCheckpointer,
+    FullModelMetaCheckpointer,
+    FullModelTorchTuneCheckpointer,
+    ModelType,
+    update_state_dict_for_classifier,
+)
 from torchtune.training.distributed._settings import (
     check_distributed_settings,
     check_resume_is_sharded,
     local_batch_size,
 )
-from torchtune.training.lr_schedulers import build_lr_scheduler
+from torchtune.training.lr_schedulers import build_lr_scheduler, get_cosine_schedule_with_warmup, get_lr
+from torchtune.training.memory import (
+    OptimizerInBackwardWrapper,
+    cleanup_before_training,
+    get_memory_stats,
+    log_memory_stats,
+)
 from torchtune.training.optim._low_rank import check_low_rank_optimizer, is_low_rank
 from torchtune.training.optim._optimizer import (
     GradNormTracker,
     build_optimizer,
+    create_optim_in_bwd_wrapper,
     in_bwd_groups,
     load_optimizer_state,
     register_optim_in_bwd_hooks,
+    scale_grads,
     step_optimizer,
     trainable_parameters,
 )
@@ -57,6 +89,8 @@ from torchtune.training.optim._stochastic_rounding import (
     rounding_for_run,
     step_parameter,
 )
+from torchtune.training.pooling import get_unmasked_sequence_lengths
+from torchtune.training.precision import get_dtype, set_default_dtype, validate_expected_param_dtype
 from torchtune.training.run._eval_after_training import EVAL_AFTER_TRAINING_KEYS, EvalAfterTraining
 from torchtune.training.run._loop import StepMetrics, TrainingSteps, label_token_shares
 from torchtune.training.run._metrics import (
@@ -69,7 +103,16 @@ from torchtune.training.run._metrics import (
     metrics_path,
 )
 from torchtune.training.run._output_dir import check_output_dir, check_overwrite, prepare_output_dir
-from torchtune.training.run._profiling import NoProfiler, build_profiler
+from torchtune.training.run._profiler import (
+    DEFAULT_PROFILE_DIR,
+    DEFAULT_PROFILER_ACTIVITIES,
+    DEFAULT_SCHEDULE,
+    DEFAULT_TRACE_OPTS,
+    PROFILER_KEY,
+    DummyProfiler,
+    build_profiler,
+    setup_torch_profiler,
+)
 from torchtune.training.run._resume import (
     RECIPE_STATE_NAME,
     ResumePlan,
@@ -93,6 +136,7 @@ from torchtune.training.run._step import (
     shift_labels,
 )
 from torchtune.training.run._validation import Validation, build_validation, check_validation_settings
+from torchtune.training.seed import set_seed
 from torchtune.training.setup._checks import (
     RECIPE_VALUE_TYPES,
     check_liger,
@@ -100,6 +144,7 @@ from torchtune.training.setup._checks import (
     check_value_types,
     positive_int,
 )
+from torchtune.training.setup._compile import compile_loss, compile_model
 from torchtune.training.setup._data import TrainingData, build_dataloader, check_data_head, num_tokens, padding_id
 from torchtune.training.setup._loop_checks import check_finetune_config, check_loop_keys
 from torchtune.training.setup._model import (
@@ -107,6 +152,7 @@ from torchtune.training.setup._model import (
     check_model_fits,
     check_model_matches_checkpoint,
     check_tokenizer_fits_model,
+    disable_dropout,
     model_fingerprint,
     model_skeleton,
 )
@@ -129,8 +175,17 @@ _LAZY = {
     "backend_for_device": "torchtune.training.distributed._fsdp",
     "check_same_config": "torchtune.training.distributed._fsdp",
     "destroy_distributed": "torchtune.training.distributed._fsdp",
+    "gather_cpu_state_dict": "torchtune.training.distributed._state_dicts",
+    "get_distributed_backend": "torchtune.training.distributed._fsdp",
+    "get_full_optimizer_state_dict": "torchtune.training.distributed._state_dicts",
+    "get_shard_conditions": "torchtune.training.distributed._fsdp",
     "get_world_size_and_rank": "torchtune.training.distributed._fsdp",
     "init_distributed": "torchtune.training.distributed._fsdp",
+    "is_distributed": "torchtune.training.distributed._fsdp",
+    "load_from_full_model_state_dict": "torchtune.training.distributed._state_dicts",
+    "load_from_full_optimizer_state_dict": "torchtune.training.distributed._state_dicts",
+    "set_torch_num_threads": "torchtune.training.distributed._fsdp",
+    "validate_no_params_on_meta_device": "torchtune.training.distributed._fsdp",
     "is_rank_zero": "torchtune.training.distributed._fsdp",
     "launched_by_torchrun": "torchtune.training.distributed._fsdp",
     "load_full_state_dict": "torchtune.training.distributed._fsdp",
@@ -165,9 +220,76 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    # torchtune 0.6.1's public names of torchtune.training: all but get_quantizer_mode, prepare_mha_for_tp
+    # and DistributedCheckpointer (quantization-aware training, tensor parallelism and its checkpointer are
+    # outside this library's scope)
+    "get_act_offloading_ctx_manager",
+    "apply_selective_activation_checkpointing",
+    "get_dtype",
+    "set_default_dtype",
+    "validate_expected_param_dtype",
     "FullModelHFCheckpointer",
     "FullModelMetaCheckpointer",
+    "FullModelTorchTuneCheckpointer",
+    "ModelType",
+    "Checkpointer",
+    "update_state_dict_for_classifier",
+    "ADAPTER_CONFIG",
+    "ADAPTER_KEY",
+    "EPOCHS_KEY",
+    "MAX_STEPS_KEY",
+    "MODEL_KEY",
+    "OPT_KEY",
+    "RNG_KEY",
+    "SEED_KEY",
+    "STEPS_KEY",
+    "TOTAL_EPOCHS_KEY",
+    "get_cosine_schedule_with_warmup",
+    "get_distributed_backend",
+    "get_lr",
+    "cleanup_before_training",
+    "create_optim_in_bwd_wrapper",
+    "get_memory_stats",
+    "log_memory_stats",
+    "OptimizerInBackwardWrapper",
+    "register_optim_in_bwd_hooks",
+    "set_activation_checkpointing",
+    "init_distributed",
+    "is_distributed",
+    "get_world_size_and_rank",
+    "set_torch_num_threads",
+    "shard_model",
+    "get_shard_conditions",
+    "validate_no_params_on_meta_device",
+    "gather_cpu_state_dict",
+    "get_full_optimizer_state_dict",
+    "load_from_full_model_state_dict",
+    "load_from_full_optimizer_state_dict",
+    "set_seed",
+    "get_unmasked_sequence_lengths",
+    "DEFAULT_PROFILE_DIR",
+    "DEFAULT_PROFILER_ACTIVITIES",
+    "DEFAULT_SCHEDULE",
+    "DEFAULT_TRACE_OPTS",
+    "DummyProfiler",
+    "PROFILER_KEY",
+    "setup_torch_profiler",
+    "compile_loss",
+    "compile_model",
+    "NoOpManager",
+    "OffloadActivations",
+    "FormattedCheckpointFiles",
+    "scale_grads",
+    "disable_dropout",
+    "DATALOADER_KEY",
+    # this library's
     "checkpointing",
+    "lr_schedulers",
+    "memory",
+    "metric_logging",
+    "pooling",
+    "precision",
+    "seed",
     "EVAL_AFTER_TRAINING_KEYS",
     "EvalAfterTraining",
     "StepMetrics",
@@ -175,7 +297,6 @@ __all__ = [
     "check_distributed_settings",
     "check_finetune_config",
     "FINETUNE_DEFAULTS",
-    "NoProfiler",
     "apply_process_settings",
     "build_profiler",
     "config_notes",
@@ -190,7 +311,6 @@ __all__ = [
     "GradNormTracker",
     "MetricLoggers",
     "NonFiniteLossGuard",
-    "OffloadActivations",
     "ProgressBarLogHandler",
     "epoch_progress_bar",
     "report_stop",
@@ -251,9 +371,6 @@ __all__ = [
     "forward_backward",
     "forward_loss",
     "in_bwd_groups",
-    "get_act_offloading_ctx_manager",
-    "get_world_size_and_rank",
-    "init_distributed",
     "is_rank_zero",
     "label_positions",
     "launched_by_torchrun",
@@ -263,7 +380,6 @@ __all__ = [
     "save_full_weights",
     "load_optimizer_state",
     "load_sharded_checkpoint",
-    "memory",
     "metrics_path",
     "model_fingerprint",
     "model_skeleton",
@@ -274,13 +390,10 @@ __all__ = [
     "positive_int",
     "raise_if_any_rank_failed",
     "recipe_state",
-    "register_optim_in_bwd_hooks",
     "prepare_output_dir",
     "resolve_resume",
     "resume_command",
     "save_sharded_checkpoint",
-    "set_activation_checkpointing",
-    "shard_model",
     "log_sharded_model",
     "shift_labels",
     "step_optimizer",

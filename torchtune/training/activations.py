@@ -22,11 +22,15 @@ from torch import nn
 from torch.autograd.graph import saved_tensors_hooks
 from torch.utils.checkpoint import checkpoint
 
+from torchtune._errors import TuneValueError
+
 __all__ = [
+    "ACWrapPolicyType",
     "CudaCopies",
     "NoOpManager",
     "OffloadActivations",
     "SimulatedCopies",
+    "apply_selective_activation_checkpointing",
     "get_act_offloading_ctx_manager",
     "set_activation_checkpointing",
     "simulate_offloading",
@@ -42,23 +46,90 @@ def _checkpointed_forward(original: Callable[..., Any], *args: Any, **kwargs: An
     return checkpoint(original, *args, use_reentrant=False, **kwargs)
 
 
-def set_activation_checkpointing(model: nn.Module, layer_types: Union[type, Iterable[type]]) -> int:
-    """Checkpoint every submodule of ``model`` whose type is in ``layer_types``; returns how many.
+def _checkpoint(module: nn.Module) -> bool:
+    """Patch ``module``'s forward to run under ``torch.utils.checkpoint``; False if it already does."""
+    if hasattr(module, _ORIGINAL_FORWARD):
+        return False
+    original = module.forward
+    setattr(module, _ORIGINAL_FORWARD, original)
+    # instance attribute shadows the class's forward; nn.Module.__call__ picks it up
+    module.forward = functools.partial(_checkpointed_forward, original)
+    return True
+
+
+# What ``auto_wrap_policy`` may be: a module type, several (a set, as torchtune passes them), or torchtune's
+# callable policy ``policy(module=..., recurse=..., nonwrapped_numel=...) -> bool``.
+ACWrapPolicyType = Union[type, Iterable[type], Callable[..., bool]]
+
+
+def set_activation_checkpointing(model: nn.Module, auto_wrap_policy: ACWrapPolicyType, **kwargs: Any) -> int:
+    """Checkpoint the submodules of ``model`` the policy selects; returns how many were newly checkpointed.
+
+    ``auto_wrap_policy``: a module type or a set of them (every submodule of one of those types), or a callable
+    policy as torchtune takes it, asked for each submodule with ``recurse=False``. ``kwargs``: torchtune's
+    ``check_fn(module) -> bool`` is honoured as another selector; nothing else is accepted.
 
     Uses ``torch.utils.checkpoint`` with ``use_reentrant=False`` (works with keyword arguments,
     with optimizer-in-backward hooks and with saved-tensor hooks such as ``OffloadActivations``).
-    Parameter names are unchanged. Calling it twice does not checkpoint a layer twice.
+    The forward is patched in place instead of wrapping the module (torchtune wraps it in a
+    ``CheckpointWrapper``), so parameter names and state-dict keys are unchanged. Calling it twice does not
+    checkpoint a module twice.
     """
-    types = (layer_types,) if isinstance(layer_types, type) else tuple(layer_types)
+    check_fn = kwargs.pop("check_fn", None)
+    if kwargs:
+        raise TypeError(f"set_activation_checkpointing got arguments it does not take: {sorted(kwargs)}")
+    if isinstance(auto_wrap_policy, type) or not callable(auto_wrap_policy):
+        types = (auto_wrap_policy,) if isinstance(auto_wrap_policy, type) else tuple(auto_wrap_policy)
+
+        def selected(module: nn.Module) -> bool:
+            return isinstance(module, types)
+
+    else:
+
+        def selected(module: nn.Module) -> bool:
+            numel = sum(p.numel() for p in module.parameters())
+            return bool(auto_wrap_policy(module=module, recurse=False, nonwrapped_numel=numel))
+
     count = 0
-    for module in model.modules():
-        if isinstance(module, types) and not hasattr(module, _ORIGINAL_FORWARD):
-            original = module.forward
-            setattr(module, _ORIGINAL_FORWARD, original)
-            # instance attribute shadows the class's forward; nn.Module.__call__ picks it up
-            module.forward = functools.partial(_checkpointed_forward, original)
-            count += 1
+    for module in list(model.modules()):
+        if module is not model and selected(module) and (check_fn is None or check_fn(module)):
+            count += _checkpoint(module)
     return count
+
+
+def apply_selective_activation_checkpointing(
+    model: nn.Module, ac_mode: str, ac_option: Optional[Union[int, str]]
+) -> int:
+    """Checkpoint ``model.layers`` as torchtune's ``ac_mode`` says: ``"full"`` every layer; ``"selective"`` every
+    ``ac_option``-th layer (1: all; 0: all); ``"none"`` none. Returns how many were newly checkpointed.
+
+    Raises:
+        ValueError: a negative or non-numeric ``ac_option`` in selective mode.
+        NotImplementedError: another ``ac_mode``.
+    """
+    if ac_mode == "none":
+        return 0
+    if ac_mode == "full":
+        every = 1
+    elif ac_mode == "selective":
+        try:
+            every = int(ac_option)  # type: ignore[arg-type]
+        except (TypeError, ValueError) as exc:
+            raise TuneValueError(
+                f"Selective layer AC policy (every_x_layer) expects a positive integer, received {ac_option!r} "
+                "(selective op checkpointing is not implemented)."
+            ) from exc
+        if every < 0:
+            raise TuneValueError(
+                f"Selective layer AC policy (every_x_layer) expects a positive integer, received {every}"
+            )
+        every = every or 1
+    else:
+        raise NotImplementedError(
+            f"Unknown AC type or AC config {ac_mode!r}. Only 'none', 'full' and 'selective' (every N-th layer) "
+            "are implemented."
+        )
+    return sum(_checkpoint(layer) for i, layer in enumerate(model.layers, start=1) if i % every == 0)
 
 
 def is_activation_checkpointed(module: nn.Module) -> bool:
@@ -119,6 +190,9 @@ class CudaCopies:
 
     device_type = "cuda"
 
+    def __init__(self, pin_memory: bool = True) -> None:
+        self.pin_memory = pin_memory
+
     def current_stream(self, device: torch.device) -> Any:
         return torch.cuda.current_stream(device)
 
@@ -142,7 +216,7 @@ class CudaCopies:
     def host_buffer(self, t: torch.Tensor) -> torch.Tensor:
         # pinned: the copy can run asynchronously; the caching host allocator keeps the block until
         # the copies that use it have finished. empty_like keeps the strides autograd saved.
-        return torch.empty_like(t, device="cpu", pin_memory=True)
+        return torch.empty_like(t, device="cpu", pin_memory=self.pin_memory)
 
     def device_buffer(self, host: torch.Tensor, device: torch.device) -> torch.Tensor:
         return torch.empty_like(host, device=device)
@@ -257,6 +331,10 @@ class OffloadActivations(saved_tensors_hooks):
         max_in_flight: how many device tensors may wait for their copy to the host in forward.
         copies: the engine for tensors of ``copies.device_type`` (default: ``CudaCopies`` for CUDA
             tensors); a ``SimulatedCopies`` makes CPU tensors go through the CUDA bookkeeping.
+        use_pin_memory: torchtune's: host copies in pinned memory (False: pageable memory, whose copies
+            cannot overlap compute).
+        max_fwd_stash_size: torchtune's name of ``max_in_flight`` (its default is 5, ours 1).
+        min_offload_size: torchtune's name of ``min_offload_bytes``.
     """
 
     def __init__(
@@ -267,7 +345,15 @@ class OffloadActivations(saved_tensors_hooks):
         prefetch: int = 1,
         max_in_flight: int = 1,
         copies: Optional[Any] = None,
+        *,
+        use_pin_memory: bool = True,
+        max_fwd_stash_size: Optional[int] = None,
+        min_offload_size: Optional[int] = None,
     ) -> None:
+        max_in_flight = max_in_flight if max_fwd_stash_size is None else max_fwd_stash_size
+        min_offload_bytes = min_offload_bytes if min_offload_size is None else min_offload_size
+        if copies is None and not use_pin_memory:
+            copies = CudaCopies(pin_memory=False)
         if max_in_flight < 1 or prefetch < 0:
             raise ValueError(f"max_in_flight must be >= 1 and prefetch >= 0, got {max_in_flight} and {prefetch}")
         self.min_offload_bytes = min_offload_bytes
@@ -454,17 +540,25 @@ class OffloadActivations(saved_tensors_hooks):
         return _observe(tensor)
 
 
-class NoOpManager(contextlib.nullcontext):
-    """The context manager used when activation offloading is off."""
+def _identity(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
+class NoOpManager(saved_tensors_hooks):
+    """Saved-tensor hooks that keep every tensor as it is. Only the innermost saved-tensor hooks run, so inside
+    this context an enclosing ``OffloadActivations`` offloads nothing: a region of code opts out of it."""
+
+    def __init__(self) -> None:
+        super().__init__(_identity, _identity)
 
 
 def get_act_offloading_ctx_manager(
     model: nn.Module, enable_activation_offloading: bool, **kwargs: Any
 ) -> ContextManager:
-    """``OffloadActivations(model=model, **kwargs)`` when enabled, else a context manager that does nothing.
+    """``OffloadActivations(model=model, **kwargs)`` when enabled, else ``contextlib.nullcontext()``.
 
     The recipe wraps the model's forward in the returned context manager.
     """
     if enable_activation_offloading:
         return OffloadActivations(model=model, **kwargs)
-    return NoOpManager()
+    return contextlib.nullcontext()

@@ -9,9 +9,10 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 
 from torchtune import config
+from torchtune._errors import TuneRuntimeError
 from torchtune.config._types import checked_by, whole_number
 
-__all__ = ["build_lr_scheduler", "get_cosine_schedule_with_warmup"]
+__all__ = ["build_lr_scheduler", "get_cosine_schedule_with_warmup", "get_lr"]
 
 
 def build_lr_scheduler(
@@ -52,13 +53,15 @@ def get_cosine_schedule_with_warmup(
     num_training_steps: int,
     num_cycles: float = 0.5,
     last_epoch: int = -1,
+    warmup_from_zero: bool = True,
 ) -> LambdaLR:
-    """Linear warm-up to the optimizer's LR, then a cosine decay to 0.
+    """Linear warm-up to the optimizer's LR, then a cosine decay to 0 (torchtune's and transformers' schedule).
 
-    The warm-up's steps train at ``1/(W+1), 2/(W+1), ..., W/(W+1)`` of the LR (``W = num_warmup_steps``)
-    and step ``W`` at the full LR: it starts above zero, because a step at LR 0 costs a full step and
-    changes nothing (``weights_changed`` would read 0 at step 1). Transformers' and torchtune's schedule
-    of the same name start at 0; ours is theirs shifted by one step, on ``W+1`` steps of warm-up.
+    With ``W = num_warmup_steps``, the LR factor of step ``s`` (0 for the first step) is ``s / W`` while
+    ``s < W``, then ``0.5 * (1 + cos(2 pi num_cycles p))`` with ``p = (s - W) / (num_training_steps - W)``.
+    The first step trains at LR 0: it costs a full step and changes no weight. ``warmup_from_zero=False``
+    (this library's schedule before torchtune's API was adopted) shifts the warm-up by one step: steps
+    ``0 .. W-1`` train at ``1/(W+1) .. W/(W+1)`` of the LR, and the cosine part is the same.
 
     Args:
         optimizer: the optimizer to schedule (with optimizer in backward, the
@@ -67,15 +70,34 @@ def get_cosine_schedule_with_warmup(
         num_training_steps: total optimizer steps of the run (the recipe fills this in).
         num_cycles: cosine periods over the decay; 0.5 decays once from the peak to 0.
         last_epoch: index of the last step taken, for resuming (-1 for a new run).
+        warmup_from_zero: True: the warm-up starts at LR 0 (torchtune's formula); False: one step above it.
     """
     if num_warmup_steps < 0 or num_training_steps < 1:
         raise ValueError("num_warmup_steps must be >= 0 and num_training_steps >= 1")
 
     def lr_lambda(step: int) -> float:
         if step < num_warmup_steps:
-            return (step + 1) / (num_warmup_steps + 1)
+            return step / num_warmup_steps if warmup_from_zero else (step + 1) / (num_warmup_steps + 1)
         progress = (step - num_warmup_steps) / max(1, num_training_steps - num_warmup_steps)
-        progress = min(progress, 1.0)
         return max(0.0, 0.5 * (1.0 + math.cos(math.pi * num_cycles * 2.0 * progress)))
 
     return LambdaLR(optimizer, lr_lambda, last_epoch)
+
+
+def get_lr(optimizer: Optimizer) -> float:
+    """The LR of ``optimizer`` (with optimizer in backward, the ``OptimInBackwardWrapper``: its groups are every
+    inner optimizer's), which the full-finetune recipes keep the same in every parameter group.
+
+    Raises:
+        RuntimeError: the optimizer has no parameter group, or its groups have different LRs.
+    """
+    groups = optimizer.param_groups
+    if len(groups) < 1:
+        raise TuneRuntimeError(f"Invalid optimizer param groups with len of: {len(groups)}")
+    lr = groups[0]["lr"]
+    if any(group["lr"] != lr for group in groups):
+        raise TuneRuntimeError(
+            "LR Schedulers are different across all param groups: get_lr reports one LR, and the groups have "
+            f"{sorted({group['lr'] for group in groups})}."
+        )
+    return lr

@@ -21,6 +21,7 @@ On CPU the torch counters do not exist: only ``host_peak_rss`` (and ``host_rss``
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import resource
@@ -30,6 +31,11 @@ from typing import Callable, Optional, Union
 
 import torch
 
+from torchtune.training.activations import set_activation_checkpointing
+from torchtune.training.optim._optimizer import create_optim_in_bwd_wrapper, register_optim_in_bwd_hooks
+from torchtune.utils._checkpointing._checkpoint_utils import OptimInBackwardWrapper
+from torchtune.utils._device import get_torch_device_namespace
+
 _GB = 1e9
 # torch 2.13 documents PYTORCH_ALLOC_CONF; PYTORCH_CUDA_ALLOC_CONF is its older, still honoured name.
 _ALLOC_CONF_VAR = "PYTORCH_ALLOC_CONF"
@@ -38,11 +44,16 @@ _EXPANDABLE = "expandable_segments:True"
 
 __all__ = [
     "DeviceMemoryPeak",
+    "OptimizerInBackwardWrapper",
+    "cleanup_before_training",
+    "create_optim_in_bwd_wrapper",
     "get_memory_stats",
     "log_memory_stats",
     "reset_peak_memory_stats",
     "reuse_freed_host_memory",
     "reuse_freed_host_memory_if_asked",
+    "register_optim_in_bwd_hooks",
+    "set_activation_checkpointing",
     "set_cuda_alloc_conf",
 ]
 
@@ -270,16 +281,21 @@ def _host_rss_bytes() -> Optional[int]:
 
 
 def get_memory_stats(
-    device: Union[torch.device, str], device_peak: Optional[DeviceMemoryPeak] = None
+    device: Union[torch.device, str], reset_stats: bool = True, *, device_peak: Optional[DeviceMemoryPeak] = None
 ) -> dict[str, float]:
-    """Memory statistics for ``device`` in GB (1e9 bytes), keyed for metrics.jsonl.
+    """Memory statistics for ``device`` in GB (1e9 bytes; torchtune reports GiB), keyed for metrics.jsonl.
 
     CUDA: ``peak_memory_alloc``, ``peak_memory_reserved``, ``peak_memory_active`` (since the last
-    ``reset_peak_memory_stats``), ``device_memory_used`` (driver's view now: includes managed memory
-    and the CUDA context), ``peak_device_memory_used`` (the driver's figure at its peak, when a
-    running ``device_peak`` sampler is given), ``device_memory_total``, ``host_peak_rss`` and
-    ``host_rss``. CPU (and other devices): ``host_peak_rss`` and ``host_rss`` only.
+    reset), ``device_memory_used`` (driver's view now: includes managed memory and the CUDA context),
+    ``peak_device_memory_used`` (the driver's figure at its peak, when a running ``device_peak`` sampler is
+    given), ``device_memory_total``, ``host_peak_rss`` and ``host_rss``. CPU (and other devices):
+    ``host_peak_rss`` and ``host_rss`` only (torchtune raises ValueError on a CPU).
+
+    ``reset_stats`` (torchtune's default): restart the peaks after reading them, so the next call reports
+    the peak since this one; the recipes pass False and report the run's peak so far.
     """
+    if isinstance(reset_stats, DeviceMemoryPeak):
+        raise TypeError("get_memory_stats(device, device_peak=...): pass the sampler by keyword")
     device = torch.device(device)
     stats: dict[str, float] = {}
     if device.type == "cuda":
@@ -295,6 +311,8 @@ def get_memory_stats(
     rss = _host_rss_bytes()
     if rss is not None:
         stats["host_rss"] = rss / _GB
+    if reset_stats:
+        reset_peak_memory_stats(device, device_peak)
     return stats
 
 
@@ -328,8 +346,27 @@ def format_memory_stats(stats: dict[str, float], title: str = "Memory stats") ->
     return "\n".join(lines)
 
 
+DEFAULT_LOG_MESSAGE = "Memory stats after model init:"
+
+
 def log_memory_stats(
-    stats: dict[str, float], logger: Optional[logging.Logger] = None, title: str = "Memory stats"
+    stats: dict[str, float], message: str = DEFAULT_LOG_MESSAGE, *, logger: Optional[logging.Logger] = None
 ) -> None:
-    """Log ``stats`` (from ``get_memory_stats``) at INFO level, one line per statistic."""
-    (logger or logging.getLogger(__name__)).info(format_memory_stats(stats, title))
+    """Log ``stats`` (from ``get_memory_stats``) at INFO level: ``message``, then one line per statistic."""
+    (logger or logging.getLogger("torchtune")).info(format_memory_stats(stats, message.rstrip(":")))
+
+
+def cleanup_before_training() -> None:
+    """Collect garbage, return the accelerator's cached blocks to it and restart its peak counters, so the
+    training loop's peaks are its own (a no-op for the accelerator on a machine without one)."""
+    gc.collect()
+    namespace = get_torch_device_namespace()
+    if namespace is torch.cpu or not hasattr(namespace, "reset_peak_memory_stats"):
+        return
+    namespace.empty_cache()
+    namespace.reset_peak_memory_stats()
+
+
+# torchtune's names at torchtune's path (torchtune.training.memory); one implementation each, here or in optim/
+# and activations.
+OptimizerInBackwardWrapper = OptimInBackwardWrapper

@@ -1,11 +1,21 @@
-"""Seeding and RNG state capture for exact resume."""
+"""Seeding (torchtune's ``set_seed``) and RNG state capture for exact resume."""
 
 from __future__ import annotations
 
+import logging
+import os
 import random
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Union
 
+import numpy as np
 import torch
+
+from torchtune._errors import TuneValueError
+from torchtune.utils._device import get_world_size_and_rank
+
+log = logging.getLogger("torchtune")
+
+_MAX_SEED = np.iinfo(np.uint32).max
 
 
 def draw_seed() -> int:
@@ -13,12 +23,50 @@ def draw_seed() -> int:
     return random.SystemRandom().randint(0, 2**31 - 1)
 
 
-def set_seed(seed: Optional[int] = None) -> int:
-    """Seed python and torch (all devices); a ``None`` seed draws one and returns it."""
+def set_seed(
+    seed: Optional[int] = None, debug_mode: Optional[Union[str, int]] = None, *, offset_by_rank: bool = True
+) -> int:
+    """Seed Python's ``random``, NumPy and torch (every device) and return the seed.
+
+    ``None`` draws a seed from the operating system's entropy (in a process group, rank 0's, sent to all).
+    Each process seeds ``seed + rank`` (torchtune's rule; ``offset_by_rank=False`` seeds every rank alike, as
+    the distributed recipe does so that its ranks draw what one process would).
+
+    Args:
+        seed: in ``[0, 2**32 - world_size]``, or None.
+        debug_mode: PyTorch's determinism mode (``torch.set_deterministic_debug_mode``): None leaves the global
+            settings alone; ``"default"`` / 0 allows nondeterministic ops and turns the cuDNN benchmark on;
+            ``"warn"`` / 1 and ``"error"`` / 2 warn on / refuse them, turn cuDNN's deterministic mode on and its
+            benchmark off, and set ``CUBLAS_WORKSPACE_CONFIG`` for deterministic cuBLAS.
+        offset_by_rank: add the process's rank to the seed.
+
+    Raises:
+        ValueError: a seed outside the range.
+    """
+    world_size, rank = get_world_size_and_rank()
+    top = _MAX_SEED - world_size + 1
     if seed is None:
         seed = draw_seed()
-    random.seed(seed)
-    torch.manual_seed(seed)  # also seeds every CUDA device
+        if world_size > 1:
+            shared = [seed]
+            torch.distributed.broadcast_object_list(shared, src=0)
+            seed = int(shared[0])
+    if not 0 <= seed <= top:
+        raise TuneValueError(
+            f"Invalid seed value provided: {seed}. Value must be in the range [0, {top}]: set seed to a whole "
+            "number in it (or null to draw one)."
+        )
+    local_seed = seed + rank if offset_by_rank else seed
+    torch.manual_seed(local_seed)  # also seeds every CUDA device
+    np.random.seed(local_seed)
+    random.seed(local_seed)
+    if debug_mode is not None:
+        torch.set_deterministic_debug_mode(debug_mode)
+        deterministic = torch.get_deterministic_debug_mode() != 0
+        torch.backends.cudnn.deterministic = deterministic
+        torch.backends.cudnn.benchmark = not deterministic
+        if deterministic:
+            os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
     return seed
 
 

@@ -103,7 +103,22 @@ def test_simulated_offloading_copies_to_host_and_back():
 def test_ctx_manager_factory():
     model = _model()
     assert isinstance(get_act_offloading_ctx_manager(model, True), OffloadActivations)
-    assert isinstance(get_act_offloading_ctx_manager(model, False), NoOpManager)
+    assert isinstance(get_act_offloading_ctx_manager(model, False), contextlib.nullcontext)
+
+
+def test_no_op_manager_opts_a_region_out_of_offloading():
+    """Only the innermost saved-tensor hooks run: inside NoOpManager, OffloadActivations sees nothing."""
+    leaf = torch.randn(64, 64, requires_grad=True)
+    offload = OffloadActivations(min_offload_bytes=1)  # on CPU: counted, not moved
+    with offload:
+        (leaf * 2).sin().sum()
+    assert offload.offloaded_tensors == 1
+    with offload:
+        with NoOpManager():
+            y = (leaf * 2).sin().sum()
+    assert offload.offloaded_tensors == 0
+    y.backward()
+    torch.testing.assert_close(leaf.grad, 2 * (leaf * 2).cos())
 
 
 # --- the CUDA bookkeeping, run on CPU tensors through a recording engine ---------------------------------

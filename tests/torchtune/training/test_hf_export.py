@@ -56,7 +56,7 @@ def test_single_device_step_exports_to_a_folder_transformers_loads_with_the_mode
         assert (out / name).is_file(), name
     assert not (out / "recipe_state.pt").exists() and not list(tmp_path.glob(".tmp-*"))
     # the run's model at step 2, as our checkpointer reads it into our llama2
-    step = FullModelHFCheckpointer(run / "step_2", ["model.safetensors"], output_dir=tmp_path / "unused")
+    step = FullModelHFCheckpointer(run / "step_2", ["model.safetensors.index.json"], output_dir=tmp_path / "unused")
     ours = llama2(vocab_size=config["vocab_size"], **TINY_DIMS).eval()
     ours.load_state_dict(step.load_checkpoint()["model"])
     tokens = torch.randint(0, config["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(0))
@@ -74,7 +74,7 @@ def test_meta_format_step_exports_with_the_base_models_config(run, tmp_path, cap
 
     base = run.parent / "base"
     weights = FullModelHFCheckpointer(
-        run / "step_2", ["model.safetensors"], output_dir=tmp_path / "x"
+        run / "step_2", ["model.safetensors.index.json"], output_dir=tmp_path / "x"
     ).load_checkpoint()
     folder = tmp_path / "meta" / "step_2"
     folder.mkdir(parents=True)
@@ -122,9 +122,9 @@ def test_existing_output_is_kept_unless_overwrite(run, tmp_path, capsys):
 
 def _damaged_copy(run: Path, tmp_path: Path) -> Path:
     folder = Path(shutil.copytree(run / "step_2", tmp_path / "out" / "step_2"))
-    data = bytearray((folder / "model.safetensors").read_bytes())
+    data = bytearray((folder / "model-00001-of-00001.safetensors").read_bytes())
     data[len(data) // 2] ^= 0xFF
-    (folder / "model.safetensors").write_bytes(bytes(data))
+    (folder / "model-00001-of-00001.safetensors").write_bytes(bytes(data))
     return folder
 
 
@@ -134,7 +134,7 @@ def _damaged_copy(run: Path, tmp_path: Path) -> Path:
         ("not_a_checkpoint", ["has no manifest.json", "not a checkpoint folder this library wrote"]),
         ("output_dir_of_a_run", ["is a run's output folder", "e.g. the latest", "epoch_0"]),
         ("missing", ["does not exist", "Pass a step_N or epoch_N folder"]),
-        ("damaged", ["model.safetensors does not match the checksum", "cannot be read"]),
+        ("damaged", ["model-00001-of-00001.safetensors does not match the checksum", "cannot be read"]),
         ("output_inside_checkpoint", ["overlaps the folder it is made from"]),
         ("bad_shard_size", ["--max-shard-size 5 parsecs"]),
     ],

@@ -151,5 +151,5 @@ def test_load_and_final_save_hold_one_tensor_beyond_the_shards(tmp_path, monkeyp
     from safetensors.torch import load_file
 
     before = load_file(tmp_path / "hf" / "model.safetensors")
-    after = load_file(tmp_path / "out" / "epoch_0" / "model.safetensors")
+    after = load_file(tmp_path / "out" / "epoch_0" / "model-00001-of-00001.safetensors")
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)

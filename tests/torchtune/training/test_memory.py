@@ -70,7 +70,7 @@ def test_device_peak_sampler_catches_a_peak_between_snapshots():
 def test_log_memory_stats(caplog):
     logger = logging.getLogger("test_memory")
     with caplog.at_level(logging.INFO, logger="test_memory"):
-        memory.log_memory_stats({"peak_memory_alloc": 13.99, "host_peak_rss": 2.5}, logger, "end")
+        memory.log_memory_stats({"peak_memory_alloc": 13.99, "host_peak_rss": 2.5}, "end", logger=logger)
     assert "end:" in caplog.text
     assert "peak allocated (torch): 13.99 GB" in caplog.text
     assert "host peak RSS: 2.50 GB" in caplog.text

@@ -17,7 +17,7 @@ def test_validation_loss_is_shown_once_with_or_without_a_stdout_logger(tmp_path,
     loggers.log_validation(1.25, step=3)
     loggers.close()
     out, err = capsys.readouterr()
-    assert out.splitlines() == ["Step 3 | val_loss:1.25"] and "validation loss" not in err
+    assert out.splitlines() == ["Step 3 | val_loss:1.25 "] and "validation loss" not in err
 
     loggers = _loggers(tmp_path / "b", [])  # only metrics.jsonl: the line goes to stderr instead
     loggers.log_validation(1.25, step=3)

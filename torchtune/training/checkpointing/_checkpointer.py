@@ -1,25 +1,25 @@
 """Checkpointers: read a model in its published format, hand out torchtune names, write it back the same way.
 
 ``FullModelHFCheckpointer`` reads and writes Hugging Face folders (safetensors or ``.bin``, one file or
-sharded with an index); ``FullModelMetaCheckpointer`` reads and writes Meta's ``consolidated.00.pth``.
-Every save is atomic (see ``_atomic.py``) and carries a ``manifest.json`` that is verified when the
-folder is loaded again to resume.
+sharded with an index); ``FullModelMetaCheckpointer`` reads and writes Meta's ``consolidated.00.pth``;
+``FullModelTorchTuneCheckpointer`` torchtune's own ``.pt`` of the model's state dict. They take torchtune
+0.6.1's arguments and calls. Every save is atomic (see ``_atomic.py``) and carries a ``manifest.json`` that
+is verified when the folder is loaded again to resume.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Iterator, Mapping, Optional, Protocol, Tuple, Union
 
 import torch
 from torch import nn
 
 from torchtune._assets import missing_path_hint
-from torchtune._errors import ConfigError, TuneError
+from torchtune._errors import ConfigError, TuneError, TuneValueError
 from torchtune.models._hf_config import MODEL_TYPES, HFModelConfig
 from torchtune.models._hf_convert import hf_sources, hf_to_tune, tune_to_hf_plan, tune_to_hf_tensor
 from torchtune.models._hf_family import (
@@ -27,12 +27,35 @@ from torchtune.models._hf_family import (
     check_shape,
     check_yaml_model_type,
     detect_family,
+    families,
     supported_model_types,
 )
 from torchtune.models.llama2._convert_weights import meta_to_tune, tune_to_meta
 from torchtune.training.checkpointing._hf_side_files import write_hf_side_files
+from torchtune.training.checkpointing._utils import (
+    ADAPTER_CONFIG,
+    ADAPTER_CONFIG_FNAME,
+    ADAPTER_KEY,
+    ADAPTER_MODEL_FNAME,
+    MODEL_KEY,
+    REPO_ID_FNAME,
+    SAFETENSOR_INDEX_FNAME,
+    SUFFIXES_TO_NOT_COPY,
+    TORCH_INDEX_FNAME,
+    FormattedCheckpointFiles,
+    ModelType,
+    check_outdir_not_in_ckptdir,
+    checkpoint_file_names,
+    checkpoint_files_in,
+    copy_files,
+    get_adapter_checkpoint_path,
+    get_recipe_checkpoint_path,
+    safe_torch_load,
+    shard_name,
+)
 from torchtune.utils._checkpointing._atomic import write_folder_atomically
 from torchtune.utils._checkpointing._manifest import (
+    MANIFEST_NAME,
     RECIPE_STATE_NAME,
     ChecksumJob,
     check_checksum_mode,
@@ -40,6 +63,7 @@ from torchtune.utils._checkpointing._manifest import (
     verify_checkpoint_files,
 )
 from torchtune.utils._checkpointing._safe_load import (
+    load_recipe_state,
     load_safetensors_weights,
     load_torch_weights,
     safetensors_skeleton,
@@ -53,24 +77,6 @@ from torchtune.utils._checkpointing._weight_reader import (
 )
 
 log = logging.getLogger("torchtune")
-
-# LLAMA3 is Llama 3 and 3.1 (one format); LLAMA3_2 the tied 3.2 text models. The Meta format has these;
-# Hugging Face folders every family registered in torchtune.models._hf_family.
-SUPPORTED_MODEL_TYPES = tuple(MODEL_TYPES)
-MODEL_KEY = "model"
-# Files of a HF model folder that are not weights but belong with them (written by _hf_side_files).
-HF_SIDE_FILES = (
-    "config.json",
-    "generation_config.json",
-    "tokenizer.model",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "chat_template.jinja",
-    "vocab.json",
-    "merges.txt",
-)
-META_SIDE_FILES = ("params.json", "tokenizer.model")
 
 
 def _write_safetensors_file(path: Path, specs: list, tensors: Iterator[torch.Tensor]) -> str:
@@ -152,22 +158,25 @@ def validate_state_dict(model: nn.Module, state_dict: dict[str, torch.Tensor]) -
 
 
 class _FullModelCheckpointer:
-    """Shared argument checks, recipe-state loading and the atomic save of the two checkpointers."""
-
-    _format = ""
+    """What the checkpointers share: torchtune's constructor arguments and their checks, the recipe-state
+    and adapter loading of a resumed run, and the atomic save (weights, adapter, recipe state, side files)."""
 
     def __init__(
         self,
         checkpoint_dir: Union[str, Path],
-        checkpoint_files: Union[str, Sequence[str]],
+        checkpoint_files: Union[str, Sequence[str], Mapping[str, str]],
         model_type: str = "LLAMA2",
         output_dir: Union[str, Path, None] = None,
+        adapter_checkpoint: Optional[str] = None,
         recipe_checkpoint: Optional[str] = None,
+        resume_from_checkpoint: bool = False,
+        should_load_recipe_state: bool = False,
+        *,
         verify_checksums: str = "before_load",
     ) -> None:
         self._checkpoint_dir = Path(checkpoint_dir).expanduser()
         if not self._checkpoint_dir.is_dir():
-            raise TuneError(
+            raise TuneValueError(
                 f"The checkpoint folder {self._checkpoint_dir} does not exist."
                 f"{missing_path_hint(self._checkpoint_dir)} "
                 "Set checkpointer.checkpoint_dir to the folder that holds the model weights "
@@ -177,28 +186,66 @@ class _FullModelCheckpointer:
             "checkpointer",
             {"model_type": model_type, "checkpoint_files": checkpoint_files, "verify_checksums": verify_checksums},
         )
-        self._model_type = canonical_model_type(model_type)
+        self._model_type = self._canonical_model_type(model_type)
         if output_dir is None:
-            raise TuneError(
+            raise TuneValueError(
                 "checkpointer.output_dir is not set: set it to the folder where checkpoints should be written."
             )
         self._output_dir = Path(output_dir).expanduser()
-        out, src = self._output_dir.resolve(), self._checkpoint_dir.resolve()
-        if out == src or src in out.parents:
-            raise TuneError(
-                f"checkpointer.output_dir ({self._output_dir}) is inside checkpointer.checkpoint_dir "
-                f"({self._checkpoint_dir}): saved checkpoints would mix with the input weights. Set "
-                f"checkpointer.output_dir to a folder outside the checkpoint folder."
+        check_outdir_not_in_ckptdir(self._checkpoint_dir, self._output_dir)
+        if resume_from_checkpoint:
+            log.warning(
+                "checkpointer.resume_from_checkpoint is deprecated (as in torchtune): use should_load_recipe_state."
             )
-        if isinstance(checkpoint_files, (str, Path)):
-            checkpoint_files = [str(checkpoint_files)]
-        self._checkpoint_files = [str(f) for f in checkpoint_files]
-        # Resuming is torchtune.training.resolve_resume's job: it reads this key from the config and
-        # points checkpoint_dir at the folder to resume from. Kept so the node describes the whole set-up.
+        self._should_load_recipe_state = bool(should_load_recipe_state or resume_from_checkpoint)
+        # torchtune's resume through the checkpointer alone: the recipe state, the adapter and the weights
+        # come from output_dir. This library's recipes resume through torchtune.training.resolve_resume,
+        # which points checkpoint_dir at the folder to resume from; recipe_checkpoint is then only read there.
         self.recipe_checkpoint = recipe_checkpoint
+        self._recipe_checkpoint = get_recipe_checkpoint_path(
+            self._output_dir, recipe_checkpoint, self._should_load_recipe_state
+        )
+        self._adapter_checkpoint = get_adapter_checkpoint_path(
+            self._output_dir, adapter_checkpoint, self._should_load_recipe_state
+        )
+        self._checkpoint_files = checkpoint_file_names(checkpoint_files)
+        # The folder the weight files are in: checkpoint_dir, or output_dir for torchtune's resume of a
+        # full finetune (its checkpoint_files are then relative to output_dir).
+        base = (
+            self._output_dir
+            if self._should_load_recipe_state and self._adapter_checkpoint is None
+            else self._checkpoint_dir
+        )
+        names = self._checkpoint_files
+        if (base / MANIFEST_NAME).is_file() and not all((base / name).is_file() for name in names):
+            # A folder this library saved holds one model under the names a save writes (Hugging Face:
+            # model-0000i-of-0000n with its index), whatever the input's names were: read those.
+            names = checkpoint_files_in(base, names)
+            log.info("Reading %s from %s (the files its save wrote)", names, base)
+        paths = [self._existing_file(name, base) for name in names]
+        folders = {p.parent.resolve() for p in paths}
+        if len(folders) > 1:
+            raise TuneValueError(
+                f"checkpointer.checkpoint_files are in {len(folders)} folders "
+                f"({', '.join(map(str, sorted(folders)))}); a checkpoint's weight files are read from one folder. "
+                "List the files of one checkpoint."
+            )
+        self._weights_dir = paths[0].parent
+        self._weight_file_names = [p.name for p in paths]
         self._verify_checksums = check_checksum_mode(verify_checksums)
         # The background checksum check of the files load_checkpoint read (verify_checksums=background).
         self.checksums: Optional[ChecksumJob] = None
+        if self._should_load_recipe_state:
+            log.info(
+                "Loading the recipe state: weights %s, recipe state %s, adapter %s",
+                [str(p) for p in paths],
+                self._recipe_checkpoint,
+                self._adapter_checkpoint,
+            )
+
+    @staticmethod
+    def _canonical_model_type(model_type: str) -> Optional[str]:
+        return canonical_model_type(model_type)
 
     @staticmethod
     def check_config_args(key: str, fields: Mapping[str, Any]) -> None:
@@ -212,26 +259,24 @@ class _FullModelCheckpointer:
             raise ConfigError(
                 f"{key}.model_type={model_type} is not supported{alias}; use one of {supported_model_types()}."
             )
-        check_checksum_mode(fields.get("verify_checksums", "before_load"), key=f"{key}.verify_checksums")
-        files = fields.get("checkpoint_files", ["?"])
-        if isinstance(files, (list, tuple)) and not files or isinstance(files, str) and not files.strip():
-            raise ConfigError(f"{key}.checkpoint_files is empty: list the weight files to load.")
+        _check_common_args(key, fields)
 
     # --- helpers -----------------------------------------------------------------------------------
-    def _existing_file(self, name: str) -> Path:
+    def _existing_file(self, name: Union[str, Path], base: Optional[Path] = None) -> Path:
+        base = self._checkpoint_dir if base is None else base
         path = Path(name)
-        path = path if path.is_absolute() else self._checkpoint_dir / path
+        path = path if path.is_absolute() else base / path
         if not path.is_file():
-            raise TuneError(
+            raise TuneValueError(
                 f"The checkpoint file {path} does not exist. Check checkpointer.checkpoint_files "
-                f"(names relative to checkpointer.checkpoint_dir={self._checkpoint_dir})."
+                f"(names relative to {base})."
             )
         return path
 
     def _verify(self, names: list[str]) -> None:
         """Verify files of our own earlier output (folders that carry manifest.json): sizes now, sums
         now or in the background (``verify_checksums``)."""
-        self.checksums = verify_checkpoint_files(self._checkpoint_dir, names, self._verify_checksums)
+        self.checksums = verify_checkpoint_files(self._weights_dir, names, self._verify_checksums)
 
     def _read(self, load: Callable[[Path], dict[str, torch.Tensor]], path: Path) -> dict[str, torch.Tensor]:
         try:
@@ -242,13 +287,24 @@ class _FullModelCheckpointer:
             raise
 
     def _finish_load(self, model_sd: dict[str, torch.Tensor]) -> dict[str, Any]:
-        return {MODEL_KEY: model_sd}
+        """``{"model": model_sd}``, with the adapter (``"adapter"``) and the recipe state of torchtune's
+        resume through the checkpointer (``should_load_recipe_state``)."""
+        state: dict[str, Any] = {MODEL_KEY: model_sd}
+        if self._adapter_checkpoint is not None:
+            state[ADAPTER_KEY] = safe_torch_load(self._adapter_checkpoint)
+        if self._recipe_checkpoint is not None:
+            state.update(load_recipe_state(self._recipe_checkpoint))
+        return state
 
-    def _copy_side_files(self, names: Sequence[str], folder: Path) -> None:
-        for name in names:
-            src = self._checkpoint_dir / name
-            if src.is_file():
-                shutil.copyfile(src, folder / name)
+    def _write_side_files(self, folder: Path, dtype: Optional[torch.dtype]) -> None:
+        """The files of the input folder a saved folder carries besides its weights (torchtune's
+        ``copy_files``: everything but weights, indexes, adapters and hidden files, up to 100 MB each)."""
+        copy_files(self._checkpoint_dir, folder, ignore_suffixes=SUFFIXES_TO_NOT_COPY)
+
+    def _write_weight_files(
+        self, specs: Mapping[str, TensorSpec], fetch: Callable[[str], torch.Tensor], folder: Path
+    ) -> dict[str, str]:
+        raise NotImplementedError
 
     def write_model(self, model_sd: dict[str, torch.Tensor], folder: Path) -> dict[str, str]:
         """Write the weight files (and the side files a save copies) into ``folder`` as a save does, but
@@ -262,16 +318,23 @@ class _FullModelCheckpointer:
         """:meth:`write_model` of tensors that exist only when asked for: ``specs`` gives every torchtune
         name with its dtype and shape, ``fetch(name)`` the tensor, called once per name (the
         distributed recipe gathers each parameter's full tensor there, so its host holds one at a time).
-        This format needs them all at once (``torch.save`` of one dict); Hugging Face folders stream."""
-        return self._write_model({k: fetch(k) for k in specs}, folder)
+        The Meta and torchtune formats need them all at once (``torch.save`` of one dict); Hugging Face
+        folders stream."""
+        hashed = self._write_weight_files(specs, fetch, folder)
+        self._write_side_files(folder, next((d for d, _ in specs.values() if d.is_floating_point), None))
+        return hashed
 
     def save_weights(
         self, specs: Mapping[str, TensorSpec], fetch: Callable[[str], torch.Tensor], epoch: int, step: int = 0
     ) -> Path:
         """An atomic ``output_dir/epoch_{epoch}`` of the weights alone, from :meth:`write_weights`'s
         ``specs`` and ``fetch``; returns the folder."""
-        return self._save(
-            {MODEL_KEY: None}, epoch, step, False, lambda _, folder: self.write_weights(specs, fetch, folder)
+        return write_folder_atomically(
+            self._output_dir / f"epoch_{epoch}",
+            lambda folder: self.write_weights(specs, fetch, folder),
+            step=step,
+            epoch=epoch,
+            intermediate=False,
         )
 
     def open_weights(self) -> WeightReader:
@@ -279,21 +342,72 @@ class _FullModelCheckpointer:
         demand (a sharded load reads only its shards). This format is one memory-mapped file."""
         return StateDictReader(self.load_checkpoint()[MODEL_KEY])
 
-    def _save(
+    def _write_adapter(self, adapter: Mapping[str, torch.Tensor], folder: Path) -> dict[str, str]:
+        """``adapter_model.pt`` (torchtune's format, what ``adapter_checkpoint`` loads)."""
+        return {f"{ADAPTER_MODEL_FNAME}.pt": _save_torch_file(dict(adapter), folder / f"{ADAPTER_MODEL_FNAME}.pt")}
+
+    def save_checkpoint(
         self,
         state_dict: dict[str, Any],
         epoch: int,
-        step: int,
-        intermediate: bool,
-        write_model: Callable[[dict[str, torch.Tensor], Path], dict[str, str]],
+        intermediate_checkpoint: Optional[bool] = None,
+        adapter_only: bool = False,
+        *,
+        step: Optional[int] = None,
+        intermediate: Optional[bool] = None,
     ) -> Path:
-        if MODEL_KEY not in state_dict:
-            raise ValueError(f"save_checkpoint needs the model weights under '{MODEL_KEY}'")
-        recipe_state = {k: v for k, v in state_dict.items() if k != MODEL_KEY}
+        """Write ``state_dict`` into one atomic checkpoint folder (with ``manifest.json``); returns the folder.
+
+        The folder holds the weights of ``state_dict["model"]`` in this checkpointer's format, the adapter
+        (``"adapter"``, ``"adapter_config"``) when present, the input folder's side files (config.json,
+        tokenizer files ...) and, in ``recipe_state.pt``, every other key (optimizer, seed, progress ...).
+
+        Both torchtune's call and this library's are accepted:
+
+        * ``save_checkpoint(sd, epoch, intermediate_checkpoint=False, adapter_only=False)`` (torchtune):
+          the folder is ``output_dir/epoch_{epoch}``; ``intermediate_checkpoint=True`` saves the recipe state
+          too (into the folder, where torchtune overwrites ``output_dir/recipe_state/recipe_state.pt``), False
+          leaves it out; ``adapter_only`` writes the adapter without the model weights.
+        * ``save_checkpoint(sd, epoch=..., step=N, intermediate=True)`` (this library's recipes): the folder is
+          ``output_dir/step_{N}`` (``intermediate=False``: ``epoch_{epoch}``) and the recipe state is saved
+          whenever ``sd`` has keys besides the weights.
+
+        Raises:
+            ValueError: no weights under ``"model"`` (and not ``adapter_only``), ``adapter_only`` without an
+                adapter, ``intermediate`` without ``step``, or both spellings of "intermediate" at once.
+        """
+        if intermediate is not None and intermediate_checkpoint is not None:
+            raise TuneValueError(
+                "save_checkpoint got both intermediate_checkpoint (torchtune's: epoch_N with the recipe state) and "
+                "intermediate (this library's: step_N); pass one of them."
+            )
+        if intermediate and step is None:
+            raise TuneValueError("save_checkpoint(intermediate=True) saves into step_N: pass step=N.")
+        if not adapter_only and state_dict.get(MODEL_KEY, None) is None:
+            raise TuneValueError(f"save_checkpoint needs the model weights under '{MODEL_KEY}'.")
+        if adapter_only and ADAPTER_KEY not in state_dict:
+            raise TuneValueError(
+                "Adapter checkpoint not found in state_dict. Please ensure that the state_dict contains adapter "
+                f"weights (under '{ADAPTER_KEY}') when saving with adapter_only=True."
+            )
+        if intermediate_checkpoint is False:
+            recipe_state: dict[str, Any] = {}  # torchtune's final save: the weights alone
+        else:
+            recipe_state = {k: v for k, v in state_dict.items() if k not in (MODEL_KEY, ADAPTER_KEY, ADAPTER_CONFIG)}
         name = f"step_{step}" if intermediate else f"epoch_{epoch}"
+        model_sd = None if adapter_only else state_dict[MODEL_KEY]
 
         def write_contents(folder: Path) -> dict[str, str]:
-            hashed = write_model(state_dict[MODEL_KEY], folder)
+            if model_sd is not None:
+                hashed = self.write_model(model_sd, folder)
+            else:
+                hashed = {}
+                self._write_side_files(folder, None)
+            if ADAPTER_KEY in state_dict:
+                hashed.update(self._write_adapter(state_dict[ADAPTER_KEY], folder))
+            if ADAPTER_CONFIG in state_dict:
+                config_path = folder / f"{ADAPTER_CONFIG_FNAME}.json"
+                config_path.write_text(json.dumps(state_dict[ADAPTER_CONFIG], indent=2) + "\n")
             if recipe_state:
                 # torch.save moves one storage at a time to the host: device optimizer state needs no
                 # device copy, and the host holds one state tensor at a time.
@@ -301,78 +415,135 @@ class _FullModelCheckpointer:
             return hashed
 
         return write_folder_atomically(
-            self._output_dir / name, write_contents, step=step, epoch=epoch, intermediate=intermediate
+            self._output_dir / name,
+            write_contents,
+            step=step if step is not None else 0,
+            epoch=epoch,
+            intermediate=bool(intermediate),
         )
 
 
+def _check_common_args(key: str, fields: Mapping[str, Any]) -> None:
+    check_checksum_mode(fields.get("verify_checksums", "before_load"), key=f"{key}.verify_checksums")
+    files = fields.get("checkpoint_files", ["?"])
+    if isinstance(files, (list, tuple)) and not files or isinstance(files, str) and not files.strip():
+        raise ConfigError(f"{key}.checkpoint_files is empty: list the weight files to load.")
+    if isinstance(files, Mapping):
+        try:
+            FormattedCheckpointFiles.from_dict(files)
+        except ValueError as exc:
+            raise ConfigError(f"{key}.checkpoint_files: {exc}") from exc
+
+
 class FullModelHFCheckpointer(_FullModelCheckpointer):
-    """Load and save a Hugging Face Llama 2 / 3.x folder (``config.json`` + safetensors or ``.bin`` shards).
+    """Load and save a Hugging Face model folder (``config.json`` + safetensors or ``.bin`` / ``.pt`` shards).
 
     ``model_type`` must match what ``config.json`` describes (checked at construction, before any
     weight is read): ``LLAMA2``; ``LLAMA3`` for Llama 3 / 3.1 (``rope_theta`` 500000, ``rope_scaling``
-    of type ``llama3``); ``LLAMA3_2`` for the tied Llama 3.2 1B/3B. With ``tie_word_embeddings: true``
+    of type ``llama3``); ``LLAMA3_2`` for the tied Llama 3.2 1B/3B; the other families registered in
+    ``torchtune.models._hf_family``. With ``tie_word_embeddings: true``
     the folder has no ``lm_head.weight`` (an ``lm_head.weight`` that is there anyway is dropped, as
     transformers ties over it), the model gets no ``output.weight`` (it uses ``TiedLinear``), and saves
     write no ``lm_head.weight``, as transformers expects of a tied model.
 
     Args:
         checkpoint_dir: the model folder.
-        checkpoint_files: weight file names, or the name of an index (``model.safetensors.index.json`` /
-            ``pytorch_model.bin.index.json``) whose ``weight_map`` lists the shards.
-        model_type: ``"LLAMA2"``, ``"LLAMA3"`` or ``"LLAMA3_2"``.
+        checkpoint_files: weight file names (in any order: they are numbered in sorted order), a
+            ``{filename_format, max_filename}`` mapping (``FormattedCheckpointFiles``), or the name of an
+            index (``model.safetensors.index.json`` / ``pytorch_model.bin.index.json``) listing the shards.
+        model_type: e.g. ``"LLAMA2"``, ``"LLAMA3"``, ``"LLAMA3_2"``, ``"QWEN2"``.
         output_dir: where ``step_N`` / ``epoch_N`` folders are written; must be outside ``checkpoint_dir``.
-        recipe_checkpoint: the ``recipe_state.pt`` a resumed run continues from; read by
-            ``torchtune.training.resolve_resume``, which also points ``checkpoint_dir`` at its folder.
+        adapter_checkpoint: with ``should_load_recipe_state``, adapter weights to load (relative to
+            ``output_dir``); by default ``adapter_model.pt`` of the latest ``epoch_N`` if there is one.
+        recipe_checkpoint: the recipe state to resume from. This library's recipes read it themselves
+            (``torchtune.training.resolve_resume``, relative to ``checkpoint_dir``, which they point at its
+            folder); with ``should_load_recipe_state`` the checkpointer loads it (relative to ``output_dir``).
+        resume_from_checkpoint: torchtune's deprecated spelling of ``should_load_recipe_state``.
+        safe_serialization: write safetensors (True) or ``torch.save`` ``.bin`` files, whatever the input is.
+        should_load_recipe_state: torchtune's resume through the checkpointer: ``load_checkpoint`` also returns
+            the recipe state (``recipe_checkpoint``; by default ``output_dir/recipe_state/recipe_state.pt``, else
+            the ``recipe_state.pt`` of the latest complete ``step_N`` / ``epoch_N``), and the weight files are
+            named relative to ``output_dir``.
         verify_checksums: how a folder written by this library (it has ``manifest.json``) is checked
             when loaded. File sizes are always checked first. ``"before_load"``: the checksums
             too, before anything is read. ``"background"``: the sums in a background thread while
             set-up and training go on; the caller checks ``checksums`` (the recipe does so at each
             logged step and before every save, so nothing trained from a damaged file is saved).
 
-    Saves keep the input's format, file names, tensor-to-shard assignment and index, and copy
-    ``config.json`` and the tokenizer files, so the output loads with ``from_pretrained``.
+    Saves write torchtune's layout: ``model-0000i-of-0000n.safetensors`` (``.bin`` without
+    ``safe_serialization``), each tensor in the shard numbered as the input file it came from (input files
+    in sorted order), with ``model.safetensors.index.json`` (``pytorch_model.bin.index.json``), and copy
+    ``config.json`` (its dtype set to the weights written), the tokenizer files and the input folder's other
+    small files, so the output loads with ``from_pretrained``.
     """
 
     def __init__(
         self,
         checkpoint_dir: Union[str, Path],
-        checkpoint_files: Union[str, Sequence[str]],
+        checkpoint_files: Union[str, Sequence[str], Mapping[str, str]],
         model_type: str = "LLAMA2",
         output_dir: Union[str, Path, None] = None,
+        adapter_checkpoint: Optional[str] = None,
         recipe_checkpoint: Optional[str] = None,
+        resume_from_checkpoint: bool = False,
+        safe_serialization: bool = True,
+        should_load_recipe_state: bool = False,
+        *,
         verify_checksums: str = "before_load",
     ) -> None:
-        super().__init__(checkpoint_dir, checkpoint_files, model_type, output_dir, recipe_checkpoint, verify_checksums)
+        super().__init__(
+            checkpoint_dir,
+            checkpoint_files,
+            model_type,
+            output_dir,
+            adapter_checkpoint,
+            recipe_checkpoint,
+            resume_from_checkpoint,
+            should_load_recipe_state,
+            verify_checksums=verify_checksums,
+        )
+        self._safe_serialization = bool(safe_serialization)
         self._index_name: Optional[str] = None
-        files = self._checkpoint_files
+        files = self._weight_file_names
         if len(files) == 1 and files[0].endswith(".index.json"):
-            index_path = self._existing_file(files[0])
+            index_path = self._weights_dir / files[0]
             self._index_name = index_path.name
             try:
                 weight_map = json.loads(index_path.read_text())["weight_map"]
             except (ValueError, KeyError) as exc:
-                raise TuneError(
+                raise TuneValueError(
                     f"{index_path} is not a valid index (no weight_map): {exc}. Check checkpointer.checkpoint_files."
                 ) from exc
-            files = list(dict.fromkeys(weight_map.values()))  # shard order of first appearance
-        self._shard_names = [self._existing_file(f).name for f in files]
+            files = list(dict.fromkeys(weight_map.values()))
+        # sorted, as torchtune numbers them: file i of the input becomes model-0000i-of-0000n of a save
+        self._shard_names = sorted(self._existing_file(f, self._weights_dir).name for f in files)
         self._safetensors = all(f.endswith(".safetensors") for f in self._shard_names)
         if not self._safetensors and any(f.endswith(".safetensors") for f in self._shard_names):
-            raise TuneError("checkpointer.checkpoint_files mixes .safetensors and .bin files; list one format.")
+            raise TuneValueError("checkpointer.checkpoint_files mixes .safetensors and .bin files; list one format.")
         config_path = self._checkpoint_dir / "config.json"
         if not config_path.is_file():
-            raise TuneError(
+            raise TuneValueError(
                 f"{config_path} does not exist; a Hugging Face checkpoint folder needs its "
                 f"config.json. Check checkpointer.checkpoint_dir."
             )
         try:
             config = json.loads(config_path.read_text())
         except ValueError as exc:
-            raise TuneError(f"{config_path} is not valid JSON ({exc}); use the config.json of the weights.") from exc
+            raise TuneValueError(
+                f"{config_path} is not valid JSON ({exc}); use the config.json of the weights."
+            ) from exc
         if not isinstance(config, dict):
-            raise TuneError(f"{config_path} is not a JSON object; use the config.json of the weights.")
+            raise TuneValueError(f"{config_path} is not a JSON object; use the config.json of the weights.")
+        self._config = config
         self._config_path = config_path
-        self._family = detect_family(config, config_path)
+        # {"repo_id": ...} written by torchtune's download, kept for the adapter config of a PEFT save
+        repo_id_path = (self._checkpoint_dir / REPO_ID_FNAME).with_suffix(".json")
+        self.repo_id = json.loads(repo_id_path.read_text()).get("repo_id") if repo_id_path.is_file() else None
+        if config.get("model_type") is None and not config.get("architectures") and self._model_type in families():
+            # a config.json that names no family (older converted folders, torchtune's tests): model_type decides
+            self._family = families()[self._model_type]
+        else:
+            self._family = detect_family(config, config_path)
         if self._family.model_type in MODEL_TYPES:
             # Llama 2 / 3 / 3.2 share model_type "llama": HFModelConfig tells them apart by RoPE and tying
             # (its message names the RoPE settings), and checks the RoPE scaling of the model.
@@ -390,6 +561,11 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
             return
         self._shape = self._family.shape(config, config_path)
         self._tied = self._shape.tie_word_embeddings
+
+    @property
+    def _weight_map(self) -> dict[str, str]:
+        """``{Hugging Face tensor name: input file it was read from}`` of the last load (torchtune's name)."""
+        return self._key_to_file
 
     def check_model(self, model: nn.Module) -> None:
         """Raise ``TuneError`` if ``model`` differs from ``config.json`` in a way the weight shapes cannot
@@ -417,10 +593,10 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
             return
         # A folder of our own output first against its manifest (sizes only): a truncated file is named
         # with the checkpoint to fall back to, not as a header that does not parse.
-        check_file_sizes(self._checkpoint_dir, self._shard_names)
+        check_file_sizes(self._weights_dir, self._shard_names)
         merged: dict[str, torch.Tensor] = {}
         for name in self._shard_names:
-            self._add_shard(merged, name, safetensors_skeleton(self._checkpoint_dir / name))
+            self._add_shard(merged, name, safetensors_skeleton(self._weights_dir / name))
         validate_state_dict(model, self._to_tune(merged))
 
     def load_checkpoint(self) -> dict[str, Any]:
@@ -428,7 +604,7 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
         self._verify(self._shard_names + ["config.json"] + ([self._index_name] if self._index_name else []))
         merged: dict[str, torch.Tensor] = {}
         for name in self._shard_names:
-            path = self._checkpoint_dir / name
+            path = self._weights_dir / name
             shard = self._read(load_safetensors_weights if self._safetensors else load_torch_weights, path)
             self._add_shard(merged, name, shard)
         return self._finish_load(self._to_tune(merged))
@@ -457,7 +633,7 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
         except RuntimeError as exc:  # q/k un-permutation: the shapes in config.json do not fit the weights
             shape = self._shape
             raise TuneError(
-                f"The weights in {self._checkpoint_dir} ({_shorten(self._shard_names)}) do not have the shapes "
+                f"The weights in {self._weights_dir} ({_shorten(self._shard_names)}) do not have the shapes "
                 f"that {self._checkpoint_dir / 'config.json'} describes (hidden_size={shape.embed_dim}, "
                 f"num_attention_heads={shape.num_heads}, num_key_value_heads={shape.num_kv_heads}, "
                 f"head_dim={shape.head_dim}): {exc}. Use the config.json that came with these weights, or "
@@ -469,7 +645,7 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
         (``.bin``): no weight is read."""
         found: dict[str, tuple[str, torch.Size]] = {}
         for name in self._shard_names:
-            path = self._checkpoint_dir / name
+            path = self._weights_dir / name
             if self._safetensors:
                 shapes = self._read(safetensors_shapes, path)
             else:
@@ -505,17 +681,14 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
             sources = hf_sources(hf_shapes, self._shape, fused=self._family.fused_projections, family=self._family.name)
         on_error = (lambda exc: self.checksums.check(wait=True)) if self.checksums is not None else None
         return FileReader(
-            self._checkpoint_dir,
+            self._weights_dir,
             {key: (stored[source.hf_key][0], source) for key, source in sources.items()},
             hf_shapes,
             load_file=None if self._safetensors else load_torch_weights,
             on_error=on_error,
         )
 
-    def _write_model(self, model_sd: dict[str, torch.Tensor], folder: Path) -> dict[str, str]:
-        return self.write_model(model_sd, folder)
-
-    def write_weights(
+    def _write_weight_files(
         self, specs: Mapping[str, TensorSpec], fetch: Callable[[str], torch.Tensor], folder: Path
     ) -> dict[str, str]:
         """Write the weights in HF format, one tensor at a time; returns ``{file: checksum}``.
@@ -524,8 +697,8 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
         written before the next one is fetched: a save needs one tensor's worth of extra host memory
         (two for a permuted q/k weight) and no device memory. ``.bin`` shards go through
         ``torch.save``, which needs the whole shard at once: one shard on the host at a time. Each
-        tensor goes into the file it was read from; after a resume (nothing read) the files' headers
-        say which.
+        tensor goes into the shard numbered as the input file it was read from; after a resume (nothing
+        read) the files' headers say which.
         """
         if not self._key_to_file:
             self._learn_layout(self._stored_shapes())
@@ -542,14 +715,18 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
                 return tune_to_hf_tensor(hf_key, {k: fetch(k) for k in parts}, self._shape)
 
         default_file = self._shard_names[-1]
-        by_file: dict[str, dict[str, list[str]]] = {name: {} for name in self._shard_names}
+        by_input: dict[str, dict[str, list[str]]] = {name: {} for name in self._shard_names}
         for hf_key, parts in plan.items():
-            by_file[self._key_to_file.get(hf_key, default_file)][hf_key] = parts
+            by_input[self._key_to_file.get(hf_key, default_file)][hf_key] = parts
+        # torchtune's names: the n input files that hold tensors, in sorted order, become model-0000i-of-0000n
+        used = [name for name in self._shard_names if by_input[name]]
+        suffix = ".safetensors" if self._safe_serialization else ".bin"
+        by_file = {shard_name(i, len(used)) + suffix: by_input[name] for i, name in enumerate(used, start=1)}
         weight_map = {hf_key: name for name, tensors in by_file.items() for hf_key in tensors}
         total_size = sum(shape.numel() * torch.empty((), dtype=dtype).element_size() for dtype, shape in specs.values())
         hashed: dict[str, str] = {}
         for name, source in by_file.items():
-            if self._safetensors:
+            if self._safe_serialization:
                 specs_in_file = safetensors_order(
                     (k, *_hf_spec([specs[p] for p in parts])) for k, parts in source.items()
                 )
@@ -559,87 +736,182 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
                 shard = {k: hf_tensor(k, parts).contiguous() for k, parts in source.items()}
                 hashed[name] = _save_torch_file(shard, folder / name)
                 del shard
-        if self._index_name or len(self._shard_names) > 1:
-            index_name = self._index_name or (
-                "model.safetensors.index.json" if self._safetensors else "pytorch_model.bin.index.json"
-            )
-            index = {"metadata": {"total_size": total_size}, "weight_map": dict(sorted(weight_map.items()))}
-            (folder / index_name).write_text(json.dumps(index, indent=2) + "\n")
-        written = next((dtype for dtype, _ in specs.values() if dtype.is_floating_point), None)
-        if self._folder is not None:
-            config = self._folder.saved_config()
-        else:
-            config = json.loads((self._checkpoint_dir / "config.json").read_text())
-        write_hf_side_files(self._checkpoint_dir, folder, config=config, dtype=written)
+        index_name = SAFETENSOR_INDEX_FNAME if self._safe_serialization else TORCH_INDEX_FNAME
+        index = {"metadata": {"total_size": total_size}, "weight_map": dict(sorted(weight_map.items()))}
+        (folder / index_name).write_text(json.dumps(index, indent=2) + "\n")
         return hashed
 
-    def save_checkpoint(
-        self, state_dict: dict[str, Any], epoch: int, step: int = 0, intermediate: bool = False
-    ) -> Path:
-        """Write ``state_dict["model"]`` in HF format (+ ``recipe_state.pt`` of the other keys) atomically.
+    def _write_side_files(self, folder: Path, dtype: Optional[torch.dtype]) -> None:
+        """``config.json`` (with ``dtype``, the dtype of the weights written), the tokenizer files and
+        ``generation_config.json`` (``_hf_side_files``), then the input folder's other small files."""
+        config = self._folder.saved_config() if self._folder is not None else self._config
+        write_hf_side_files(self._checkpoint_dir, folder, config=config, dtype=dtype)
+        super()._write_side_files(folder, dtype)
 
-        Returns:
-            The folder written: ``output_dir/step_{step}`` if ``intermediate`` else ``output_dir/epoch_{epoch}``.
-        """
-        return self._save(state_dict, epoch, step, intermediate, self._write_model)
+    def _write_adapter(self, adapter: Mapping[str, torch.Tensor], folder: Path) -> dict[str, str]:
+        """``adapter_model.pt`` and, as torchtune writes for PEFT, ``adapter_model.safetensors`` (``.bin``
+        without ``safe_serialization``) of the same tensors. LoRA is outside this library's scope: the tensors
+        keep the names the caller gives them (torchtune converts its LoRA names to PEFT's)."""
+        hashed = super()._write_adapter(adapter, folder)
+        tensors = {k: v.detach().to("cpu").contiguous() for k, v in adapter.items()}
+        if self._safe_serialization:
+            name = f"{ADAPTER_MODEL_FNAME}.safetensors"
+            specs = safetensors_order((k, v.dtype, tuple(v.shape)) for k, v in tensors.items())
+            hashed[name] = _write_safetensors_file(folder / name, specs, (tensors[k] for k, _, _ in specs))
+        else:
+            name = f"{ADAPTER_MODEL_FNAME}.bin"
+            hashed[name] = _save_torch_file(tensors, folder / name)
+        return hashed
 
 
 class FullModelMetaCheckpointer(_FullModelCheckpointer):
     """Load and save Meta's format (``consolidated.00.pth`` + ``params.json``) of Llama 2 and Llama 3 / 3.1
     (``model_type`` ``LLAMA2`` / ``LLAMA3``; the tied Llama 3.2 is read from its Hugging Face folder).
 
-    Arguments as for :class:`FullModelHFCheckpointer`; ``checkpoint_files`` names the one ``.pth`` file
-    (model-parallel shards ``consolidated.01.pth`` ... of the 13B/70B releases are not supported).
+    Arguments as for :class:`FullModelHFCheckpointer` (without ``safe_serialization``); ``checkpoint_files``
+    names the one ``.pth`` file (model-parallel shards ``consolidated.01.pth`` ... of the 13B/70B releases
+    are not supported). A save writes the weights under the input's file name (``consolidated.00.pth``,
+    what Meta's own code loads; torchtune names it ``model-00001-of-00001.bin``) and copies ``params.json``
+    and the tokenizer.
     """
 
     def __init__(
         self,
         checkpoint_dir: Union[str, Path],
-        checkpoint_files: Union[str, Sequence[str]],
+        checkpoint_files: Union[str, Sequence[str], Mapping[str, str]],
         model_type: str = "LLAMA2",
         output_dir: Union[str, Path, None] = None,
+        adapter_checkpoint: Optional[str] = None,
         recipe_checkpoint: Optional[str] = None,
+        resume_from_checkpoint: bool = False,
+        should_load_recipe_state: bool = False,
+        *,
         verify_checksums: str = "before_load",
     ) -> None:
-        super().__init__(checkpoint_dir, checkpoint_files, model_type, output_dir, recipe_checkpoint, verify_checksums)
+        files = checkpoint_file_names(checkpoint_files)
+        if len(files) != 1:
+            raise TuneValueError(
+                f"Currently we only support reading from a single checkpoint file: checkpointer.checkpoint_files "
+                f"lists {len(files)} files; the Meta checkpointer reads one consolidated .pth file. Convert "
+                "model-parallel shards to a single file, or use the Hugging Face weights with FullModelHFCheckpointer."
+            )
+        super().__init__(
+            checkpoint_dir,
+            files,
+            model_type,
+            output_dir,
+            adapter_checkpoint,
+            recipe_checkpoint,
+            resume_from_checkpoint,
+            should_load_recipe_state,
+            verify_checksums=verify_checksums,
+        )
         if self._model_type not in MODEL_TYPES:
-            raise TuneError(
+            raise TuneValueError(
                 f"checkpointer.model_type={model_type}: Meta's consolidated.00.pth format holds Llama 2 and "
                 "Llama 3 / 3.1 only. Read this model from its Hugging Face folder: set "
                 "checkpointer._component_=torchtune.training.FullModelHFCheckpointer."
             )
         if self._model_type == "LLAMA3_2":
-            raise TuneError(
+            raise TuneValueError(
                 "checkpointer.model_type=LLAMA3_2 (tied embeddings) is read from Hugging Face folders only: set "
                 "checkpointer._component_=torchtune.training.FullModelHFCheckpointer and "
                 "checkpointer.checkpoint_dir to the downloaded folder (config.json + model.safetensors)."
             )
-        if len(self._checkpoint_files) != 1:
-            raise TuneError(
-                f"checkpointer.checkpoint_files lists {len(self._checkpoint_files)} files; the Meta "
-                f"checkpointer reads one consolidated .pth file. Convert model-parallel shards to a "
-                f"single file, or use the Hugging Face weights with FullModelHFCheckpointer."
-            )
-        self._weights_name = self._existing_file(self._checkpoint_files[0]).name
+        self._weights_name = self._weight_file_names[0]
 
     def load_checkpoint(self) -> dict[str, Any]:
         """Read the ``.pth`` (memory-mapped): ``{"model": state_dict in torchtune names, ...recipe state}``."""
         self._verify([self._weights_name, "params.json"])
-        sd = self._read(load_torch_weights, self._checkpoint_dir / self._weights_name)
+        sd = self._read(load_torch_weights, self._weights_dir / self._weights_name)
         return self._finish_load(meta_to_tune(sd))
 
-    def _write_model(self, model_sd: dict[str, torch.Tensor], folder: Path) -> dict[str, str]:
+    def _write_weight_files(
+        self, specs: Mapping[str, TensorSpec], fetch: Callable[[str], torch.Tensor], folder: Path
+    ) -> dict[str, str]:
         # torch.save needs the whole dict at once, and its tensors on the host so that the file
         # loads without a GPU: the weights once in host memory (each moved there on its own; no
         # device copy). The Hugging Face format streams instead.
-        meta_sd = {k: v.detach().to("cpu").contiguous() for k, v in tune_to_meta(model_sd).items()}
+        meta_sd = {k: v.detach().to("cpu").contiguous() for k, v in tune_to_meta({k: fetch(k) for k in specs}).items()}
         hashed = {self._weights_name: _save_torch_file(meta_sd, folder / self._weights_name)}
         del meta_sd
-        self._copy_side_files(META_SIDE_FILES, folder)
         return hashed
 
-    def save_checkpoint(
-        self, state_dict: dict[str, Any], epoch: int, step: int = 0, intermediate: bool = False
-    ) -> Path:
-        """Write ``state_dict["model"]`` in Meta format (+ ``recipe_state.pt``) atomically; returns the folder."""
-        return self._save(state_dict, epoch, step, intermediate, self._write_model)
+
+class FullModelTorchTuneCheckpointer(_FullModelCheckpointer):
+    """Load and save torchtune's own format: one ``torch.save`` file of the model's state dict in torchtune's
+    parameter names, converted neither way.
+
+    Arguments as for :class:`FullModelMetaCheckpointer`; ``model_type`` may be any of ``ModelType``'s names
+    (nothing is converted). A save writes ``epoch_N/model-00001-of-00001.bin`` (torchtune's name) in an
+    atomic folder with the input folder's other small files.
+    """
+
+    def __init__(
+        self,
+        checkpoint_dir: Union[str, Path],
+        checkpoint_files: Union[str, Sequence[str], Mapping[str, str]],
+        model_type: str = "LLAMA2",
+        output_dir: Union[str, Path, None] = None,
+        adapter_checkpoint: Optional[str] = None,
+        recipe_checkpoint: Optional[str] = None,
+        resume_from_checkpoint: bool = False,
+        should_load_recipe_state: bool = False,
+        *,
+        verify_checksums: str = "before_load",
+    ) -> None:
+        files = checkpoint_file_names(checkpoint_files)
+        if len(files) != 1:
+            raise TuneValueError(
+                f"Currently we only support reading from a single checkpoint file: checkpointer.checkpoint_files "
+                f"lists {len(files)} files; a torchtune-format checkpoint is one .pt / .bin file."
+            )
+        super().__init__(
+            checkpoint_dir,
+            files,
+            model_type,
+            output_dir,
+            adapter_checkpoint,
+            recipe_checkpoint,
+            resume_from_checkpoint,
+            should_load_recipe_state,
+            verify_checksums=verify_checksums,
+        )
+        self._weights_name = self._weight_file_names[0]
+
+    @staticmethod
+    def _canonical_model_type(model_type: str) -> Optional[str]:
+        return canonical_model_type(model_type) or str(model_type).upper()
+
+    @staticmethod
+    def check_config_args(key: str, fields: Mapping[str, Any]) -> None:
+        """As the other checkpointers', but ``model_type`` may be any ``ModelType`` name (nothing is converted)."""
+        model_type = str(fields.get("model_type", "LLAMA2"))
+        if canonical_model_type(model_type) is None and model_type.upper() not in ModelType.__members__:
+            raise ConfigError(
+                f"{key}.model_type={model_type} is not a model type; use one of {', '.join(ModelType.__members__)}."
+            )
+        _check_common_args(key, fields)
+
+    def load_checkpoint(self, weights_only: bool = True) -> dict[str, Any]:
+        """Read the file (memory-mapped): ``{"model": state_dict, ...}``. ``weights_only=False`` runs the
+        file's pickled code (torchtune's switch for quantized models): only for files you trust."""
+        self._verify([self._weights_name])
+        path = self._weights_dir / self._weights_name
+        return self._finish_load(self._read(lambda p: load_torch_weights(p, weights_only=weights_only), path))
+
+    def _write_weight_files(
+        self, specs: Mapping[str, TensorSpec], fetch: Callable[[str], torch.Tensor], folder: Path
+    ) -> dict[str, str]:
+        name = shard_name(1, 1) + ".bin"
+        tensors = {k: fetch(k).detach().to("cpu").contiguous() for k in specs}
+        return {name: _save_torch_file(tensors, folder / name)}
+
+
+class Checkpointer(Protocol):
+    """What a recipe needs of a checkpointer (torchtune's three and any of a user's own): the weights (and a
+    resumed run's state) in, one checkpoint folder out."""
+
+    def load_checkpoint(self, **kwargs: Any) -> dict[str, Any]: ...
+
+    def save_checkpoint(self, state_dict: dict[str, Any], epoch: int, **kwargs: Any) -> Any: ...

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Union
 
 import torch
 import torch.distributed as dist
@@ -26,7 +26,8 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Shard
 
-from torchtune._errors import TuneError
+from torchtune._errors import TuneError, TuneRuntimeError, TuneValueError
+from torchtune.utils._device import get_world_size_and_rank
 
 if TYPE_CHECKING:
     from torchtune.utils._checkpointing._weight_reader import WeightReader
@@ -38,11 +39,16 @@ __all__ = [
     "agree_on_seed",
     "backend_for_device",
     "destroy_distributed",
+    "get_distributed_backend",
+    "get_shard_conditions",
     "get_world_size_and_rank",
     "init_distributed",
+    "is_distributed",
     "is_rank_zero",
     "launched_by_torchrun",
+    "set_torch_num_threads",
     "shard_model",
+    "validate_no_params_on_meta_device",
 ]
 
 # torchrun sets all of them for every process it starts.
@@ -100,17 +106,49 @@ def backend_for_device(device_type: str, backend: Optional[str] = None) -> str:
     return expected
 
 
-def init_distributed(device: Union[str, torch.device], backend: Optional[str] = None) -> DistributedInfo:
+def is_distributed() -> bool:
+    """True in a process torchrun started (rank, world and rendezvous in its environment) where torch.distributed
+    is available."""
+    return launched_by_torchrun() and dist.is_available()
+
+
+def get_distributed_backend(device_type: str, offload_ops_to_cpu: bool = False) -> str:
+    """The backend ``init_process_group`` takes for ``device_type`` (``nccl`` for CUDA, ``gloo`` for CPU);
+    with ``offload_ops_to_cpu``, ``"cuda:nccl,cpu:gloo"``-style, so collectives of host tensors (FSDP CPU
+    offload, host-side agreements) have a backend too.
+
+    Raises:
+        TuneError: a device type without a backend here.
+    """
+    backend = backend_for_device(device_type)
+    return f"{device_type}:{backend},cpu:gloo" if offload_ops_to_cpu and device_type != "cpu" else backend
+
+
+def init_distributed(
+    device: Union[str, torch.device, None] = None, backend: Optional[str] = None, **kwargs: Any
+) -> Union[DistributedInfo, bool]:
     """Join the process group torchrun set up (or, without torchrun, a world of one) and pick this rank's device.
 
     On CUDA each process takes ``cuda:LOCAL_RANK`` (``torch.cuda.set_device``, before any CUDA
     allocation, so NCCL and the caching allocator use that GPU). ``device`` is the config's device
     type (``cuda`` or ``cpu``); an index in it is refused, because torchrun's local rank decides it.
+    Returns the rank's ``DistributedInfo``.
+
+    torchtune's call, without ``device`` (``init_distributed(backend="nccl", ...)``): outside torchrun nothing
+    happens and it returns False; under torchrun ``torch.distributed.init_process_group(backend=..., **kwargs)``
+    and True.
 
     Raises:
         TuneError: the backend does not fit the device; CUDA asked for without a GPU per local rank;
             a device with an index.
     """
+    if device is None:
+        if not is_distributed():
+            return False
+        dist.init_process_group(backend=backend, **kwargs)
+        return True
+    if kwargs:
+        raise TypeError(f"init_distributed(device, backend) takes no other arguments: {sorted(kwargs)}")
     device = torch.device(device)
     if device.index is not None:
         raise TuneError(
@@ -154,22 +192,49 @@ def destroy_distributed(info: Optional[DistributedInfo] = None) -> None:
         dist.destroy_process_group()
 
 
-def get_world_size_and_rank() -> tuple[int, int]:
-    """``(world_size, rank)`` of the process group, ``(1, 0)`` outside one."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size(), dist.get_rank()
-    return 1, 0
-
-
 def is_rank_zero() -> bool:
     """True on the process that logs and writes files (rank 0, or the only process)."""
     return get_world_size_and_rank()[1] == 0
 
 
+def get_shard_conditions(
+    name: str, module: nn.Module, names_to_match: Optional[List[str]] = None, *args: Any, **kwargs: Any
+) -> bool:
+    """torchtune's shard condition: True for a decoder layer (a module named ``....layers.<i>``) or a module
+    whose name is in ``names_to_match``."""
+    if names_to_match and name in names_to_match:
+        return True
+    parts = name.split(".")
+    return len(parts) >= 2 and parts[-2] == "layers" and parts[-1].isdigit()
+
+
+def validate_no_params_on_meta_device(model: nn.Module) -> None:
+    """Refuse a model that still has a parameter or buffer on the meta device (a load that missed it).
+
+    Raises:
+        RuntimeError: naming the first one.
+    """
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        if tensor.is_meta:
+            raise TuneRuntimeError(
+                f"Unexpected param or buffer {name} on meta device: the weights loaded did not fill it. Check that "
+                "the checkpoint holds every parameter of the model (and call model.init_buffers for RoPE)."
+            )
+
+
+def set_torch_num_threads() -> None:
+    """Give each process of the group an equal share of the host's cores (``torch.set_num_threads``), so the
+    ranks on one node do not oversubscribe it."""
+    world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+
+
 def shard_model(
     model: nn.Module,
+    shard_conditions: Optional[List[Callable[[str, nn.Module], bool]]] = None,
     *,
     mesh: Optional[DeviceMesh] = None,
+    dp_mesh: Optional[DeviceMesh] = None,
     param_dtype: Optional[torch.dtype] = None,
     reduce_dtype: Optional[torch.dtype] = None,
     reshard_after_forward: Union[bool, int] = True,
@@ -177,7 +242,9 @@ def shard_model(
     pin_memory: Optional[bool] = None,
     sum_gradients: bool = False,
 ) -> nn.Module:
-    """Shard ``model`` with FSDP2: ``fully_shard`` on every decoder layer, then on the root; returns ``model``.
+    """Shard ``model`` with FSDP2: ``fully_shard`` on every decoder layer (or, torchtune's call, on every
+    module for which one of ``shard_conditions(name, module)`` holds, deepest first), then on the root;
+    returns ``model``.
 
     Call it after activation checkpointing and compile (both patch the layers in place; FSDP2 only
     adds hooks around them) and before building the optimizer (the optimizer must hold the sharded
@@ -186,7 +253,10 @@ def shard_model(
     optimizer keys are those of the single-device recipe.
 
     Args:
+        shard_conditions: torchtune's selectors of the modules to shard (e.g. ``[get_shard_conditions]``);
+            None: the decoder layers.
         mesh: 1-D device mesh to shard over; default: all ranks of the default process group.
+        dp_mesh: torchtune's name of ``mesh``.
         param_dtype: dtype the all-gathered parameters compute in (``None``: the dtype they are stored
             in). bf16 here with fp32 storage keeps fp32 master weights and optimizer state.
         reduce_dtype: dtype gradients are reduce-scattered in (``None``: ``param_dtype``). fp32 here
@@ -220,15 +290,21 @@ def shard_model(
     else:
         offload_policy = OffloadPolicy()
     kwargs = dict(mesh=mesh, mp_policy=mp_policy, offload_policy=offload_policy)
-    layers = [m for m in model.modules() if isinstance(m, TransformerDecoderLayer)]
+    mesh = mesh if dp_mesh is None else dp_mesh
+    if shard_conditions is not None:
+        layers = [m for n, m in reversed(list(model.named_modules())) if any(c(n, m) for c in shard_conditions)]
+        layers = [m for m in layers if m is not model]
+    else:
+        layers = [m for m in model.modules() if isinstance(m, TransformerDecoderLayer)]
     if not layers:
-        raise TuneError(
-            f"shard_model found no TransformerDecoderLayer in {type(model).__name__}: FSDP2 would gather the whole "
-            "model at once, which saves no memory. Build the model with torchtune's TransformerDecoder."
+        raise TuneValueError(
+            f"No layer modules were sharded: shard_model found no TransformerDecoderLayer in {type(model).__name__} "
+            "(or no module shard_conditions select), so FSDP2 would gather the whole model at once, which saves no "
+            "memory. Build the model with torchtune's TransformerDecoder, or check the shard conditions."
         )
     for i, layer in enumerate(layers):
         # The last layer's backward comes right after forward: resharding it would only gather it again.
-        last = i == len(layers) - 1
+        last = shard_conditions is None and i == len(layers) - 1
         fully_shard(layer, reshard_after_forward=False if last else reshard_after_forward, **kwargs)
     # The root's reshard_after_forward is left to FSDP2, which keeps the root's parameters gathered
     # after forward: the loss applies model.output (and, tied, the embedding) to the hidden states

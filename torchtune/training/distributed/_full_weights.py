@@ -22,7 +22,7 @@ from torch.distributed.tensor import DTensor
 
 from torchtune.training.distributed._fsdp import DistributedInfo, raise_if_any_rank_failed
 
-__all__ = ["FullWeightStream", "full_weights_writer", "save_full_weights", "write_full_weights"]
+__all__ = ["FullWeightStream", "full_tensor", "full_weights_writer", "save_full_weights", "write_full_weights"]
 
 T = TypeVar("T")
 
@@ -61,13 +61,17 @@ class FullWeightStream:
         return box[0]
 
     def _gather(self, key: str) -> torch.Tensor:
-        tensor = self._tensors[key].detach()
-        if not isinstance(tensor, DTensor):
-            return tensor
-        if tensor.device.type != tensor.device_mesh.device_type:
-            # fsdp_cpu_offload: the shard is in host memory, the collective runs on the mesh's device
-            tensor = tensor.to(tensor.device_mesh.device_type)
-        return tensor.full_tensor()
+        return full_tensor(self._tensors[key].detach())
+
+
+def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole tensor of a DTensor shard (a collective: every rank of its mesh calls it), or ``tensor``."""
+    if not isinstance(tensor, DTensor):
+        return tensor
+    if tensor.device.type != tensor.device_mesh.device_type:
+        # fsdp_cpu_offload: the shard is in host memory, the collective runs on the mesh's device
+        tensor = tensor.to(tensor.device_mesh.device_type)
+    return tensor.full_tensor()
 
 
 def write_full_weights(

@@ -15,14 +15,14 @@ of either grouping are stepped together in one multi-tensor call when backward e
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Union
 
 import torch
 from torch import nn
 from torch.optim import Optimizer
 
 from torchtune import config
-from torchtune._errors import ConfigError, TuneError
+from torchtune._errors import ConfigError, TuneError, TuneValueError
 from torchtune.training.distributed._dtensor import is_dtensor
 from torchtune.training.optim._cpu_optimizer_worker import CPUOptimizerWorker, WorkerOptimInBackward, grad_bytes
 from torchtune.training.optim._fused_step import SmallParamSteps, check_fused_kernels
@@ -39,9 +39,11 @@ from torchtune.utils._checkpointing._checkpoint_utils import (
 __all__ = [
     "GradNormTracker",
     "build_optimizer",
+    "create_optim_in_bwd_wrapper",
     "in_bwd_groups",
     "load_optimizer_state",
     "register_optim_in_bwd_hooks",
+    "scale_grads",
     "step_optimizer",
 ]
 
@@ -173,7 +175,7 @@ def in_bwd_groups(model: nn.Module, group: str) -> List[List[str]]:
 
 def register_optim_in_bwd_hooks(
     model: nn.Module,
-    optim_map: Mapping[str, Optimizer],
+    optim_dict: Mapping[Union[str, nn.Parameter], Optimizer],
     grad_norm: Optional[GradNormTracker] = None,
     *,
     rounding: Optional[StochasticRounding] = None,
@@ -190,8 +192,11 @@ def register_optim_in_bwd_hooks(
     are rounded stochastically (``step_parameter``). With ``worker`` (CPU-offloaded parameters), the hook
     hands the step to that thread and returns at once (see ``_cpu_optimizer_worker``). Returns the hook
     handles (``handle.remove()`` detaches them).
+
+    ``optim_dict`` is keyed by parameter name, or (torchtune's form) by the parameters themselves.
     """
     params = trainable_parameters(model)
+    optim_map = _by_name(model, optim_dict)
     missing = sorted(set(optim_map) - set(params))
     if missing:
         raise ValueError(f"optimizers given for parameters the model does not train: {missing[:5]}")
@@ -206,6 +211,28 @@ def register_optim_in_bwd_hooks(
         )
         for name, opt in optim_map.items()
     ]
+
+
+def _by_name(model: nn.Module, optim_dict: Mapping[Any, Optimizer]) -> Dict[str, Optimizer]:
+    """``optim_dict`` keyed by parameter name; torchtune keys it by the parameters themselves."""
+    if all(isinstance(key, str) for key in optim_dict):
+        return dict(optim_dict)
+    by_id = {id(key): opt for key, opt in optim_dict.items() if isinstance(key, torch.Tensor)}
+    named = {name: by_id[id(p)] for name, p in model.named_parameters() if id(p) in by_id}
+    if len(named) != len(optim_dict):
+        raise TuneValueError(
+            f"optim_dict has {len(optim_dict)} entries, {len(named)} of them parameters of the model: key it by "
+            "the model's parameters (or their names in model.named_parameters())."
+        )
+    return named
+
+
+def create_optim_in_bwd_wrapper(
+    model: nn.Module, optim_dict: Mapping[Union[str, nn.Parameter], Optimizer]
+) -> OptimInBackwardWrapper:
+    """torchtune's way to hold the optimizers of :func:`register_optim_in_bwd_hooks`: an
+    ``OptimInBackwardWrapper`` (torchtune's ``OptimizerInBackwardWrapper``) keyed by parameter name."""
+    return OptimInBackwardWrapper(_by_name(model, optim_dict))
 
 
 def _step_and_free(
@@ -450,3 +477,12 @@ def step_each_parameter(
     # A bitsandbytes update may have run through its update_step, not step(): tell LR schedulers
     # (torch's flag for "optimizer.step() was called") that the step happened.
     optimizer._opt_called = True  # type: ignore[attr-defined]
+
+
+def scale_grads(model: nn.Module, scaler: torch.Tensor) -> None:
+    """Multiply every gradient of ``model`` by ``scaler`` in place (moved to the parameters' device once), e.g.
+    to normalise accumulated gradients by the number of tokens they were summed over."""
+    scaler = scaler.to(next(model.parameters()).device) if isinstance(scaler, torch.Tensor) else scaler
+    for p in model.parameters():
+        if p.grad is not None:
+            p.grad *= scaler

@@ -263,7 +263,8 @@ class StepMetrics:
             # share of weight elements whose stored value changed: near 0 means bf16 updates are lost
             payload["weights_changed"] = host[2] / counted if counted else float("nan")
         if self.peak_memory:
-            payload.update(memory.get_memory_stats(self.device, self._device_peak))  # rank 0's device
+            # rank 0's device; the run's peaks so far (not reset)
+            payload.update(memory.get_memory_stats(self.device, reset_stats=False, device_peak=self._device_peak))
         self.logger.log_dict(payload, step=step)
         bar.set_description(f"{epoch + 1}|{step}|Loss: {loss_value:.4f}")
         bar.set_postfix(lr=f"{lr:.2e}", tok_s=f"{rate:.0f}", refresh=False)
@@ -298,7 +299,7 @@ class StepMetrics:
     def log_memory(self, title: str) -> None:
         """One line of memory statistics (rank 0's device) when ``log_peak_memory_stats`` is on."""
         if self.peak_memory:
-            stats = memory.get_memory_stats(self.device, self._device_peak)
+            stats = memory.get_memory_stats(self.device, reset_stats=False, device_peak=self._device_peak)
             log.info("Memory %s: %s", title, ", ".join(f"{k}={v:.2f} GB" for k, v in stats.items()))
 
     def report(self, checkpoint: Any) -> None:

@@ -22,7 +22,7 @@ from torchtune import config
 from torchtune._errors import ConfigError
 from torchtune.config._instantiate import COMPONENT_KEY
 from torchtune.training import memory
-from torchtune.training.metric_logging import DiskLogger, StdoutLogger
+from torchtune.training.metric_logging import DiskLogger, JsonlLogger, StdoutLogger
 
 __all__ = [
     "epoch_progress_bar",
@@ -67,14 +67,18 @@ def check_metric_logger(cfg: Any) -> None:
 
 
 def _writes_metrics_file(node: Any, path: Path) -> bool:
-    """True for a node of ``DiskLogger`` (or a subclass) that writes ``path``, the run's JSONL file."""
+    """True for a node of ``DiskLogger`` / ``JsonlLogger`` (or a subclass) whose JSONL file is ``path``, the run's:
+    ``DiskLogger`` writes ``metrics.jsonl`` beside its text log (or the ``.jsonl`` its ``filename`` names)."""
     try:
         target = config.import_component(node[COMPONENT_KEY])
     except ConfigError:
         return False
-    if not (isinstance(target, type) and issubclass(target, DiskLogger)) or node.get("log_dir") is None:
+    if not (isinstance(target, type) and issubclass(target, (DiskLogger, JsonlLogger))) or node.get("log_dir") is None:
         return False
-    own = Path(str(node.log_dir)).expanduser() / str(node.get("filename", METRICS_FILE))
+    filename = node.get("filename")
+    if filename is None or (issubclass(target, DiskLogger) and not str(filename).endswith(".jsonl")):
+        filename = METRICS_FILE
+    own = Path(str(node.log_dir)).expanduser() / str(filename)
     return own.resolve() == path.resolve()
 
 
@@ -82,14 +86,15 @@ def build_metric_logger(cfg: Any) -> "MetricLoggers":
     """The run's metric loggers: ``metrics.jsonl`` in ``cfg.output_dir/logs`` plus every logger of
     ``cfg.metric_logger`` (null, one node, or a list). A listed ``DiskLogger`` (or subclass) of that same
     file writes it instead of the default one, so no line is written twice. Loggers with ``log_config``
-    (W&B) receive the resolved config.
+    receive the resolved config (W&B and MLflow store it with the run; each writes
+    ``output_dir/torchtune_config.yaml``, as torchtune's loggers do).
     """
     check_metric_logger(cfg)
     path = metrics_path(cfg.output_dir)
     nodes = _logger_nodes(cfg.metric_logger)
     loggers: List[Any] = []
     if not any(_writes_metrics_file(node, path) for node in nodes):
-        loggers.append(DiskLogger(log_dir=str(path.parent), filename=path.name))
+        loggers.append(JsonlLogger(log_dir=str(path.parent), filename=path.name))
     loggers += [config.instantiate(node) for node in nodes]
     wants_config = [logger for logger in loggers if hasattr(logger, "log_config")]
     if wants_config:
@@ -222,7 +227,7 @@ class RunSummary:
 
 
 def _peak_memory(device: torch.device) -> str:
-    stats = memory.get_memory_stats(device)
+    stats = memory.get_memory_stats(device, reset_stats=False)
     host = f"host peak RSS {stats['host_peak_rss']:.2f} GB"
     if "peak_memory_alloc" in stats:
         return (

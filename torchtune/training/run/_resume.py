@@ -173,9 +173,11 @@ def seed_or_restore(
     """Seed the run (``seed``; None draws one), or, resuming, restore the checkpoint's seed and RNG state.
     Returns ``(seed, progress, max_steps_per_epoch)``: a resumed run continues its position and keeps
     the epoch length it was saved with."""
+    # Every rank seeds alike (the distributed recipe agrees on one seed first): its ranks draw what one
+    # process would, so the run is the single-process run with the same global batch.
     if resume is None:
-        return set_seed(seed), TrainingProgress(), settings.max_steps_per_epoch
-    restored = set_seed(resume.seed)
+        return set_seed(seed, offset_by_rank=False), TrainingProgress(), settings.max_steps_per_epoch
+    restored = set_seed(resume.seed, offset_by_rank=False)
     set_rng_state(resume.rng_state)
     return restored, resume.progress, resume.max_steps_per_epoch
 
@@ -372,7 +374,8 @@ def build_checkpointer(cfg_checkpointer: Any, resume: Optional[ResumePlan]) -> A
     """The checkpointer of ``cfg_checkpointer``; a resumed run reads its weights from the resumed folder."""
     if resume is None:
         return config.instantiate(cfg_checkpointer)
-    # A checkpoint folder holds the weights (in the input format) next to recipe_state.pt.
+    # A checkpoint folder holds the weights (in the input format) next to recipe_state.pt; the checkpointer
+    # reads them under the names the save wrote.
     return config.instantiate(cfg_checkpointer, checkpoint_dir=str(resume.checkpoint_dir))
 
 

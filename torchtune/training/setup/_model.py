@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import warnings
 from typing import Any, Dict, Optional
 
 import torch
@@ -15,6 +16,7 @@ from torchtune import config
 from torchtune._errors import TuneError
 from torchtune.training.activations import set_activation_checkpointing
 from torchtune.training.checkpointing import validate_state_dict
+from torchtune.training.setup import _compile
 from torchtune.utils import set_default_dtype
 
 log = logging.getLogger("torchtune")
@@ -93,8 +95,7 @@ def build_model(
 
         set_activation_checkpointing(model, {TransformerDecoderLayer})
     if compile_model:
-        for layer in model.layers:
-            layer.compile()
+        _compile.compile_model(model, verbose=False)
     log.info(
         "Model %s: %.1fM parameters, %s on %s",
         getattr(cfg_model, config.COMPONENT_KEY, type(model).__name__),
@@ -188,3 +189,11 @@ def model_fingerprint(model: nn.Module) -> str:
     halves = any(getattr(m, "interleaved", True) is False for m in model.modules())
     key = repr(shapes) + (" rope:halves" if halves else "")  # unchanged for the interleaved (Llama) models
     return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def disable_dropout(model: nn.Module) -> None:
+    """Set the probability of every ``nn.Dropout`` in ``model`` to 0 (with a warning for each that had one)."""
+    for module in model.modules():
+        if isinstance(module, nn.Dropout) and module.p != 0:
+            warnings.warn(f"Found Dropout with value {module.p} in module {module}. Setting to zero.", stacklevel=2)
+            module.p = 0

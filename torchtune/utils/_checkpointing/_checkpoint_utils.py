@@ -17,8 +17,9 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import torch
 from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler
 
-from torchtune._errors import TuneError
+from torchtune._errors import TuneError, TuneRuntimeError
 
 # A standard ``torch.optim`` state dict has exactly these two keys; a per-name one never does
 # (parameter names always contain a dot or are model attribute names).
@@ -73,6 +74,7 @@ class OptimInBackwardWrapper(Optimizer):
                 )
         # Optimizer.__init__ appends the very dicts it is given to self.param_groups.
         super().__init__(self._inner_groups(), defaults={})
+        self.lr_scheduler: Optional[LRScheduler] = None
 
     def _inner_groups(self) -> list:
         return [group for opt, _ in self._members.values() for group in opt.param_groups]
@@ -119,7 +121,7 @@ class OptimInBackwardWrapper(Optimizer):
                 parameter names differ from this model's.
         """
         if is_standard_optimizer_state(state_dict):
-            raise TuneError(
+            raise TuneRuntimeError(
                 "The optimizer state in the recipe checkpoint was written by a run with "
                 "optimizer_in_bwd=False (one optimizer over all parameters), but this run has "
                 "optimizer_in_bwd=True. Resume with optimizer_in_bwd=False, or start a new run "
@@ -128,10 +130,15 @@ class OptimInBackwardWrapper(Optimizer):
         expected, found = set(self.optim_map), set(state_dict)
         missing, unexpected = sorted(expected - found), sorted(found - expected)
         if missing or unexpected:
-            raise TuneError(
-                "The optimizer state in the recipe checkpoint does not match this model's "
-                f"parameters. Missing: {_names(missing)}. Unexpected: {_names(unexpected)}. "
-                "The checkpoint was probably written for another model; resume with the model "
+            problems = []
+            if missing:
+                problems.append(f"Expected to load optimizer state for params {_names(missing)}")
+            if unexpected:
+                problems.append(f"found state for unexpected params {_names(unexpected)}")
+            raise TuneRuntimeError(
+                "The optimizer state in the recipe checkpoint does not match this model's parameters: "
+                + "; ".join(problems)
+                + ". The checkpoint was probably written for another model; resume with the model "
                 "config it was made with, or start a new run without resume_from_checkpoint."
             )
         mapped = FileMappings()
@@ -139,6 +146,48 @@ class OptimInBackwardWrapper(Optimizer):
             one = state_dict[names[0]] if len(names) == 1 else _merge_state_dicts([state_dict[n] for n in names])
             load_optimizer_state_dict(opt, one, mapped=mapped)
         self.follow_inner_param_groups()
+
+    # ---- torchtune's OptimizerInBackwardWrapper interface ------------------------------------
+    def get_optim_key(self, key: str) -> Any:
+        """``key`` of the first parameter group (``"lr"``, ``"weight_decay"`` ...): every inner optimizer is
+        built from one config, so they share it."""
+        return self.param_groups[0][key]
+
+    def set_lr_scheduler(self, lr_scheduler: LRScheduler) -> None:
+        """Drive every inner optimizer's LR from ``lr_scheduler`` (torchtune builds it on one inner optimizer):
+        after each of its steps the LR it computed is written into every parameter group. A scheduler built
+        on this wrapper itself drives them all anyway (``param_groups`` are the inner groups)."""
+        self.lr_scheduler = lr_scheduler
+        original_step = lr_scheduler.step
+
+        def step(epoch: Optional[int] = None) -> None:
+            original_step() if epoch is None else original_step(epoch)
+            lr = lr_scheduler.get_last_lr()[0]
+            for group in self.param_groups:
+                group["lr"] = lr
+
+        lr_scheduler.step = step  # type: ignore[method-assign]
+
+    def step_lr_scheduler(self, epoch: Optional[int] = None) -> None:
+        """Step the scheduler given to :meth:`set_lr_scheduler`.
+
+        Raises:
+            RuntimeError: none was given.
+        """
+        self._scheduler().step(epoch)
+
+    def get_last_lr(self) -> float:
+        """The LR the scheduler given to :meth:`set_lr_scheduler` computed last.
+
+        Raises:
+            RuntimeError: none was given.
+        """
+        return self._scheduler().get_last_lr()[0]
+
+    def _scheduler(self) -> LRScheduler:
+        if self.lr_scheduler is None:
+            raise TuneRuntimeError("LR scheduler has not been set. Call set_lr_scheduler first.")
+        return self.lr_scheduler
 
     def follow_inner_param_groups(self) -> None:
         """Point ``param_groups`` at the inner optimizers' group dicts again, in the same list object.

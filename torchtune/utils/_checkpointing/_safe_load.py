@@ -12,20 +12,21 @@ import torch
 from torchtune._errors import TuneError
 
 
-def load_torch_weights(path: Path) -> dict[str, torch.Tensor]:
-    """Load a ``.bin`` / ``.pth`` state dict memory-mapped with ``weights_only=True``.
+def load_torch_weights(path: Path, *, weights_only: bool = True, mmap: bool = True) -> dict[str, torch.Tensor]:
+    """Load a ``.bin`` / ``.pth`` state dict, memory-mapped, with ``weights_only=True`` (both by default).
 
     mmap means a 14 GB checkpoint is paged in as the model takes its tensors instead of being read
     whole into RAM. Files in torch's pre-1.6 (non-zip) format cannot be mapped; they are read normally.
+    ``weights_only=False`` runs the file's pickled code: only for files the caller trusts.
     """
     try:
         try:
-            return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            return torch.load(path, map_location="cpu", weights_only=weights_only, mmap=mmap)
         except RuntimeError as exc:
-            if zipfile.is_zipfile(path):
+            if not mmap or zipfile.is_zipfile(path):
                 raise
             del exc  # legacy (non-zip) serialization: mmap is not possible
-            return torch.load(path, map_location="cpu", weights_only=True)
+            return torch.load(path, map_location="cpu", weights_only=weights_only)
     except pickle.UnpicklingError as exc:
         raise TuneError(
             f"{path} holds Python objects other than tensors, so it is not loaded (weights_only=True "

@@ -106,7 +106,10 @@ def test_logits_match_transformers_both_ways(tmp_path, case):
     # Same tensors and names as transformers wrote, so the folder is theirs.
     from safetensors.torch import load_file
 
-    theirs, mine = load_file(tmp_path / "hf" / "model.safetensors"), load_file(saved / "model.safetensors")
+    theirs, mine = (
+        load_file(tmp_path / "hf" / "model.safetensors"),
+        load_file(saved / "model-00001-of-00001.safetensors"),
+    )
     assert sorted(theirs) == sorted(mine)
     assert all(torch.equal(theirs[k], mine[k]) for k in theirs)
 

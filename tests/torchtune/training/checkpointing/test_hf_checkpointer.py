@@ -79,8 +79,10 @@ def test_logits_match_transformers_both_ways(tmp_path, num_kv_heads):
 
     folder = ckpt.save_checkpoint({"model": ours.state_dict()}, epoch=0)
     assert folder == tmp_path / "out" / "epoch_0"
+    # torchtune's layout: numbered shards with their index, whatever the input's file names
     assert {p.name for p in folder.iterdir()} == {
-        "model.safetensors",
+        "model-00001-of-00001.safetensors",
+        "model.safetensors.index.json",
         "config.json",
         "generation_config.json",
         "tokenizer_config.json",
@@ -89,7 +91,10 @@ def test_logits_match_transformers_both_ways(tmp_path, num_kv_heads):
     reloaded = transformers.LlamaForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
     assert (_hf_logits(reloaded, tokens) - expected).abs().max() <= 1e-5
     # the written tensors are the HF tensors, bit for bit
-    before, after = load_file(tmp_path / "in" / "model.safetensors"), load_file(folder / "model.safetensors")
+    before, after = (
+        load_file(tmp_path / "in" / "model.safetensors"),
+        load_file(folder / "model-00001-of-00001.safetensors"),
+    )
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
 
 
@@ -118,20 +123,34 @@ def test_sharded_input_keeps_files_and_index(tmp_path):
     assert (_hf_logits(reloaded, tokens) - _hf_logits(hf, tokens)).abs().max() <= 1e-5
 
 
-def test_bin_input_is_written_back_as_bin(tmp_path):
+@pytest.mark.parametrize("safe_serialization", [False, True])
+def test_bin_input_is_written_as_safe_serialization_says(tmp_path, safe_serialization):
     hf = _hf_model(2)
     hf.save_pretrained(tmp_path / "in")
     (tmp_path / "in" / "model.safetensors").unlink()
     torch.save(hf.state_dict(), tmp_path / "in" / "pytorch_model.bin")
-    ckpt = FullModelHFCheckpointer(tmp_path / "in", ["pytorch_model.bin"], output_dir=tmp_path / "out")
+    ckpt = FullModelHFCheckpointer(
+        tmp_path / "in", ["pytorch_model.bin"], output_dir=tmp_path / "out", safe_serialization=safe_serialization
+    )
     ours = _load_into_ours(ckpt, 2)
     tokens = _tokens()
     with torch.no_grad():
         assert (ours(tokens) - _hf_logits(hf, tokens)).abs().max() <= 1e-5
     folder = ckpt.save_checkpoint({"model": ours.state_dict()}, epoch=0)
-    assert not list(folder.glob("*.safetensors"))
-    written = torch.load(folder / "pytorch_model.bin", weights_only=True)
+    if safe_serialization:  # torchtune's default: safetensors whatever the input was
+        assert not list(folder.glob("*.bin"))
+        written = load_file(folder / "model-00001-of-00001.safetensors")
+        index = json.loads((folder / "model.safetensors.index.json").read_text())
+    else:
+        assert not list(folder.glob("*.safetensors"))
+        written = torch.load(folder / "model-00001-of-00001.bin", weights_only=True)
+        index = json.loads((folder / "pytorch_model.bin.index.json").read_text())
+    assert set(index["weight_map"].values()) == {
+        f"model-00001-of-00001.{'safetensors' if safe_serialization else 'bin'}"
+    }
     assert all(torch.equal(written[k], v) for k, v in hf.state_dict().items())
+    reloaded = transformers.LlamaForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
+    assert (_hf_logits(reloaded, tokens) - _hf_logits(hf, tokens)).abs().max() <= 1e-5
 
 
 # --- bad inputs ------------------------------------------------------------------------------------

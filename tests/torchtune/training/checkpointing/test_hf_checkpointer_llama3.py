@@ -114,7 +114,7 @@ def test_logits_match_transformers_both_ways(tmp_path, tied, config_style):
     assert (logits - expected).abs().max() <= 1e-5
 
     folder = ckpt.save_checkpoint({"model": ours.state_dict()}, epoch=0)
-    written = load_file(folder / "model.safetensors")
+    written = load_file(folder / "model-00001-of-00001.safetensors")
     before = load_file(tmp_path / "in" / "model.safetensors")
     assert written.keys() == before.keys() and all(torch.equal(before[k], written[k]) for k in before)
     assert ("lm_head.weight" in written) is not tied
@@ -149,7 +149,7 @@ def test_tied_lm_head_present_in_the_file_is_dropped(tmp_path, caplog):
     ours = _our_model(tied=True)
     ours.load_state_dict(sd)
     folder = ckpt.save_checkpoint({"model": ours.state_dict()}, epoch=0)
-    assert "lm_head.weight" not in load_file(folder / "model.safetensors")
+    assert "lm_head.weight" not in load_file(folder / "model-00001-of-00001.safetensors")
 
 
 @pytest.fixture(scope="module")

@@ -41,6 +41,15 @@ def _ckpt(hf_dir, out, **kw):
     return FullModelHFCheckpointer(hf_dir, ["model.safetensors"], output_dir=out, **kw)
 
 
+# What a save writes: torchtune's numbered shard and its index (the index is how a saved folder is read back).
+WEIGHTS = "model-00001-of-00001.safetensors"
+INDEX = "model.safetensors.index.json"
+
+
+def _reload(folder, out):
+    return FullModelHFCheckpointer(folder, [INDEX], output_dir=out)
+
+
 def _equal(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
@@ -55,13 +64,14 @@ def test_save_writes_manifest_and_recipe_state(tmp_path, hf_dir):
     manifest = json.loads((folder / "manifest.json").read_text())
     assert (manifest["step"], manifest["epoch"], manifest["intermediate"]) == (3, 0, True)
     assert set(manifest["files"]) == {
-        "model.safetensors",
+        WEIGHTS,
+        INDEX,
         "config.json",
         "generation_config.json",  # written when the input has none
         "tokenizer.model",
         "recipe_state.pt",
     }
-    assert manifest["files"]["model.safetensors"]["size"] == (folder / "model.safetensors").stat().st_size
+    assert manifest["files"][WEIGHTS]["size"] == (folder / WEIGHTS).stat().st_size
     verify_manifest(folder)
     # no recipe state keys -> no recipe_state.pt
     assert not (ckpt.save_checkpoint({"model": sd}, epoch=1) / "recipe_state.pt").exists()
@@ -88,7 +98,7 @@ def test_disk_full_keeps_previous_checkpoint(tmp_path, hf_dir, monkeypatch):
         assert sorted(p.name for p in out.iterdir()) == ["step_1"]  # no temp folder left, no step_2
         verify_manifest(first)
     monkeypatch.undo()
-    assert _equal(_ckpt(first, tmp_path / "out2").load_checkpoint()["model"], sd)
+    assert _equal(_reload(first, tmp_path / "out2").load_checkpoint()["model"], sd)
 
 
 def test_resave_replaces_and_leftovers_are_cleaned(tmp_path, hf_dir):
@@ -101,7 +111,7 @@ def test_resave_replaces_and_leftovers_are_cleaned(tmp_path, hf_dir):
     assert find_latest_checkpoint(out) == out / "step_1"
     folder = ckpt.save_checkpoint({"model": _tiny_sd(1)}, epoch=0, step=1, intermediate=True)
     assert sorted(p.name for p in out.iterdir()) == ["step_1"]
-    assert _equal(_ckpt(folder, tmp_path / "o2").load_checkpoint()["model"], _tiny_sd(1))
+    assert _equal(_reload(folder, tmp_path / "o2").load_checkpoint()["model"], _tiny_sd(1))
 
 
 @pytest.mark.parametrize("damage", ["truncate", "corrupt"])
@@ -111,7 +121,7 @@ def test_damaged_file_is_caught_and_previous_suggested(tmp_path, hf_dir, damage)
     sd = ckpt.load_checkpoint()["model"]
     ckpt.save_checkpoint({"model": sd}, epoch=0, step=1, intermediate=True)
     second = ckpt.save_checkpoint({"model": sd}, epoch=0, step=2, intermediate=True)
-    weights = second / "model.safetensors"
+    weights = second / WEIGHTS
     data = bytearray(weights.read_bytes())
     if damage == "truncate":
         weights.write_bytes(bytes(data[: len(data) // 2]))
@@ -119,7 +129,7 @@ def test_damaged_file_is_caught_and_previous_suggested(tmp_path, hf_dir, damage)
         data[-10] ^= 0xFF
         weights.write_bytes(bytes(data))
     with pytest.raises(TuneError, match="truncated" if damage == "truncate" else "corrupted") as e:
-        _ckpt(second, tmp_path / "o2").load_checkpoint()
+        _reload(second, tmp_path / "o2").load_checkpoint()
     assert str(weights) in str(e.value) and str(out / "step_1") in str(e.value)
 
 

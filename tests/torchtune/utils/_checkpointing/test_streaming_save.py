@@ -113,7 +113,7 @@ def test_save_reads_no_weight_file_back_and_manifest_is_right(tmp_path, hf_dir, 
     recipe_state = {"optimizer": {"state": {0: {"exp_avg": torch.randn(64, 64)}}}, "global_step": 1}
     folder = ckpt.save_checkpoint({"model": sd, **recipe_state}, epoch=0, step=1, intermediate=True)
     # only the small side files are hashed after writing; the weights and recipe state were hashed in passing
-    assert "model.safetensors" not in hashed_after_write and "recipe_state.pt" not in hashed_after_write
+    assert "model-00001-of-00001.safetensors" not in hashed_after_write and "recipe_state.pt" not in hashed_after_write
     assert "config.json" in hashed_after_write
     monkeypatch.undo()
     manifest = json.loads((folder / "manifest.json").read_text())
@@ -122,7 +122,7 @@ def test_save_reads_no_weight_file_back_and_manifest_is_right(tmp_path, hf_dir, 
         assert entry == {"size": len(data), "xxh3_128": _xxh3(data)}, name
     # the file holds exactly the HF tensors a one-shot conversion gives
     expected = tune_to_hf(sd, num_heads=HEADS, num_kv_heads=KV_HEADS, dim=DIM)
-    back = load_file(folder / "model.safetensors")
+    back = load_file(folder / "model-00001-of-00001.safetensors")
     assert back.keys() == expected.keys() and all(torch.equal(back[k], expected[k]) for k in expected)
 
 
