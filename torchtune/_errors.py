@@ -55,11 +55,6 @@ class OverrideError(ConfigError, ValueError):
     override belongs. A ValueError too, as torchtune's command-line parsing raises for these."""
 
 
-class TuneValueError(TuneError, ValueError):
-    """A bad argument to a function of torchtune's Python API (a message, a template, a batch): also a
-    ``ValueError``, which is what torchtune raises there, so code that catches that keeps working."""
-
-
 def debug_enabled() -> bool:
     """True when ``TUNE_DEBUG`` asks for full tracebacks."""
     return os.environ.get("TUNE_DEBUG", "").strip().lower() in {"1", "true", "yes", "on"}
