@@ -26,9 +26,11 @@ How each optimizer family is stepped (``step_parameter``):
   stochastically rounded. Rounded to nearest, Adam's ``exp_avg_sq`` with beta2 = 0.999 would never
   decay in bf16 (0.999 v rounds back to v). bitsandbytes keeps its own state dtypes (fp32 or 8-bit),
   which the swap never touches.
-- ``torchao.optim``: its optimizers round stochastically themselves (``bf16_stochastic_round``, built
-  in by ``optimizer_kwargs``), inside their compiled step. Its random bits come from the default
-  generator, so for the step that generator is seeded from this run's next rounding key and handed back.
+- ``torchao.optim``: built without their own ``bf16_stochastic_round`` (``optimizer_kwargs``), whose bits
+  come from the global generator: on the CPU optimizer worker that generator is shared with the main
+  thread, where activation checkpointing forks and restores it during backward (a race: other weights on
+  every repeat). They step an fp32 copy of the weight like the other families (their 8-bit state is left
+  as it is) and this stream rounds the result; nothing here touches a global generator.
 """
 
 from __future__ import annotations
@@ -73,10 +75,11 @@ _SEED_OFFSET = 0x5352
 
 def check_stochastic_rounding(cfg: Any, sharded: bool = False) -> None:
     """``bf16_stochastic_rounding`` is a bool, for an optimizer it supports, and agrees with a torchao
-    optimizer's own ``bf16_stochastic_round``. With fp32 weights it is allowed and does nothing (fp32
-    updates are not lost to rounding), so ``dtype=fp32`` alone switches a bf16 config to fp32.
+    optimizer's ``bf16_stochastic_round`` where the config sets one (the run's stream does the rounding).
+    With fp32 weights it is allowed and does nothing (fp32 updates are not lost to rounding), so
+    ``dtype=fp32`` alone switches a bf16 config to fp32.
     ``sharded`` (FSDP2's parameters): a torch optimizer must be one whose update is elementwise (each
-    rank steps its own shard in fp32 slices), or a torchao one (it rounds itself).
+    rank steps its own shard in fp32 slices), or a torchao one (stepped on each rank's local shard).
 
     Raises:
         ConfigError: naming the key and the setting that works.
@@ -247,27 +250,12 @@ class StochasticRounding:
         if counting:
             changes.add(changed, dst.numel())
 
-    @contextlib.contextmanager
-    def as_default_generator(self, stream: Optional[str] = None) -> Iterator[None]:
-        """Seed the device's default generator from this rounding's next key for ``stream`` (for
-        optimizers that draw from it, torchao's), and restore the default generator afterwards."""
-        if self.device.type == "cuda":
-            index = self.device.index if self.device.index is not None else torch.cuda.current_device()
-            default = torch.cuda.default_generators[index]
-        else:
-            default = torch.default_generator
-        base, salt = self.next_key(stream or "torchao")
-        saved = default.get_state()
-        default.manual_seed((salt << 32 | base) & ((1 << 63) - 1))
-        try:
-            yield
-        finally:
-            default.set_state(saved)
-
     @staticmethod
     def optimizer_kwargs(component: str) -> Dict[str, Any]:
-        """Constructor arguments that switch on an optimizer's own stochastic rounding (torchao's)."""
-        return {"bf16_stochastic_round": True} if component.startswith("torchao.optim.") else {}
+        """Constructor arguments for an optimizer stepped with this rounding: torchao's own stochastic rounding
+        off (it draws from the global generator, which activation checkpointing forks on the main thread while
+        a CPU worker steps); ``step_parameter`` steps it on an fp32 copy and this stream rounds the result."""
+        return {"bf16_stochastic_round": False} if component.startswith("torchao.optim.") else {}
 
 
 # Each rank's stream is seeded apart (a large odd stride): ranks round different shards, and the same
@@ -582,8 +570,9 @@ def _stepped_in_fp32(
         for key, value in swapped.items():
             rounding.round_(value, state[key], stream=key)
             state[key] = value
-        if fresh and _family(optimizer) == "torch":
-            # torch.optim makes its state like the parameter (zeros_like): in bf16, as a bf16 run has it.
+        if fresh and _family(optimizer) in ("torch", "torchao"):
+            # torch.optim (and torchao, for tensors too small to quantise) makes its state like the parameter
+            # (zeros_like): in bf16, as a bf16 run has it.
             for key, value in list(state.items()):
                 if _param_shaped_low(value, param, torch.float32):
                     state[key] = torch.empty_like(value, dtype=low)
@@ -860,6 +849,36 @@ def _adam_scalars(group: Mapping[str, Any], step: torch.Tensor, device: torch.de
     return fixed.float()
 
 
+def _step_torchao_in_fp32(
+    optimizer: Optimizer,
+    param: torch.nn.Parameter,
+    rounding: StochasticRounding,
+    changes: Optional[WeightChangeTracker],
+) -> None:
+    """A torchao optimizer's step of bf16 ``param`` (of FSDP2's local shard where sharded): an fp32 copy of the
+    weight and gradient stands in for the parameter, its state is the parameter's own (torchao's 8-bit buffers,
+    or bf16 below torchao's quantisation size, updated in place), and the result is rounded into the bf16
+    weight by this run's stream (torchao built without its own rounding, ``optimizer_kwargs``)."""
+    from torchtune.training._torchao_local_step import init_state, local_state
+
+    group = next(g for g in optimizer.param_groups if any(q is param for q in g["params"]))
+    index = next(i for i, q in enumerate(group["params"]) if q is param)
+    if len(optimizer.state[param]) == 0:
+        init_state(optimizer, param, group)  # made from the bf16 parameter, as a bf16 run has it
+    weight = local_shard(param.data)
+    part = torch.nn.Parameter(weight.float())
+    part.grad = local_shard(param.grad).float()
+    param.grad = None
+    optimizer.state[part] = {k: local_state(v) for k, v in optimizer.state[param].items()}
+    group["params"][index] = part
+    try:
+        type(optimizer).step(optimizer)  # the class's step (with torch's hooks), not a local-shard wrapper
+    finally:
+        group["params"][index] = param
+        optimizer.state.pop(part, None)  # the parameter's own state tensors, updated in place
+    rounding.round_(weight, part.data, changes)
+
+
 def _own_step(optimizer: Optimizer) -> None:
     optimizer.step()
 
@@ -893,21 +912,23 @@ def step_parameter(
     if sr and is_dtensor(param) and _family(optimizer) != "torchao":
         raise ConfigError(
             f"{KEY}=True steps a sharded (FSDP2) parameter slice by slice, which needs an optimizer whose update "
-            f"of an element reads only that element (torch.optim.AdamW, Adam or SGD) or a torchao optimizer, "
-            f"which rounds itself; {type(optimizer).__module__}.{type(optimizer).__name__} is neither. Use one of "
-            f"those, or set {KEY}=False."
+            f"of an element reads only that element (torch.optim.AdamW, Adam or SGD) or a torchao optimizer "
+            f"(stepped on each rank's local shard); {type(optimizer).__module__}.{type(optimizer).__name__} is "
+            f"neither. Use one of those, or set {KEY}=False."
         )
     if sr and _bnb_sliceable(optimizer, param) and _step_bnb_in_fp32_slices(optimizer, param, rounding, changes):
         return
     step = step_without_sync if in_backward and supports_step_without_sync(optimizer) else _own_step
-    if sr and _family(optimizer) != "torchao":
+    if sr and _family(optimizer) == "torchao":
+        _step_torchao_in_fp32(optimizer, param, rounding, changes)
+        return
+    if sr:
         with _stepped_in_fp32(optimizer, param, rounding) as w32:
             step(optimizer)
         rounding.round_(param.data, w32, changes)
         return  # the swap freed the gradient
     before = param.detach().clone() if counting else None
-    with rounding.as_default_generator() if sr else contextlib.nullcontext():
-        step(optimizer)
+    step(optimizer)
     param.grad = None
     if before is not None:
         changes.add(torch.count_nonzero(param.detach() != before), param.numel())
