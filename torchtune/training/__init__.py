@@ -39,6 +39,7 @@ from torchtune.training._checks import (
     check_value_types,
     positive_int,
 )
+from torchtune.training._cpu_optimizers import CPUSGD, CPUAdamW
 from torchtune.training._data import TrainingData, build_dataloader, check_data_head, num_tokens, padding_id
 from torchtune.training._distributed_settings import (
     check_distributed_settings,
@@ -211,6 +212,8 @@ __all__ = [
     "build_model",
     "build_optimizer",
     "build_stochastic_rounding",
+    "CPUAdamW",
+    "CPUSGD",
     "rounding_for_run",
     "build_validation",
     "check_loaded_checksums",

@@ -296,10 +296,10 @@ def build_optimizer(
         return _in_bwd_wrapper(optim_map, worker)
     extra = rounding.optimizer_kwargs(str(cfg_optimizer.get(config.COMPONENT_KEY, ""))) if rounding is not None else {}
     if not optimizer_in_bwd:
-        return _instantiate(cfg_optimizer, list(params.values()), **extra)
+        return _instantiate(cfg_optimizer, params, **extra)
     optim_map: Dict[str, Optimizer] = {}
     for names in in_bwd_groups(model, in_bwd_group):
-        opt = _instantiate(cfg_optimizer, [params[name] for name in names], **extra)
+        opt = _instantiate(cfg_optimizer, {name: params[name] for name in names}, **extra)
         optim_map.update({name: opt for name in names})
     register_optim_in_bwd_hooks(model, optim_map, grad_norm, **hooks)
     if rounding is None and weight_changes is None:
@@ -312,8 +312,11 @@ def build_optimizer(
     return _in_bwd_wrapper(optim_map, worker, step_group)
 
 
-def _instantiate(cfg_optimizer: Any, params: List[torch.Tensor], **extra: Any) -> Optimizer:
-    optimizer = config.instantiate(cfg_optimizer, params, **extra)
+def _instantiate(cfg_optimizer: Any, params: Mapping[str, torch.Tensor], **extra: Any) -> Optimizer:
+    component = config.import_component(str(cfg_optimizer.get(config.COMPONENT_KEY, "")), "optimizer._component_")
+    # CPUAdamW/CPUSGD key their rounding stream by parameter name: torch.optim's (name, parameter) pairs
+    given = list(params.items()) if getattr(component, "takes_parameter_names", False) else list(params.values())
+    optimizer = config.instantiate(cfg_optimizer, given, **extra)
     if needs_local_step(optimizer):  # torchao on FSDP2's shards: stepped on the local tensors
         step_on_local_shards(optimizer)
     return optimizer

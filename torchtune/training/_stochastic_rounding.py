@@ -67,6 +67,8 @@ KEY = "bf16_stochastic_rounding"
 # apollo_torch/galore_torch: plain torch ops on the weight (their low-rank state is not parameter-shaped, so the
 # fp32 swap leaves it in the gradient's dtype, fp32 for a rounded step).
 _SUPPORTED = ("torch.optim.", "bitsandbytes.optim.", "torchao.optim.", "apollo_torch.", "galore_torch.")
+# Optimizers that round bf16 weights and state themselves, keyed by (seed, step, parameter, element)
+_SELF_ROUNDING = ("torchtune.training.CPUAdamW", "torchtune.training.CPUSGD")
 # The torch optimizers a rank can step on its own shard (``_ELEMENTWISE`` below, by name for config checks).
 _SHARDED_TORCH = ("torch.optim.AdamW", "torch.optim.Adam", "torch.optim.SGD")
 # The rounding stream is seeded apart from the data order (seed + epoch) so the two never coincide.
@@ -250,12 +252,16 @@ class StochasticRounding:
         if counting:
             changes.add(changed, dst.numel())
 
-    @staticmethod
-    def optimizer_kwargs(component: str) -> Dict[str, Any]:
+    def optimizer_kwargs(self, component: str) -> Dict[str, Any]:
         """Constructor arguments for an optimizer stepped with this rounding: torchao's own stochastic rounding
         off (it draws from the global generator, which activation checkpointing forks on the main thread while
-        a CPU worker steps); ``step_parameter`` steps it on an fp32 copy and this stream rounds the result."""
-        return {"bf16_stochastic_round": False} if component.startswith("torchao.optim.") else {}
+        a CPU worker steps; ``step_parameter`` steps it on an fp32 copy and this stream rounds the result);
+        CPUAdamW/CPUSGD, which round themselves, this run's seed (and rank) for their stream."""
+        if component.startswith("torchao.optim."):
+            return {"bf16_stochastic_round": False}
+        if component in _SELF_ROUNDING:
+            return {"seed": self._stream_seed("cpu_optimizer")}
+        return {}
 
 
 # Each rank's stream is seeded apart (a large odd stride): ranks round different shards, and the same
@@ -899,6 +905,12 @@ def step_parameter(
     device synchronisations (``_bnb_step``), so backward keeps running ahead of the GPU.
     """
     counting = changes is not None and changes.armed
+    if getattr(optimizer, "takes_parameter_names", False):  # CPUAdamW, CPUSGD: they round bf16 themselves
+        optimizer.step(count_changes=counting)
+        param.grad = None
+        if counting:
+            changes.add(optimizer.changed, local_shard(param.data).numel())
+        return
     sr = rounding is not None and param.dtype == torch.bfloat16
     elementwise = type(optimizer) in _ELEMENTWISE or getattr(optimizer, "elementwise_step", False)
     local = local_shard(param.data)
