@@ -66,7 +66,15 @@ KEY = "bf16_stochastic_rounding"
 # optimizer may keep state in a layout the fp32 swap would get wrong, so it is refused.
 # apollo_torch/galore_torch: plain torch ops on the weight (their low-rank state is not parameter-shaped, so the
 # fp32 swap leaves it in the gradient's dtype, fp32 for a rounded step).
-_SUPPORTED = ("torch.optim.", "bitsandbytes.optim.", "torchao.optim.", "apollo_torch.", "galore_torch.")
+_SUPPORTED = (
+    "torch.optim.",
+    "bitsandbytes.optim.",
+    "torchao.optim.",
+    "apollo_torch.",
+    "galore_torch.",
+    "torchtune.training.CPUAdamW",
+    "torchtune.training.CPUSGD",
+)
 # Optimizers that round bf16 weights and state themselves, keyed by (seed, step, parameter, element)
 _SELF_ROUNDING = ("torchtune.training.CPUAdamW", "torchtune.training.CPUSGD")
 # The torch optimizers a rank can step on its own shard (``_ELEMENTWISE`` below, by name for config checks).
@@ -106,8 +114,8 @@ def check_stochastic_rounding(cfg: Any, sharded: bool = False) -> None:
     if not component.split("=", 1)[1].startswith(_SUPPORTED):
         raise ConfigError(
             f"{KEY}=True supports the optimizers of torch.optim, bitsandbytes.optim and torchao.optim, whose "
-            f"state layout it knows; {component} is none of them. Set {KEY}=False, or "
-            "use e.g. optimizer._component_=torch.optim.AdamW."
+            f"state layout it knows, and torchtune.training.CPUAdamW/CPUSGD; {component} is none of them. Set "
+            f"{KEY}=False, or use e.g. optimizer._component_=torch.optim.AdamW."
         )
     name = component.split("=", 1)[1]
     if sharded and name.startswith("torch.optim.") and name not in _SHARDED_TORCH:

@@ -240,12 +240,19 @@ def test_torchao_adamw8bit_on_offloaded_bf16_shards_worker_and_resume_are_bit_ex
     _assert_same({n: _local(p) for n, p in model.named_parameters()}, results[True][1])
 
 
-def test_worker_with_activation_checkpointing_is_deterministic_and_resumes_bit_exactly(world_of_one, tmp_path):
-    # The 8B 16 GB configs' set-up: offloaded bf16 shards, torchao's 8-bit AdamW stepped on the worker with
-    # the run's stochastic rounding, activation checkpointing on. Checkpoint recompute forks and restores the
+@pytest.mark.parametrize(
+    "component,extra",
+    [("torchao.optim.AdamW8bit", {}), ("torchtune.training.CPUAdamW", {"state_dtype": "8bit"})],
+    ids=["torchao-8bit", "cpu-adamw-8bit"],
+)
+def test_worker_with_activation_checkpointing_is_deterministic_and_resumes_bit_exactly(
+    world_of_one, tmp_path, component, extra
+):
+    # The 8B 16 GB configs' set-up: offloaded bf16 shards, an 8-bit AdamW stepped on the worker with the
+    # run's stochastic rounding, activation checkpointing on. Checkpoint recompute forks and restores the
     # global generator on the main thread while the worker steps: a worker whose rounding touched that
-    # generator gave other weights on every repeat.
-    cfg = OmegaConf.create({"_component_": "torchao.optim.AdamW8bit", "lr": 1e-2})
+    # generator (torchao's own) gave other weights on every repeat.
+    cfg = OmegaConf.create({"_component_": component, "lr": 1e-2, **extra})
     batches = _batches(4)
     loss_fn = ChunkedCrossEntropyLoss(num_output_chunks=2, min_chunk_rows=1)
 
@@ -294,8 +301,14 @@ def test_worker_with_activation_checkpointing_is_deterministic_and_resumes_bit_e
     writer.finish()
     optimizer.worker.close()
     model, optimizer, _ = build(True, state=stream)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.to_local().zero_()  # nothing of the fresh model survives the load
     training.load_sharded_checkpoint(folder, model=model, optimizer=optimizer, info=world_of_one)
     torch.set_rng_state(rng)
     assert [step(model, optimizer, *b) for b in batches[2:]] == results[0][0][2:]
     _assert_same(weights(model), results[0][1])
+    if component.startswith("torchtune"):  # the 8-bit state, sharded as the parameter is
+        state = optimizer.optim_map["layers.0.mlp.w1.weight"].state[model.layers[0].mlp.w1.weight]
+        assert _local(state["exp_avg"]).dtype == torch.uint8 and isinstance(state["exp_avg_scale"], DTensor)
     optimizer.worker.close()
