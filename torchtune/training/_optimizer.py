@@ -261,6 +261,7 @@ def build_optimizer(
     rounding: Optional[StochasticRounding] = None,
     weight_changes: Optional[WeightChangeTracker] = None,
     cpu_worker: bool = False,
+    host_step: bool = False,
 ) -> Optimizer:
     """The optimizer of ``cfg_optimizer`` over ``model``'s trainable parameters.
 
@@ -276,12 +277,21 @@ def build_optimizer(
     each step to a ``CPUOptimizerWorker`` thread, so the CPU steps of the host-resident shards overlap
     the rest of backward; the returned ``WorkerOptimInBackward`` waits for it in ``step()``.
 
+    ``host_step`` (the single-device recipe's ``optimizer_on_cpu``; in backward, one optimizer per parameter):
+    the optimizers step host copies of the weights on a ``CPUOptimizerWorker``, each gradient copied to the
+    host as backward produces it and each updated weight copied back (``training._host_optimizer``); the
+    returned ``HostStepOptimInBackward`` waits for both in ``step()``.
+
     A low-rank optimizer (``apollo_torch``/``galore_torch``, see ``training._low_rank``) is built per
     parameter in both modes, with ``optimizer.rest`` for the parameters outside
     ``optimizer.target_modules``; standard mode returns a ``StepAfterBackward`` that steps them after
     backward.
     """
     params = trainable_parameters(model)
+    if host_step:
+        return _build_host_step(
+            cfg_optimizer, model, optimizer_in_bwd, in_bwd_group, grad_norm, rounding, weight_changes
+        )
     worker = CPUOptimizerWorker() if cpu_worker and optimizer_in_bwd else None
     hooks = dict(rounding=rounding, weight_changes=weight_changes, worker=worker)
     if is_low_rank(cfg_optimizer):
@@ -310,6 +320,36 @@ def build_optimizer(
         step_each_parameter(optimizer, group, rounding=rounding, changes=weight_changes)
 
     return _in_bwd_wrapper(optim_map, worker, step_group)
+
+
+def _build_host_step(
+    cfg_optimizer: Any,
+    model: nn.Module,
+    optimizer_in_bwd: bool,
+    in_bwd_group: str,
+    grad_norm: Optional[GradNormTracker],
+    rounding: Optional[StochasticRounding],
+    weight_changes: Optional[WeightChangeTracker],
+) -> Optimizer:
+    from torchtune.training._host_optimizer import host_parameters, register_host_step_hooks
+
+    if not optimizer_in_bwd or in_bwd_group != "param" or is_low_rank(cfg_optimizer):
+        raise ConfigError(
+            "optimizer_on_cpu=True steps each parameter on the host as soon as its gradient is there: it needs "
+            "optimizer_in_bwd=True, optimizer_in_bwd_group=param and an optimizer that is not low-rank (got "
+            f"optimizer_in_bwd={optimizer_in_bwd}, optimizer_in_bwd_group={in_bwd_group}). Set those, or "
+            "optimizer_on_cpu=False."
+        )
+    params = trainable_parameters(model)
+    cuda = next(iter(params.values())).device.type == "cuda"
+    host = host_parameters(model, list(params), pin=cuda)
+    extra = rounding.optimizer_kwargs(str(cfg_optimizer.get(config.COMPONENT_KEY, ""))) if rounding is not None else {}
+    optim_map = {name: _instantiate(cfg_optimizer, {name: host[name]}, **extra) for name in params}
+
+    def step(optimizer: Optimizer, param: torch.Tensor) -> None:
+        step_parameter(optimizer, param, rounding=rounding, changes=weight_changes, in_backward=True)
+
+    return register_host_step_hooks(model, host, optim_map, step=step, grad_norm=grad_norm)
 
 
 def _instantiate(cfg_optimizer: Any, params: Mapping[str, torch.Tensor], **extra: Any) -> Optimizer:
