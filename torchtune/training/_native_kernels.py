@@ -1,5 +1,5 @@
-"""The C kernels of bf16 stochastic rounding (``stochastic_rounding.c``) and of RoPE's rotation (``rope.c``) on a
-CPU, built once per machine into one library.
+"""The C kernels of bf16 stochastic rounding (``stochastic_rounding.c``), RoPE's rotation (``rope.c``) and the CPU
+optimizers' step (``cpu_optimizer.c``: CPUAdamW, CPUSGD) on a CPU, built once per machine into one library.
 
 RoPE in PyTorch ops is ten passes over the queries and keys each way (an fp32 copy, four products, a sum,
 a difference, a stack, the bf16 copy; backward as many): on a CPU about 5% of a 168M model's step. The C
@@ -22,9 +22,14 @@ folder keyed by the source, the flags, the compiler's version and this CPU's ins
 is written to a temporary file and renamed into place, so concurrent ranks or an interrupted build never leave
 a half-written library.
 
-Without a compiler (or with ``TUNE_NATIVE_KERNELS=0``) ``library()`` is None and the rounding runs as
-before (Inductor, else plain PyTorch), said once in the log. ``TUNE_KERNEL_CACHE`` moves the cache folder
-(default: ``$XDG_CACHE_HOME/plaintune/kernels``, i.e. ``~/.cache/plaintune/kernels``).
+The library is built (or loaded from the cache) the first time a kernel is asked to run on host tensors, never
+for tensors elsewhere: a GPU run, whose rounding and RoPE run on the device, neither builds nor loads it. The
+compiler gets ``TUNE_KERNEL_BUILD_TIMEOUT`` seconds (default 180); a compiler that hangs is stopped and the run
+goes on without the library. Without a compiler, after a failed or timed-out build (or with
+``TUNE_NATIVE_KERNELS=0``) ``library()`` is None and the same arithmetic runs as PyTorch operations (rounding
+through Inductor where it compiles), to the same bits, said once in the log with how much slower it is.
+``TUNE_KERNEL_CACHE`` moves the cache folder (default: ``$XDG_CACHE_HOME/plaintune/kernels``, i.e.
+``~/.cache/plaintune/kernels``).
 """
 
 from __future__ import annotations
@@ -53,6 +58,12 @@ FLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-ffp-contract=off", "-fno-mat
 X86_FLAGS = ["-mprefer-vector-width=512"]
 ENV_SWITCH = "TUNE_NATIVE_KERNELS"
 ENV_CACHE = "TUNE_KERNEL_CACHE"
+ENV_TIMEOUT = "TUNE_KERNEL_BUILD_TIMEOUT"
+# seconds the compiler may take (a build takes 5-10 s on a busy 2-core VM); past it the run goes on without
+BUILD_TIMEOUT_S = 180.0
+# What the PyTorch kernels cost instead, measured on one core of our build VM (docs/speed.md): the fallback's
+# one log line says it
+SLOWER = "CPUAdamW/CPUSGD's step about 40x slower, stochastic rounding about 3x (24x where Inductor cannot compile)"
 
 _loaded: Optional[ctypes.CDLL] = None
 _tried = False
@@ -82,6 +93,10 @@ def _flags() -> list:
 
     extra = X86_FLAGS if platform.machine().lower() in ("x86_64", "amd64", "i686", "i386") else []
     return [("-fopenmp" if f == "-fopenmp-simd" and _torch_openmp() else f) for f in FLAGS] + extra
+
+
+def _timeout() -> float:
+    return float(os.environ.get(ENV_TIMEOUT) or BUILD_TIMEOUT_S)
 
 
 def _compiler() -> Optional[str]:
@@ -116,7 +131,9 @@ def _build(cc: str, target: Path) -> None:
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=target.name, suffix=".tmp")
     os.close(fd)
     try:
-        proc = subprocess.run([cc, *_flags(), *map(str, SOURCES), "-o", tmp], capture_output=True, text=True)
+        proc = subprocess.run(
+            [cc, *_flags(), *map(str, SOURCES), "-o", tmp], capture_output=True, text=True, timeout=_timeout()
+        )
         if proc.returncode != 0:
             raise RuntimeError(f"{cc} failed: {(proc.stderr.strip().splitlines() or ['(no output)'])[-1]}")
         os.replace(tmp, target)
@@ -163,7 +180,7 @@ def _load(path: Path) -> ctypes.CDLL:
 
 def library_path(cc: str) -> Path:
     """Where the build for this source, these flags, ``cc``'s version and this CPU lies in the cache."""
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=_timeout()).stdout
     texts = [src.read_text() for src in SOURCES]
     key = hashlib.sha256("\0".join([*texts, " ".join(_flags()), version, _cpu_flags()]).encode())
     return _cache_dir() / f"stochastic_rounding_{key.hexdigest()[:20]}.so"
@@ -181,7 +198,11 @@ def library() -> Optional[ctypes.CDLL]:
         return None
     cc = _compiler()
     if cc is None:
-        log.info("No C compiler found: stochastic rounding and RoPE on a CPU use the PyTorch kernels instead.")
+        log.warning(
+            "No C compiler found: the CPU kernels (optimizer step, stochastic rounding, RoPE) run as PyTorch "
+            "operations instead: the same bits, %s. Install gcc or clang (or set CC) to build them.",
+            SLOWER,
+        )
         return None
     try:
         path = library_path(cc)
@@ -193,11 +214,13 @@ def library() -> Optional[ctypes.CDLL]:
             _build(cc, path)
             _loaded = _load(path)
     except Exception as error:  # noqa: BLE001 - any build or load failure: the PyTorch kernels still work
+        why = f"{_timeout():g} s passed" if isinstance(error, subprocess.TimeoutExpired) else str(error)
         log.warning(
-            "The C kernels (stochastic rounding, RoPE on a CPU) could not be built (%s: %s); using the PyTorch "
-            "kernels instead (the same bits, slower on a CPU).",
+            "The CPU kernels (optimizer step, stochastic rounding, RoPE) could not be built (%s: %s); the PyTorch "
+            "operations run instead: the same bits, %s.",
             type(error).__name__,
-            error,
+            why,
+            SLOWER,
         )
         _loaded = None
     return _loaded
@@ -219,7 +242,15 @@ def _keys(keys: Sequence[int]) -> ctypes.Array:
 
 
 def _usable(*tensors: torch.Tensor) -> bool:
-    return all(t.device.type == "cpu" and t.is_contiguous() for t in tensors)
+    """Contiguous host tensors with memory behind them: the only ones the kernels take, so a run on a GPU, and
+    the estimator's fake tensors, never build the library."""
+    return all(t.device.type == "cpu" and t.is_contiguous() and not _is_fake(t) for t in tensors)
+
+
+def _is_fake(t: torch.Tensor) -> bool:
+    from torch._subclasses.fake_tensor import is_fake
+
+    return is_fake(t)
 
 
 _SPLIT_MIN = 1 << 18  # below this a tensor is one call: a thread hand-off would cost more than it saves
@@ -247,8 +278,10 @@ def _in_ranges(call: Callable[[int, int], int], threaded: Optional[Callable[[int
 
 def round_into(src: torch.Tensor, dst: torch.Tensor, keys: Sequence[int], count: bool) -> Optional[int]:
     """``tune_round`` on flat fp32 ``src`` into bf16 ``dst``; None (nothing done) where it does not apply."""
+    if not _usable(src, dst):
+        return None  # not host tensors: nothing is built for them
     lib = library()
-    if lib is None or not _usable(src, dst):
+    if lib is None:
         return None
     key = _keys(keys)
     s, d, n = src.data_ptr(), dst.data_ptr(), src.numel()
@@ -265,8 +298,10 @@ def adam(
     count: bool,
 ) -> Optional[int]:
     """``tune_adam`` on flat bf16 (w, g, m, v); None (nothing done) where it does not apply."""
+    if not _usable(*tensors, scalars) or scalars.dtype != torch.float32:
+        return None
     lib = library()
-    if lib is None or not _usable(*tensors, scalars) or scalars.dtype != torch.float32:
+    if lib is None:
         return None
     key, flags = _keys(keys), (int(decoupled), int(maximize), int(count))
     w, g, m, v = (t.data_ptr() for t in tensors)
@@ -307,9 +342,11 @@ def _optimizer_call(
     tensors: Sequence[Optional[torch.Tensor]], scales: Sequence[Optional[torch.Tensor]], s: torch.Tensor
 ):
     """(library, pointers, scalars) of a CPUAdamW/CPUSGD step, or None where the kernels do not apply."""
-    lib = library()
     present = [t for t in (*tensors, *scales, s) if t is not None]
-    if lib is None or not _usable(*present) or s.dtype != torch.float32:
+    if not _usable(*present) or s.dtype != torch.float32:
+        return None
+    lib = library()
+    if lib is None:
         return None
     return lib, [_ptr(t) for t in tensors], [_ptr(t) for t in scales]
 
@@ -362,8 +399,10 @@ def rope(x: torch.Tensor, table: torch.Tensor, table_stride: int, inverse: bool)
     """``tune_rope_*``: ``x`` ``[b, s, heads, dim]`` rotated by ``table`` (fp32 ``[rows, dim // 2, 2]``, row
     ``b * table_stride + s``), by minus the angles where ``inverse``; None (nothing done) where it does not apply:
     no library, not a contiguous CPU bf16/fp32 tensor, a table that is not contiguous fp32."""
+    if x.dtype not in _ROPE or x.dim() != 4 or not _usable(x, table) or table.dtype != torch.float32:
+        return None
     lib = library()
-    if lib is None or x.dtype not in _ROPE or x.dim() != 4 or not _usable(x, table) or table.dtype != torch.float32:
+    if lib is None:
         return None
     batch, seq, heads, dim = x.shape
     out = torch.empty_like(x)
