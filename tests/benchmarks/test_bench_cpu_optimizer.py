@@ -9,7 +9,7 @@ def test_smoke_run_prints_every_row_at_each_thread_count(capsys):
     rows = [*bench_cpu_optimizer.OURS, "torch AdamW fused fp32"]
     assert bench_cpu_optimizer.main(["--smoke", "--threads", "2", "--only", ",".join(rows)]) == 0
     out = capsys.readouterr().out
-    assert "| 1 thread: M params/s (CPU s) | 2 threads: M params/s (CPU s) |" in out
+    assert "| 1 thread: M params per CPU-second (wall M params/s) | 2 threads: M params/s (CPU s a step) |" in out
     for row in rows:
         (line,) = [x for x in out.splitlines() if x.startswith(f"| {row} |")]
         assert len(line.split("|")) == 6, line  # the row, two thread counts, the ratio column

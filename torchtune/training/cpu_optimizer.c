@@ -159,41 +159,66 @@ static inline __attribute__((always_inline)) __m512 v_load_state(const void *p, 
     return v_load(p, i, fmt);
 }
 
-/* the 8 noise bits (bits 0-7 of noise8) placed as store_state / the q8 codes place them */
-static inline __attribute__((always_inline)) __m512i v_noise(__m512i noise8, int shift, uint32_t half) {
-    return _mm512_or_si512(_mm512_slli_epi32(_mm512_and_si512(noise8, _mm512_set1_epi32(0xFF)), shift),
-                           _mm512_set1_epi32((int)half));
+/* hash bits [from, from + 8) moved to bits [to, to + 8), with a half (bit to - 1) below: one shift and one
+ * three-input logic op (x & mask | half) */
+static inline __attribute__((always_inline)) __m512i v_noise(__m512i h, int from, int to) {
+    const __m512i moved = to > from ? _mm512_slli_epi32(h, to - from) : _mm512_srli_epi32(h, from - to);
+    return _mm512_ternarylogic_epi32(moved, _mm512_set1_epi32((int)(0xFFu << to)), _mm512_set1_epi32(1 << (to - 1)),
+                                     0xEA);
 }
 
-static inline __attribute__((always_inline)) __m128i v_q8_signed_code(__m512 x, __m512 inv, __m512i noise8) {
+/* noise: the 8 bits placed at bits 12-19 with a half below (v_noise(h, 8 or 0, 12)) */
+static inline __attribute__((always_inline)) __m128i v_q8_signed_code(__m512 x, __m512 inv, __m512i noise) {
     __m512i bits = _mm512_castps_si512(x);
     __m512 q = _mm512_mul_ps(_mm512_mul_ps(_mm512_abs_ps(x), inv), _mm512_set1_ps(0x1p-112f));
-    __m512i c = _mm512_srli_epi32(_mm512_add_epi32(_mm512_castps_si512(q), v_noise(noise8, 12, 0x800u)), 20);
+    __m512i c = _mm512_srli_epi32(_mm512_add_epi32(_mm512_castps_si512(q), noise), 20);
     c = _mm512_min_epu32(c, _mm512_set1_epi32(0x78));
     c = _mm512_or_si512(c, _mm512_and_si512(_mm512_srli_epi32(bits, 24), _mm512_set1_epi32(0x80)));
     return _mm512_cvtepi32_epi8(c);
 }
 
-static inline __attribute__((always_inline)) __m128i v_q8_unsigned_code(__m512 x, __m512 inv, __m512i noise8) {
+static inline __attribute__((always_inline)) __m128i v_q8_unsigned_code(__m512 x, __m512 inv, __m512i noise) {
     __m512 q = _mm512_mul_ps(_mm512_mul_ps(x, inv), _mm512_set1_ps(0x1p-96f));
-    __m512i c = _mm512_srli_epi32(_mm512_add_epi32(_mm512_castps_si512(q), v_noise(noise8, 12, 0x800u)), 20);
+    __m512i c = _mm512_srli_epi32(_mm512_add_epi32(_mm512_castps_si512(q), noise), 20);
     return _mm512_cvtepi32_epi8(_mm512_min_epu32(c, _mm512_set1_epi32(0xF8)));
 }
 #endif
 
 #ifdef TUNE_AVX512
+/* the update of one vector (adam_block's constants in scope): W, M, V updated in place from G */
+#define ADAM_MATH(W, G, M, V)                                                                                  \
+    do {                                                                                                       \
+        W = _mm512_mul_ps(W, vdecay);                                                                          \
+        G = _mm512_add_ps(G, _mm512_mul_ps(vwd, W));                                                           \
+        M = _mm512_add_ps(_mm512_mul_ps(vb1, M), _mm512_mul_ps(vc1, G));                                       \
+        V = _mm512_add_ps(_mm512_mul_ps(vb2, V), _mm512_mul_ps(vc2, _mm512_mul_ps(G, G)));                     \
+        const __m512 denom_ = _mm512_add_ps(_mm512_mul_ps(_mm512_sqrt_ps(V), vbc2), veps);                     \
+        W = _mm512_add_ps(W, _mm512_mul_ps(_mm512_div_ps(M, denom_), vstep));                                  \
+    } while (0)
+
+/* (bits + noise) >> 16 of two vectors, packed back into the order _mm512_unpack{lo,hi}_epi16 took them in */
+static inline __attribute__((always_inline)) void v_store_bf16_pair(void *p, int64_t i, __m512 lo, __m512 hi,
+                                                                    __m512i noise_lo, __m512i noise_hi) {
+    __m512i a = _mm512_srli_epi32(_mm512_add_epi32(_mm512_castps_si512(lo), noise_lo), 16);
+    __m512i b = _mm512_srli_epi32(_mm512_add_epi32(_mm512_castps_si512(hi), noise_hi), 16);
+    _mm512_storeu_si512((void *)((uint16_t *)p + i), _mm512_packus_epi32(a, b));
+}
+
+/* 32 bf16 values as two fp32 vectors: values 0-3 of each 128-bit quarter in the first, 4-7 in the second */
+#define LOAD_BF16_PAIR(P, I, LO, HI)                                                                           \
+    do {                                                                                                       \
+        const __m512i raw_ = _mm512_loadu_si512((const void *)((const uint16_t *)(P) + (I)));                  \
+        LO = _mm512_castsi512_ps(_mm512_unpacklo_epi16(_mm512_setzero_si512(), raw_));                         \
+        HI = _mm512_castsi512_ps(_mm512_unpackhi_epi16(_mm512_setzero_si512(), raw_));                         \
+    } while (0)
+
 /* one vector of adam_block's loop (its locals), lanes j0 .. j0 + 15 */
 #define ADAM_VEC16 \
                 const int64_t i = off + j0; \
                 const __m512 w0 = v_load(w, i, WF); \
                 __m512 w32 = w0, g32 = _mm512_mul_ps(v_load(g, i, GF), vsign); \
                 __m512 m32 = v_load_state(m, i, vms, 1, SF), v32 = v_load_state(v, i, vvs, 0, SF); \
-                w32 = _mm512_mul_ps(w32, vdecay); \
-                g32 = _mm512_add_ps(g32, _mm512_mul_ps(vwd, w32)); \
-                m32 = _mm512_add_ps(_mm512_mul_ps(vb1, m32), _mm512_mul_ps(vc1, g32)); \
-                v32 = _mm512_add_ps(_mm512_mul_ps(vb2, v32), _mm512_mul_ps(vc2, _mm512_mul_ps(g32, g32))); \
-                const __m512 denom = _mm512_add_ps(_mm512_mul_ps(_mm512_sqrt_ps(v32), vbc2), veps); \
-                w32 = _mm512_add_ps(w32, _mm512_mul_ps(_mm512_div_ps(m32, denom), vstep)); \
+                ADAM_MATH(w32, g32, m32, v32); \
                 const __m512i h = v_hash(index, vbase, vsalt); \
                 index = _mm512_add_epi32(index, _mm512_set1_epi32(16)); \
                 v_store(w, i, w32, _mm512_srli_epi32(h, 16), WF); \
@@ -206,8 +231,8 @@ static inline __attribute__((always_inline)) __m128i v_q8_unsigned_code(__m512 x
                     vm_max = _mm512_max_ps(_mm512_abs_ps(m32), vm_max); \
                     vv_max = _mm512_max_ps(v32, vv_max); \
                 } else if (SF == BF16) { \
-                    v_store_bf16(m, i, m32, v_noise(_mm512_srli_epi32(h, 8), 8, 0x80u)); \
-                    v_store_bf16(v, i, v32, v_noise(h, 8, 0x80u)); \
+                    v_store_bf16(m, i, m32, v_noise(h, 8, 8)); \
+                    v_store_bf16(v, i, v32, v_noise(h, 0, 8)); \
                 } else { \
                     _mm512_storeu_ps((float *)m + i, m32); \
                     _mm512_storeu_ps((float *)v + i, v32); \
@@ -241,6 +266,38 @@ static inline __attribute__((always_inline)) int64_t adam_block(void *restrict w
         __m512i index = _mm512_add_epi32(_mm512_set1_epi32((int)(uint32_t)off),
                                          _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
         __m512 vm_max = _mm512_setzero_ps(), vv_max = _mm512_setzero_ps();
+        /* all bf16: 32 values an iteration, unpacked and packed back in 128-bit quarters (no widening moves) */
+        if (WF == BF16 && GF == BF16 && SF == BF16) {
+            const __m512i quarter = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
+            __m512i index_lo = _mm512_add_epi32(_mm512_set1_epi32((int)(uint32_t)off), quarter);
+            for (; j0 + 32 <= len; j0 += 32) {
+                const int64_t i = off + j0;
+                __m512 wl, wh, gl, gh, ml, mh, vl, vh;
+                LOAD_BF16_PAIR(w, i, wl, wh);
+                LOAD_BF16_PAIR(g, i, gl, gh);
+                LOAD_BF16_PAIR(m, i, ml, mh);
+                LOAD_BF16_PAIR(v, i, vl, vh);
+                const __m512 wl0 = wl, wh0 = wh;
+                gl = _mm512_mul_ps(gl, vsign);
+                gh = _mm512_mul_ps(gh, vsign);
+                ADAM_MATH(wl, gl, ml, vl);
+                ADAM_MATH(wh, gh, mh, vh);
+                const __m512i hl = v_hash(index_lo, vbase, vsalt);
+                const __m512i hh = v_hash(_mm512_add_epi32(index_lo, _mm512_set1_epi32(4)), vbase, vsalt);
+                index_lo = _mm512_add_epi32(index_lo, _mm512_set1_epi32(32));
+                v_store_bf16_pair(w, i, wl, wh, _mm512_srli_epi32(hl, 16), _mm512_srli_epi32(hh, 16));
+                if (count) {
+                    __m512 nl, nh;
+                    LOAD_BF16_PAIR(w, i, nl, nh);
+                    changed += __builtin_popcount(_mm512_cmp_ps_mask(wl0, nl, _CMP_NEQ_UQ));
+                    changed += __builtin_popcount(_mm512_cmp_ps_mask(wh0, nh, _CMP_NEQ_UQ));
+                }
+                v_store_bf16_pair(m, i, ml, mh, v_noise(hl, 8, 8), v_noise(hh, 8, 8));
+                v_store_bf16_pair(v, i, vl, vh, v_noise(hl, 0, 8), v_noise(hh, 0, 8));
+            }
+            index = _mm512_add_epi32(_mm512_set1_epi32((int)(uint32_t)(off + j0)),
+                                     _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+        }
         /* two vectors an iteration for q8 (more loads in flight), one otherwise (measured) */
         if (SF == Q8) {
 #pragma GCC unroll 2
@@ -296,9 +353,8 @@ static inline __attribute__((always_inline)) int64_t adam_block(void *restrict w
         const __m512 vm_inv = _mm512_set1_ps(m_inv), vv_inv = _mm512_set1_ps(v_inv);
         for (; j + 16 <= len; j += 16) {
             const __m512i h = _mm512_loadu_si512((const void *)(hb + j));
-            _mm_storeu_si128((__m128i *)(mq + j),
-                             v_q8_signed_code(_mm512_loadu_ps(mb + j), vm_inv, _mm512_srli_epi32(h, 8)));
-            _mm_storeu_si128((__m128i *)(vq + j), v_q8_unsigned_code(_mm512_loadu_ps(vb + j), vv_inv, h));
+            _mm_storeu_si128((__m128i *)(mq + j), v_q8_signed_code(_mm512_loadu_ps(mb + j), vm_inv, v_noise(h, 8, 12)));
+            _mm_storeu_si128((__m128i *)(vq + j), v_q8_unsigned_code(_mm512_loadu_ps(vb + j), vv_inv, v_noise(h, 0, 12)));
         }
 #endif
 #pragma omp simd
