@@ -119,11 +119,12 @@ def estimate_memory_command(args: argparse.Namespace) -> int:
     what = f"{args.steps} steps" + ("" if args.steps_only else " and the checkpoint phases")
     print(f"({what} on fake tensors in {time.perf_counter() - start:.0f} s)")
     if host_step:
-        print("\n" + _host_step_text(cfg, estimate.peak_bytes))
+        steps = estimate if args.steps_only else estimate.steps  # the steps' MemoryEstimate either way
+        print("\n" + _host_step_text(cfg, estimate.peak_bytes, steps.host_offload_peak_bytes))
     return 0
 
 
-def _host_step_text(cfg: object, device_steps: int) -> str:
+def _host_step_text(cfg: object, device_steps: int, activations: int) -> str:
     """Host RAM, pinned memory, PCIe bytes and the estimated step time of ``optimizer_on_cpu``, with the CPU
     optimizer's throughput measured on this machine (``torchtune.training._offload_memory``)."""
     import torch
@@ -138,7 +139,7 @@ def _host_step_text(cfg: object, device_steps: int) -> str:
 
     dtype = get_dtype(cfg.dtype, torch.device("cpu"))
     model = training.build_model(cfg.model, device=torch.device("meta"), dtype=dtype)
-    plan = host_step_plan(model, cfg.optimizer, dtype=dtype)
+    plan = host_step_plan(model, cfg.optimizer, dtype=dtype, activations=activations)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     throughput = measure_cpu_optimizer_throughput(cfg.optimizer, dtype=dtype)
     return format_host_step_plan(plan, trainable=trainable, device_steps=device_steps, throughput=throughput)

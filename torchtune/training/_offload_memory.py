@@ -345,11 +345,17 @@ def format_offload_plan(
 
 
 def host_step_plan(
-    model: nn.Module, cfg_optimizer: Any, *, dtype: torch.dtype, max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES
+    model: nn.Module,
+    cfg_optimizer: Any,
+    *,
+    dtype: torch.dtype,
+    activations: int = 0,
+    max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
 ) -> OffloadPlan:
     """The host side of ``optimizer_on_cpu`` (``training._host_optimizer``) for ``model`` (may be on the meta
-    device): pinned host weights, the optimizer state, the gradient ring; per step every gradient down and every
-    weight up."""
+    device): pinned host weights, the optimizer state, the gradient ring, and ``activations`` bytes of
+    offloaded activations (pinned, the device estimate's); per step every gradient down and every weight up,
+    and the offloaded activations each way."""
     trainable = [p for p in model.parameters() if p.requires_grad]
     weights = sum(_nbytes(p.numel(), dtype) for p in trainable)
     try:
@@ -364,11 +370,11 @@ def host_step_plan(
         optimizer_state=state,
         pending_gradients=ring,
         largest_tensor=largest,
-        activations=0,
-        pinned=weights + ring,
+        activations=activations,
+        pinned=weights + ring + activations,
         full_copy=largest,
-        h2d_per_step=weights,
-        d2h_per_step=weights,
+        h2d_per_step=weights + activations,
+        d2h_per_step=weights + activations,
     )
 
 
@@ -403,14 +409,16 @@ def format_host_step_plan(
         f"  {'host RAM per phase':<34}load {phases['load'] / GB:.2f} GB, steps {phases['steps'] / GB:.2f} GB, save "
         f"{phases['save'] / GB:.2f} GB, resume {phases['resume'] / GB:.2f} GB: {plan.params / GB:.2f} GB of host "
         f"weights, {plan.optimizer_state / GB:.2f} GB of optimizer state, a {plan.pending_gradients / GB:.2f} GB ring "
-        "of gradients waiting for their step",
+        f"of gradients waiting for their step, {plan.activations / GB:.2f} GB of offloaded activations",
         f"  {'pinned (page-locked)':<34}{plan.pinned / GB:>9.2f} GB",
     ]
     up, down = plan.h2d_per_step / (gb_per_s * GB), plan.d2h_per_step / (gb_per_s * GB)
+    grads = plan.d2h_per_step - plan.activations
     lines.append(
-        f"  {'PCIe per step':<34}{plan.d2h_per_step / GB:>9.2f} GB of gradients to the host ({down:.2f} s) + "
-        f"{plan.h2d_per_step / GB:.2f} GB of weights back ({up:.2f} s) at {gb_per_s:g} GB/s each way (PCIe 4.0 "
-        "x16), each on a copy stream of its own beside backward (non-blocking)"
+        f"  {'PCIe per step':<34}{grads / GB:>9.2f} GB of gradients to the host and {grads / GB:.2f} GB of weights "
+        f"back, each on a copy stream of its own beside backward (non-blocking), {plan.activations / GB:.2f} GB of "
+        f"offloaded activations each way: {down:.2f} s down, {up:.2f} s up at {gb_per_s:g} GB/s each way (PCIe "
+        "4.0 x16)"
     )
     if throughput is not None:
         cpu = cpu_step_seconds(trainable, optimizer_memory_bytes(plan), throughput, target_cores)

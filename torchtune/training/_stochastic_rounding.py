@@ -105,6 +105,12 @@ def check_stochastic_rounding(cfg: Any, sharded: bool = False) -> None:
             f"option from {KEY}: remove optimizer.bf16_stochastic_round and set {KEY} alone."
         )
     if not value:
+        if component in _SELF_ROUNDING and str(cfg.get("dtype", "")) in ("bf16", "bfloat16"):
+            raise ConfigError(
+                f"optimizer._component_={component} rounds bf16 weights and state stochastically itself (its bits "
+                f"keyed by the run's seed), so {KEY}=False cannot hold with dtype=bf16. Set {KEY}=True, or use "
+                "another optimizer (e.g. torch.optim.AdamW) for round-to-nearest updates."
+            )
         return
     rest = cfg.optimizer.get("rest")  # a low-rank optimizer's optimizer for the other parameters
     if rest is not None and hasattr(rest, "get") and not str(rest.get("_component_", "")).startswith(_SUPPORTED):
