@@ -319,6 +319,11 @@ def format_offload_plan(
         f"  {'device peak per phase':<34}load {plan.device_buffers / GB:.2f} GB, steps {device_steps / GB:.2f} GB, "
         f"save {plan.device_buffers / GB:.2f} GB, resume {plan.device_buffers / GB:.2f} GB"
     )
+    lines.append(
+        f"  {'host RAM, what makes it':<34}{plan.params / GB:>9.2f} GB of weights, "
+        f"{plan.optimizer_state / GB:.2f} GB of optimizer state, up to {plan.pending_gradients / GB:.2f} GB of "
+        "gradients queued for the CPU optimizer worker"
+    )
     lines.append(f"  {'pinned (page-locked)':<34}{plan.pinned / GB:>9.2f} GB")
     up, down = plan.h2d_per_step / (gb_per_s * GB), plan.d2h_per_step / (gb_per_s * GB)
     lines.append(
