@@ -224,6 +224,7 @@ def config(impl: str, assets: Dict[str, Path], out: Path, args: argparse.Namespa
         return {
             **common,
             "optimizer_in_bwd_group": "layer" if args.scenario == "alpaca" else "param",
+            "optimizer_on_cpu": False,
             "overwrite": False,  # each run has its own folder
             # Rounding is extra work torchtune does not do: on for our best settings only (a no-op in fp32).
             "bf16_stochastic_rounding": best,

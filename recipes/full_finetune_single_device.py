@@ -42,6 +42,7 @@ RECIPE_KEYS = (
     "optimizer",
     "optimizer_in_bwd",
     "optimizer_in_bwd_group",
+    "optimizer_on_cpu",
     "lr_scheduler",
     "loss",
     "clip_grad_norm",
@@ -94,6 +95,9 @@ class FullFinetuneRecipeSingleDevice:
           post-accumulate-grad hooks, which free the gradients (torch, bitsandbytes or torchao
           optimizers); or a standard
           optimizer with gradient accumulation and clipping;
+        - ``optimizer_on_cpu``: the weights on the device, the optimizer (state included) on the host: each
+          gradient copied out on its own stream as backward produces it, stepped on the other cores
+          (``torchtune.training.CPUAdamW``), the weight copied back before the next forward;
         - an LR schedule; a loss over the final hidden states (chunked: no full fp32 logits), computed
           only at the positions that have a label (prompt and padding tokens skip the output
           projection);
@@ -234,6 +238,7 @@ class FullFinetuneRecipeSingleDevice:
             in_bwd_group=self._cfg.optimizer_in_bwd_group,
             rounding=self._rounding,
             weight_changes=self._weight_changes,
+            host_step=bool(self._cfg.optimizer_on_cpu),
         )
         if opt_state_dict is not None:
             training.load_optimizer_state(optimizer, opt_state_dict)

@@ -56,6 +56,7 @@ _RECIPES: list[Recipe] = [
         configs=[
             _config("llama2/7B_full_low_memory"),
             _config("llama2/7B_full_16gb_apollo_mini"),
+            _config("llama2/7B_full_16gb_cpu_optimizer"),
             _config("llama2/7B_full_single_device"),
             _config("llama2/tiny_full"),
             _config("llama3_2/1B_full_single_device"),

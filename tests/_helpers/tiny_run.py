@@ -153,6 +153,7 @@ def base_config(tmp_path: Path, ckpt: Path, tokenizer: Path, data: Path, vocab: 
         "optimizer": {"_component_": "torch.optim.AdamW", "lr": 1e-3, "weight_decay": 0.01},
         "optimizer_in_bwd": True,
         "optimizer_in_bwd_group": "param",
+        "optimizer_on_cpu": False,
         "lr_scheduler": {
             "_component_": "torchtune.training.lr_schedulers.get_cosine_schedule_with_warmup",
             "num_warmup_steps": 2,

@@ -77,7 +77,7 @@ def test_offloaded_step_matches_the_device_run_and_its_peak_matches_the_estimate
             *overrides,
             "dtype=fp32",
             "optimizer._component_=torch.optim.AdamW",
-            "~optimizer.bf16_stochastic_round",
+            "~optimizer.state_dtype",
             "enable_activation_checkpointing=False",
             "loss.num_output_chunks=4",
         ],

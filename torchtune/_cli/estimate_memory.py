@@ -101,10 +101,16 @@ def estimate_memory_command(args: argparse.Namespace) -> int:
             "--world-size 8, or drop --world-size."
         )
     start = time.perf_counter()
+    host_step = bool(cfg.get("optimizer_on_cpu", False))
+    device_cfg = cfg
+    if host_step:  # the device never holds the optimizer's state: estimated with a stateless stand-in
+        from torchtune.training.estimate._offload_memory import device_side_config
+
+        device_cfg = device_side_config(cfg)
     if args.steps_only:
-        estimate = estimate_recipe_memory(cfg, seq_len=seq_len, batch_size=batch_size, steps=args.steps)
+        estimate = estimate_recipe_memory(device_cfg, seq_len=seq_len, batch_size=batch_size, steps=args.steps)
     else:
-        estimate = estimate_run_memory(cfg, seq_len=seq_len, batch_size=batch_size, steps=args.steps)
+        estimate = estimate_run_memory(device_cfg, seq_len=seq_len, batch_size=batch_size, steps=args.steps)
     optimizer = cfg.optimizer._component_
     title = (
         f"Estimated peak device memory for {args.config}: batch {batch_size} x {seq_len} tokens, "
@@ -114,7 +120,31 @@ def estimate_memory_command(args: argparse.Namespace) -> int:
     print(estimate.format(title))
     what = f"{args.steps} steps" + ("" if args.steps_only else " and the checkpoint phases")
     print(f"({what} on fake tensors in {time.perf_counter() - start:.0f} s)")
+    if host_step:
+        steps = estimate if args.steps_only else estimate.steps  # the steps' MemoryEstimate either way
+        print("\n" + _host_step_text(cfg, estimate.peak_bytes, steps.host_offload_peak_bytes))
     return 0
+
+
+def _host_step_text(cfg: object, device_steps: int, activations: int) -> str:
+    """Host RAM, pinned memory, PCIe bytes and the estimated step time of ``optimizer_on_cpu``, with the CPU
+    optimizer's throughput measured on this machine (``torchtune.training.estimate._offload_memory``)."""
+    import torch
+
+    from torchtune import training
+    from torchtune.training.estimate._offload_memory import (
+        format_host_step_plan,
+        host_step_plan,
+        measure_cpu_optimizer_throughput,
+    )
+    from torchtune.utils import get_dtype
+
+    dtype = get_dtype(cfg.dtype, torch.device("cpu"))
+    model = training.build_model(cfg.model, device=torch.device("meta"), dtype=dtype)
+    plan = host_step_plan(model, cfg.optimizer, dtype=dtype, activations=activations)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    throughput = measure_cpu_optimizer_throughput(cfg.optimizer, dtype=dtype)
+    return format_host_step_plan(plan, trainable=trainable, device_steps=device_steps, throughput=throughput)
 
 
 def is_distributed_config(cfg: object) -> bool:

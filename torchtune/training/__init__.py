@@ -69,6 +69,7 @@ from torchtune.training.memory import (
     get_memory_stats,
     log_memory_stats,
 )
+from torchtune.training.optim._cpu_optimizers import CPUSGD, CPUAdamW
 from torchtune.training.optim._low_rank import check_low_rank_optimizer, is_low_rank
 from torchtune.training.optim._optimizer import (
     GradNormTracker,
@@ -220,6 +221,8 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "CPUAdamW",
+    "CPUSGD",
     # torchtune 0.6.1's public names of torchtune.training: all but get_quantizer_mode, prepare_mha_for_tp
     # and DistributedCheckpointer (quantization-aware training, tensor parallelism and its checkpointer are
     # outside this library's scope)
@@ -348,6 +351,8 @@ __all__ = [
     "build_model",
     "build_optimizer",
     "build_stochastic_rounding",
+    "CPUAdamW",
+    "CPUSGD",
     "rounding_for_run",
     "build_validation",
     "check_loaded_checksums",

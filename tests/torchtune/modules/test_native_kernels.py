@@ -77,7 +77,7 @@ def test_a_failing_build_falls_back_and_says_why(fresh, monkeypatch, caplog):
     monkeypatch.setattr(_native_kernels, "FLAGS", [*_native_kernels.FLAGS, "-no-such-flag"])
     with caplog.at_level(logging.WARNING, logger=_native_kernels.__name__):
         assert _native_kernels.library() is None
-    assert "could not be built" in caplog.text and "PyTorch kernels" in caplog.text
+    assert "could not be built" in caplog.text and "PyTorch operations run instead" in caplog.text
     assert not list(fresh.glob("*.so")) and not list(fresh.glob("*.tmp"))  # no half-written library left
 
 
@@ -142,3 +142,44 @@ def test_a_second_openmp_runtime_is_left_idle(fresh, monkeypatch, caplog):
     assert lib is not None and not lib.threaded
     assert "/usr/lib/libgomp.so.1" in caplog.text and "threads of its own" in caplog.text
     assert torch.equal(_round(), _round(fused=False))
+
+
+def test_a_hanging_compiler_is_stopped_and_the_run_goes_on(fresh, monkeypatch, tmp_path, caplog):
+    """A compiler that never returns (a stuck licence server, a full disk's retries): the build is given up after
+    TUNE_KERNEL_BUILD_TIMEOUT seconds, with one warning saying what runs instead and how much slower."""
+    import time
+
+    hang = tmp_path / "hanging-cc"
+    hang.write_text("#!/bin/sh\nsleep 60\n")
+    hang.chmod(0o755)
+    monkeypatch.setenv("CC", str(hang))
+    monkeypatch.setenv(_native_kernels.ENV_TIMEOUT, "1")
+    start = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger=_native_kernels.__name__):
+        assert _native_kernels.library() is None
+    assert time.monotonic() - start < 10
+    (record,) = [r for r in caplog.records if "could not be built" in r.getMessage()]
+    assert "TimeoutExpired: 1 s passed" in record.getMessage() and "40x slower" in record.getMessage()
+    assert not list(fresh.glob("*.so"))
+
+
+def test_nothing_is_built_for_tensors_off_the_host(fresh, monkeypatch):
+    """A GPU run's rounding, optimizer step and RoPE never build or load the CPU library (here: meta tensors,
+    which stand for any device but the CPU, and the estimator's fake ones)."""
+    monkeypatch.setattr(_native_kernels, "library", lambda: pytest.fail("built for tensors off the host"))
+    meta = torch.empty(1024, device="meta")
+    half = torch.empty(1024, device="meta", dtype=torch.bfloat16)
+    scalars = torch.zeros(9)
+    assert _native_kernels.round_into(meta, half, [1, 2], False) is None
+    assert _native_kernels.adam((half, half, half, half), [1] * 6, scalars, True, False, False) is None
+    assert (
+        _native_kernels.cpu_adam((half, half, half, half), (None, None), 1024, scalars, (1, 2), (1, 1, 1), (0, 0))
+        is None
+    )
+    assert _native_kernels.rope(half.view(1, 4, 4, 64), torch.zeros(4, 32, 2), 0, False) is None
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        fake = torch.empty(1024, dtype=torch.bfloat16)
+        assert _native_kernels.cpu_adam((fake,) * 4, (None, None), 1024, scalars, (1, 2), (1, 1, 1), (0, 0)) is None
+    assert not fresh.exists()

@@ -238,3 +238,77 @@ def test_torchao_adamw8bit_on_offloaded_bf16_shards_worker_and_resume_are_bit_ex
     torch.set_rng_state(rng)
     assert step(model, optimizer, *batches[2]) == results[True][0][2]
     _assert_same({n: _local(p) for n, p in model.named_parameters()}, results[True][1])
+
+
+@pytest.mark.parametrize(
+    "component,extra",
+    [("torchao.optim.AdamW8bit", {}), ("torchtune.training.CPUAdamW", {"state_dtype": "8bit"})],
+    ids=["torchao-8bit", "cpu-adamw-8bit"],
+)
+def test_worker_with_activation_checkpointing_is_deterministic_and_resumes_bit_exactly(
+    world_of_one, tmp_path, component, extra
+):
+    # The 8B 16 GB configs' set-up: offloaded bf16 shards, an 8-bit AdamW stepped on the worker with the
+    # run's stochastic rounding, activation checkpointing on. Checkpoint recompute forks and restores the
+    # global generator on the main thread while the worker steps: a worker whose rounding touched that
+    # generator (torchao's own) gave other weights on every repeat.
+    cfg = OmegaConf.create({"_component_": component, "lr": 1e-2, **extra})
+    batches = _batches(4)
+    loss_fn = ChunkedCrossEntropyLoss(num_output_chunks=2, min_chunk_rows=1)
+
+    def build(worker: bool, state=None):
+        torch.manual_seed(0)
+        model = llama2(**TINY).to(torch.bfloat16)
+        training.set_activation_checkpointing(model, {type(model.layers[0])})
+        training.shard_model(model, mesh=world_of_one.mesh, cpu_offload=True, pin_memory=False)
+        rounding = training.build_stochastic_rounding(
+            True, dtype=torch.bfloat16, seed=3, device=torch.device("cpu"), info=world_of_one, state=state
+        )
+        optimizer = training.build_optimizer(cfg, model, optimizer_in_bwd=True, rounding=rounding, cpu_worker=worker)
+        return model, optimizer, rounding
+
+    def step(model, optimizer, tokens, labels):
+        loss = loss_fn(model.output, model(tokens, output_hidden_states=True), labels)
+        loss.backward()
+        training.step_optimizer(optimizer, model.parameters())
+        return loss.item()
+
+    def weights(model):
+        return {n: _local(p).detach().clone() for n, p in model.named_parameters()}
+
+    results = []
+    for worker in (False, True, True, True):
+        model, optimizer, _ = build(worker)
+        torch.manual_seed(7)
+        losses = [step(model, optimizer, *b) for b in batches]
+        results.append((losses, weights(model), torch.get_rng_state()))
+        if worker:
+            optimizer.worker.close()
+    for losses, w, rng in results[1:]:
+        assert losses == results[0][0]
+        _assert_same(w, results[0][1])
+        assert torch.equal(rng, results[0][2])  # the global generator is where the main thread left it
+
+    model, optimizer, rounding = build(True)
+    torch.manual_seed(7)
+    for b in batches[:2]:
+        step(model, optimizer, *b)
+    rng, stream = torch.get_rng_state(), rounding.state_dict()
+    writer = training.ShardedCheckpointWriter(world_of_one)
+    folder = writer.save(
+        tmp_path / "step_2", model=model, optimizer=optimizer, recipe_state={}, step=2, epoch=0, intermediate=True
+    )
+    writer.finish()
+    optimizer.worker.close()
+    model, optimizer, _ = build(True, state=stream)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.to_local().zero_()  # nothing of the fresh model survives the load
+    training.load_sharded_checkpoint(folder, model=model, optimizer=optimizer, info=world_of_one)
+    torch.set_rng_state(rng)
+    assert [step(model, optimizer, *b) for b in batches[2:]] == results[0][0][2:]
+    _assert_same(weights(model), results[0][1])
+    if component.startswith("torchtune"):  # the 8-bit state, sharded as the parameter is
+        state = optimizer.optim_map["layers.0.mlp.w1.weight"].state[model.layers[0].mlp.w1.weight]
+        assert _local(state["exp_avg"]).dtype == torch.uint8 and isinstance(state["exp_avg_scale"], DTensor)
+    optimizer.worker.close()

@@ -40,6 +40,21 @@ def test_llama3_1_8b_plan_fits_48_gb_in_every_phase(plan_8b):
     assert plan_8b.h2d_per_step > plan_8b.d2h_per_step == plan_8b.params
 
 
+def test_cpu_adamw_8bit_state_is_counted_from_its_layout():
+    """The 8B configs' CPUAdamW with 8-bit moments: a byte a moment plus an fp32 scale per 256 elements of a row
+    (bf16 moments for the 1-D norms), counted from the shapes (as torchao's 8-bit state, within 0.1%)."""
+    from torchtune.training.optim._cpu_optimizers import state_bytes
+
+    cfg = OmegaConf.create({"_component_": "torchtune.training.CPUAdamW", "lr": 2e-5, "state_dtype": "8bit"})
+    with torch.device("meta"):
+        model = llama3_1_8b().to(torch.bfloat16)
+    plan = training.offload_plan(model, cfg, world_size=1, dtype=torch.bfloat16)
+    want = sum(state_bytes(tuple(p.shape), "8bit") for p in model.parameters())
+    assert plan.optimizer_state == want == pytest.approx(16.31e9, rel=1e-3)
+    assert state_bytes((4096, 4096), "8bit") == 2 * (4096 * 4096 + 4 * 4096 * 16)
+    assert state_bytes((4096,), "8bit") == 2 * 2 * 4096  # 1-D: bf16 moments
+
+
 def test_too_little_host_ram_stops_naming_both_figures_and_the_setting(monkeypatch, plan_8b):
     _machine(monkeypatch, available_gb=30, memlock_bytes=None)
     with pytest.raises(TuneError) as info:
@@ -47,7 +62,7 @@ def test_too_little_host_ram_stops_naming_both_figures_and_the_setting(monkeypat
     message = str(info.value)
     assert f"needs about {plan_8b.host_ram / GB:.1f} GB of host RAM" in message
     assert "this machine has 30.0 GB available" in message
-    assert "optimizer._component_=torchao.optim.AdamW8bit" in message
+    assert "optimizer._component_=torchtune.training.CPUAdamW optimizer.state_dtype=8bit" in message
 
 
 def test_locked_memory_limit_below_the_pinned_bytes_falls_back_to_pageable_with_a_warning(monkeypatch, plan_8b, caplog):

@@ -199,6 +199,10 @@ def _cfg(**over):
             {"optimizer._component_": "torchao.optim.AdamW8bit", "optimizer.bf16_stochastic_round": False},
             "optimizer.bf16_stochastic_round=False disagrees with bf16_stochastic_rounding=True",
         ),
+        (
+            {"optimizer._component_": "torchtune.training.CPUAdamW", "bf16_stochastic_rounding": False},
+            "rounds bf16 weights and state stochastically itself",
+        ),
     ],
 )
 def test_config_checks_name_the_key(over, message):

@@ -38,6 +38,9 @@ log = logging.getLogger("torchtune")
 
 __all__ = [
     "OffloadPlan",
+    "device_side_config",
+    "format_host_step_plan",
+    "host_step_plan",
     "check_offload_for_run",
     "check_offload_host_memory",
     "format_offload_plan",
@@ -48,11 +51,16 @@ __all__ = [
 
 GB = 1e9
 PCIE_GB_PER_S = 25.0  # PCIe 4.0 x16 in practice, each way (the figure the paged-state estimate uses too)
+# What a 16-core desktop's memory streams (dual-channel DDR5-5600: 89.6 GB/s peak, about two thirds of it in
+# practice): the CPU optimizer step reads and writes the weights and state and reads the gradients once, so
+# this bounds it however many cores step (assumed, not measured).
+HOST_MEMORY_GB_PER_S = 60.0
 # Room left to the OS, the Python process, CUDA's host-side allocations and the data loader.
 HOST_HEADROOM_BYTES = 4 * 10**9
 # torchao's 8-bit/4-bit AdamW: two moments of 1 (0.5) byte an element plus one fp32 scale per block
 # (block_size 256 / 128 by default), as its OptimState8bit/OptimState4bit hold them. Other optimizers
 # are measured (``measure_state_layout``), which for torchao would compile its step at start-up.
+CPU_OPTIMIZERS = ("torchtune.training.CPUAdamW", "torchtune.training.CPUSGD")
 _TORCHAO_STATE = {"AdamW8bit": (1.0, 256), "Adam8bit": (1.0, 256), "AdamW4bit": (0.5, 128), "Adam4bit": (0.5, 128)}
 
 
@@ -91,12 +99,18 @@ class OffloadPlan:
         return max(self.h2d_per_step, self.d2h_per_step) / (gb_per_s * GB)
 
 
-def _state_bytes(cfg_optimizer: Any, numel: int, dtype: torch.dtype) -> int:
+def _state_bytes(cfg_optimizer: Any, shape: tuple, dtype: torch.dtype) -> int:
     from torchtune.training.estimate._memory_estimator import _import, measure_state_layout
+    from torchtune.training.optim._cpu_optimizers import state_bytes
 
     node = {k: v for k, v in dict(cfg_optimizer).items() if k != COMPONENT_KEY}
     component = str(cfg_optimizer[COMPONENT_KEY])
     name = component.rsplit(".", 1)[-1]
+    numel = int(torch.Size(shape).numel())
+    if component in CPU_OPTIMIZERS:  # its layout is known: measuring would step a tensor of this size
+        default = "bf16"
+        tensors = 2 if name == "CPUAdamW" else (1 if float(node.get("momentum", 0.0)) else 0)
+        return state_bytes(shape, str(node.get("state_dtype", default)), tensors)
     if component.startswith("torchao.optim.") and name in _TORCHAO_STATE:
         per_element, default_block = _TORCHAO_STATE[name]
         block = int(node.get("block_size", default_block))
@@ -127,9 +141,11 @@ def offload_plan(
     params = [p for p in model.parameters()]
     dtype = dtype or params[0].dtype
     local = [-(-p.numel() // world_size) for p in params]  # FSDP2 pads shards to equal size
+    # FSDP2 shards the first dimension: each rank's part has ceil(dim0 / world_size) rows
+    shapes = [(-(-p.shape[0] // world_size), *p.shape[1:]) if p.dim() else (1,) for p in params]
     shard_bytes = sum(_nbytes(n, dtype) for n in local)
     try:
-        state = sum(_state_bytes(cfg_optimizer, n, dtype) for n, p in zip(local, params) if p.requires_grad)
+        state = sum(_state_bytes(cfg_optimizer, shape, dtype) for shape, p in zip(shapes, params) if p.requires_grad)
     except Exception as exc:  # noqa: BLE001 - e.g. a low-rank optimizer, built per matrix: not a reason to stop
         log.info("fsdp_cpu_offload: the optimizer state is left out of the host RAM check (%s).", exc)
         state = 0
@@ -199,8 +215,8 @@ def check_offload_host_memory(plan: OffloadPlan, *, pin_memory: bool, config_hin
             f"{plan.params / GB:.1f} GB of weights, {plan.optimizer_state / GB:.1f} GB of optimizer state, "
             f"{plan.pending_gradients / GB:.1f} GB of gradients waiting for the CPU step) plus "
             f"{HOST_HEADROOM_BYTES / GB:.0f} GB for the system, but this machine has {available / GB:.1f} GB "
-            "available (MemAvailable). Lower the need with an 8-bit optimizer "
-            "(optimizer._component_=torchao.optim.AdamW8bit), enable_activation_offloading=False, or more "
+            "available (MemAvailable). Lower the need with 8-bit optimizer state (optimizer._component_="
+            "torchtune.training.CPUAdamW optimizer.state_dtype=8bit), enable_activation_offloading=False, or more "
             f"processes on more GPUs (each holds 1/N of it){config_hint}; or free host memory."
         )
     if not pin_memory:
@@ -232,7 +248,9 @@ def measure_cpu_optimizer_throughput(
 ) -> Dict[str, float]:
     """Parameters a second the config's optimizer steps on a ``CPUOptimizerWorker``, pinned to the cores
     it would use in a run (all but one), after one warm-up step (which compiles torchao's step).
-    Returns the rate, the worker's cores and its intra-op threads."""
+    Returns the rate (``params_per_s``, wall clock on the worker's cores), the rate per core (``per_core``:
+    parameters per CPU-second of the process, which other jobs on a busy machine do not slow), the worker's
+    cores and its intra-op threads."""
     from torchtune import config
     from torchtune.training.optim._cpu_optimizer_worker import CPUOptimizerWorker
 
@@ -240,15 +258,18 @@ def measure_cpu_optimizer_throughput(
     result: Dict[str, float] = {}
 
     def bench() -> None:
-        param = nn.Parameter(torch.randn(numel, dtype=torch.float32).to(dtype))
+        # a matrix, as the model's are (CPUAdamW keeps 8-bit state for tensors of two or more dimensions)
+        param = nn.Parameter(torch.randn(numel // 4096, 4096, dtype=torch.float32).to(dtype))
         optimizer = config.instantiate(cfg_optimizer, [param])
-        param.grad = torch.randn_like(param)
+        grad = torch.randn_like(param) * 1e-3  # made once: making it is no part of a step
+        param.grad = grad
         optimizer.step()  # warm-up: state made, torchao's step compiled
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         for _ in range(steps):
-            param.grad = torch.randn_like(param)
+            param.grad = grad
             optimizer.step()
         result["params_per_s"] = numel * steps / (time.perf_counter() - start)
+        result["per_core"] = numel * steps / max(time.process_time() - cpu, 1e-9)
         result["threads"] = float(torch.get_num_threads())
 
     try:
@@ -258,6 +279,24 @@ def measure_cpu_optimizer_throughput(
         worker.close()
     result["cores"] = float(len(worker.cores or []))
     return result
+
+
+def optimizer_memory_bytes(plan: "OffloadPlan") -> int:
+    """Host memory bytes one CPU optimizer step streams: the weights and the state read and written, each
+    gradient read."""
+    return 2 * plan.params + plan.d2h_per_step - plan.activations + 2 * plan.optimizer_state
+
+
+def cpu_step_seconds(
+    trainable: int, memory_bytes: int, throughput: Dict[str, float], target_cores: int = 16
+) -> Dict[str, float]:
+    """The CPU optimizer step's estimated seconds on a ``target_cores`` host: the measured rate per core (params
+    per CPU-second) times ``target_cores``, and no faster than ``HOST_MEMORY_GB_PER_S`` streams ``memory_bytes``.
+    Returns both bounds and the step (the larger)."""
+    cores = max(int(throughput["cores"]), 1)
+    by_cores = trainable / (throughput["per_core"] * target_cores)
+    by_memory = memory_bytes / (HOST_MEMORY_GB_PER_S * GB)
+    return {"by_cores": by_cores, "by_memory": by_memory, "step": max(by_cores, by_memory), "cores": cores}
 
 
 def format_offload_plan(
@@ -280,23 +319,123 @@ def format_offload_plan(
         f"  {'device peak per phase':<34}load {plan.device_buffers / GB:.2f} GB, steps {device_steps / GB:.2f} GB, "
         f"save {plan.device_buffers / GB:.2f} GB, resume {plan.device_buffers / GB:.2f} GB"
     )
-    lines.append(f"  {'pinned (page-locked)':<34}{plan.pinned / GB:>9.2f} GB")
-    pcie = plan.pcie_seconds(gb_per_s)
     lines.append(
-        f"  {'PCIe per step':<34}{plan.h2d_per_step / GB:>9.2f} GB to the GPU + {plan.d2h_per_step / GB:.2f} GB back; "
-        f"{pcie:.2f} s at {gb_per_s:g} GB/s each way (PCIe 4.0 x16, directions overlapped)"
+        f"  {'host RAM, what makes it':<34}{plan.params / GB:>9.2f} GB of weights, "
+        f"{plan.optimizer_state / GB:.2f} GB of optimizer state, up to {plan.pending_gradients / GB:.2f} GB of "
+        "gradients queued for the CPU optimizer worker"
+    )
+    lines.append(f"  {'pinned (page-locked)':<34}{plan.pinned / GB:>9.2f} GB")
+    up, down = plan.h2d_per_step / (gb_per_s * GB), plan.d2h_per_step / (gb_per_s * GB)
+    lines.append(
+        f"  {'PCIe per step':<34}{plan.h2d_per_step / GB:>9.2f} GB to the GPU ({up:.2f} s) + "
+        f"{plan.d2h_per_step / GB:.2f} GB back ({down:.2f} s) at {gb_per_s:g} GB/s each way (PCIe 4.0 x16); the "
+        "uploads overlap compute, the gradient copies back do not: FSDP2 copies a gradient synchronously when a "
+        "post-accumulate-grad hook (optimizer in backward) reads it, so they add to backward's time"
     )
     if throughput is not None:
-        rate = throughput["params_per_s"]
-        cores = int(throughput["cores"])
-        scaled = rate * target_cores / max(cores, 1)
-        cpu = trainable / scaled
+        cpu = cpu_step_seconds(trainable, optimizer_memory_bytes(plan), throughput, target_cores)
         lines.append(
-            f"  {'CPU optimizer step':<34}{cpu:>9.2f} s for {trainable / 1e9:.2f}B parameters: measured "
-            f"{rate / 1e6:.0f}M params/s on {cores} core(s) here, scaled linearly to {target_cores} cores"
+            f"  {'CPU optimizer step':<34}{cpu['step']:>9.2f} s for {trainable / 1e9:.2f}B parameters on a "
+            f"{target_cores}-core host: {cpu['by_cores']:.2f} s from {throughput['per_core'] / 1e6:.0f}M params per "
+            f"CPU-second measured on {cpu['cores']} core(s) of this machine, per core, times {target_cores}; at least "
+            f"{cpu['by_memory']:.2f} s "
+            f"to stream {optimizer_memory_bytes(plan) / GB:.1f} GB of host memory at {HOST_MEMORY_GB_PER_S:g} GB/s"
         )
         lines.append(
-            f"  {'step time, at least':<34}{max(pcie, cpu):>9.2f} s (estimated: the longer of PCIe and the CPU step, "
-            "which overlap backward; GPU compute not included)"
+            f"  {'step time, at least':<34}{max(up, down, cpu['step']):>9.2f} s (estimated: the longest of the "
+            "uploads, the copies back and the CPU step, which runs on a worker beside backward; GPU compute not "
+            "included, and the copies back come on top of it)"
+        )
+    return "\n".join(lines)
+
+
+def host_step_plan(
+    model: nn.Module,
+    cfg_optimizer: Any,
+    *,
+    dtype: torch.dtype,
+    activations: int = 0,
+    max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
+) -> OffloadPlan:
+    """The host side of ``optimizer_on_cpu`` (``training.optim._host_optimizer``) for ``model`` (may be on the meta
+    device): pinned host weights, the optimizer state, the gradient ring, and ``activations`` bytes of
+    offloaded activations (pinned, the device estimate's); per step every gradient down and every weight up,
+    and the offloaded activations each way."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    weights = sum(_nbytes(p.numel(), dtype) for p in trainable)
+    try:
+        state = sum(_state_bytes(cfg_optimizer, tuple(p.shape), dtype) for p in trainable)
+    except Exception as exc:  # noqa: BLE001 - e.g. an optimizer that cannot be measured here
+        log.info("optimizer_on_cpu: the optimizer state is left out of the host RAM figures (%s).", exc)
+        state = 0
+    largest = max(_nbytes(p.numel(), dtype) for p in trainable)
+    ring = max(int(max_pending_bytes), 2 * largest) + largest  # as register_host_step_hooks sizes it
+    return OffloadPlan(
+        params=weights,
+        optimizer_state=state,
+        pending_gradients=ring,
+        largest_tensor=largest,
+        activations=activations,
+        pinned=weights + ring + activations,
+        full_copy=largest,
+        h2d_per_step=weights + activations,
+        d2h_per_step=weights + activations,
+    )
+
+
+def device_side_config(cfg: Any) -> Any:
+    """``cfg`` with ``optimizer_on_cpu`` as the device sees it: weights, activations and each gradient until it is
+    copied out, no optimizer state (a stateless in-backward stand-in for the estimator's fake-tensor run)."""
+    from omegaconf import OmegaConf
+
+    device_cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
+    device_cfg.optimizer = {COMPONENT_KEY: "torch.optim.SGD", "lr": 0.0}
+    device_cfg.optimizer_on_cpu = False
+    device_cfg.bf16_stochastic_rounding = False
+    return device_cfg
+
+
+def format_host_step_plan(
+    plan: OffloadPlan,
+    *,
+    trainable: int,
+    device_steps: int,
+    throughput: Optional[Dict[str, float]] = None,
+    target_cores: int = 16,
+    gb_per_s: float = PCIE_GB_PER_S,
+) -> str:
+    """The lines ``tune estimate-memory`` prints for ``optimizer_on_cpu`` (all labelled estimated)."""
+    phases = plan.phases
+    lines = [
+        "With optimizer_on_cpu (estimated: the device peak from the fake-tensor run above, with the optimizer's state "
+        "on the host; the rest from the parameter shapes; 1 GB = 1e9 bytes):",
+        f"  {'device peak in the steps':<34}{device_steps / GB:>9.2f} GB (nothing paged: no optimizer state on the "
+        "device)",
+        f"  {'host RAM per phase':<34}load {phases['load'] / GB:.2f} GB, steps {phases['steps'] / GB:.2f} GB, save "
+        f"{phases['save'] / GB:.2f} GB, resume {phases['resume'] / GB:.2f} GB: {plan.params / GB:.2f} GB of host "
+        f"weights, {plan.optimizer_state / GB:.2f} GB of optimizer state, a {plan.pending_gradients / GB:.2f} GB ring "
+        f"of gradients waiting for their step, {plan.activations / GB:.2f} GB of offloaded activations",
+        f"  {'pinned (page-locked)':<34}{plan.pinned / GB:>9.2f} GB",
+    ]
+    up, down = plan.h2d_per_step / (gb_per_s * GB), plan.d2h_per_step / (gb_per_s * GB)
+    grads = plan.d2h_per_step - plan.activations
+    lines.append(
+        f"  {'PCIe per step':<34}{grads / GB:>9.2f} GB of gradients to the host and {grads / GB:.2f} GB of weights "
+        f"back, each on a copy stream of its own beside backward (non-blocking), {plan.activations / GB:.2f} GB of "
+        f"offloaded activations each way: {down:.2f} s down, {up:.2f} s up at {gb_per_s:g} GB/s each way (PCIe "
+        "4.0 x16)"
+    )
+    if throughput is not None:
+        cpu = cpu_step_seconds(trainable, optimizer_memory_bytes(plan), throughput, target_cores)
+        lines.append(
+            f"  {'CPU optimizer step':<34}{cpu['step']:>9.2f} s for {trainable / 1e9:.2f}B parameters on a "
+            f"{target_cores}-core host: {cpu['by_cores']:.2f} s from {throughput['per_core'] / 1e6:.0f}M params per "
+            f"CPU-second measured on {cpu['cores']} core(s) of this machine, per core, times {target_cores}; at least "
+            f"{cpu['by_memory']:.2f} s "
+            f"to stream {optimizer_memory_bytes(plan) / GB:.1f} GB of host memory at {HOST_MEMORY_GB_PER_S:g} GB/s"
+        )
+        lines.append(
+            f"  {'step time, at least':<34}{max(up, down, cpu['step']):>9.2f} s (estimated: the longest of the copies "
+            "and the CPU step, which overlap backward; GPU compute not included)"
         )
     return "\n".join(lines)

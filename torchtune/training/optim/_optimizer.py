@@ -315,6 +315,7 @@ def build_optimizer(
     rounding: Optional[StochasticRounding] = None,
     weight_changes: Optional[WeightChangeTracker] = None,
     cpu_worker: bool = False,
+    host_step: bool = False,
 ) -> Optimizer:
     """The optimizer of ``cfg_optimizer`` over ``model``'s trainable parameters.
 
@@ -324,11 +325,17 @@ def build_optimizer(
     held in an ``OptimInBackwardWrapper`` keyed by parameter name either way, so a checkpoint of one
     grouping resumes with the other. The hooks add the changed weights to ``weight_changes`` when it
     is armed. ``rounding``: bf16 updates are rounded stochastically (pass it to ``step_optimizer`` too
-    in standard mode); torchao optimizers are built with their own ``bf16_stochastic_round`` for it.
+    in standard mode); torchao optimizers are built without their own ``bf16_stochastic_round`` (the run's
+    stream rounds them).
 
     ``cpu_worker`` (the distributed recipe's ``fsdp_cpu_offload``; in backward only): the hooks hand
     each step to a ``CPUOptimizerWorker`` thread, so the CPU steps of the host-resident shards overlap
     the rest of backward; the returned ``WorkerOptimInBackward`` waits for it in ``step()``.
+
+    ``host_step`` (the single-device recipe's ``optimizer_on_cpu``; in backward, one optimizer per parameter):
+    the optimizers step host copies of the weights on a ``CPUOptimizerWorker``, each gradient copied to the
+    host as backward produces it and each updated weight copied back (``training.optim._host_optimizer``); the
+    returned ``HostStepOptimInBackward`` waits for both in ``step()``.
 
     A low-rank optimizer (``apollo_torch``/``galore_torch``, see ``training.optim._low_rank``) is built per
     parameter in both modes, with ``optimizer.rest`` for the parameters outside
@@ -336,6 +343,10 @@ def build_optimizer(
     backward.
     """
     params = trainable_parameters(model)
+    if host_step:
+        return _build_host_step(
+            cfg_optimizer, model, optimizer_in_bwd, in_bwd_group, grad_norm, rounding, weight_changes
+        )
     worker = CPUOptimizerWorker() if cpu_worker and optimizer_in_bwd else None
     hooks = dict(rounding=rounding, weight_changes=weight_changes, worker=worker)
     if is_low_rank(cfg_optimizer):
@@ -353,10 +364,10 @@ def build_optimizer(
     if rounding is not None:
         check_fused_kernels(rounding.device, component)  # a kernel that cannot be built stops the run here
     if not optimizer_in_bwd:
-        return _instantiate(cfg_optimizer, list(params.values()), **extra)
+        return _instantiate(cfg_optimizer, params, **extra)
     optim_map: Dict[str, Optimizer] = {}
     for names in in_bwd_groups(model, in_bwd_group):
-        opt = _instantiate(cfg_optimizer, [params[name] for name in names], **extra)
+        opt = _instantiate(cfg_optimizer, {name: params[name] for name in names}, **extra)
         optim_map.update({name: opt for name in names})
     register_optim_in_bwd_hooks(model, optim_map, grad_norm, **hooks)
     if rounding is None and weight_changes is None:
@@ -369,8 +380,41 @@ def build_optimizer(
     return _in_bwd_wrapper(optim_map, worker, step_group)
 
 
-def _instantiate(cfg_optimizer: Any, params: List[torch.Tensor], **extra: Any) -> Optimizer:
-    optimizer = config.instantiate(cfg_optimizer, params, **extra)
+def _build_host_step(
+    cfg_optimizer: Any,
+    model: nn.Module,
+    optimizer_in_bwd: bool,
+    in_bwd_group: str,
+    grad_norm: Optional[GradNormTracker],
+    rounding: Optional[StochasticRounding],
+    weight_changes: Optional[WeightChangeTracker],
+) -> Optimizer:
+    from torchtune.training.optim._host_optimizer import host_parameters, register_host_step_hooks
+
+    if not optimizer_in_bwd or in_bwd_group != "param" or is_low_rank(cfg_optimizer):
+        raise ConfigError(
+            "optimizer_on_cpu=True steps each parameter on the host as soon as its gradient is there: it needs "
+            "optimizer_in_bwd=True, optimizer_in_bwd_group=param and an optimizer that is not low-rank (got "
+            f"optimizer_in_bwd={optimizer_in_bwd}, optimizer_in_bwd_group={in_bwd_group}). Set those, or "
+            "optimizer_on_cpu=False."
+        )
+    params = trainable_parameters(model)
+    cuda = next(iter(params.values())).device.type == "cuda"
+    host = host_parameters(model, list(params), pin=cuda)
+    extra = rounding.optimizer_kwargs(str(cfg_optimizer.get(config.COMPONENT_KEY, ""))) if rounding is not None else {}
+    optim_map = {name: _instantiate(cfg_optimizer, {name: host[name]}, **extra) for name in params}
+
+    def step(optimizer: Optimizer, param: torch.Tensor) -> None:
+        step_parameter(optimizer, param, rounding=rounding, changes=weight_changes, in_backward=True)
+
+    return register_host_step_hooks(model, host, optim_map, step=step, grad_norm=grad_norm)
+
+
+def _instantiate(cfg_optimizer: Any, params: Mapping[str, torch.Tensor], **extra: Any) -> Optimizer:
+    component = config.import_component(str(cfg_optimizer.get(config.COMPONENT_KEY, "")), "optimizer._component_")
+    # CPUAdamW/CPUSGD key their rounding stream by parameter name: torch.optim's (name, parameter) pairs
+    given = list(params.items()) if getattr(component, "takes_parameter_names", False) else list(params.values())
+    optimizer = config.instantiate(cfg_optimizer, given, **extra)
     if needs_local_step(optimizer):  # torchao on FSDP2's shards: stepped on the local tensors
         step_on_local_shards(optimizer)
     return optimizer

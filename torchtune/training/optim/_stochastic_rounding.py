@@ -29,9 +29,11 @@ How each optimizer family is stepped (``step_parameter``):
   stochastically rounded. Rounded to nearest, Adam's ``exp_avg_sq`` with beta2 = 0.999 would never
   decay in bf16 (0.999 v rounds back to v). bitsandbytes keeps its own state dtypes (fp32 or 8-bit),
   which the swap never touches.
-- ``torchao.optim``: its optimizers round stochastically themselves (``bf16_stochastic_round``, built
-  in by ``optimizer_kwargs``), inside their compiled step. Its random bits come from the default
-  generator, so for the step that generator is seeded from this run's next rounding key and handed back.
+- ``torchao.optim``: built without their own ``bf16_stochastic_round`` (``optimizer_kwargs``), whose bits
+  come from the global generator: on the CPU optimizer worker that generator is shared with the main
+  thread, where activation checkpointing forks and restores it during backward (a race: other weights on
+  every repeat). They step an fp32 copy of the weight like the other families (their 8-bit state is left
+  as it is) and this stream rounds the result; nothing here touches a global generator.
 """
 
 from __future__ import annotations
@@ -68,7 +70,17 @@ KEY = "bf16_stochastic_rounding"
 # optimizer may keep state in a layout the fp32 swap would get wrong, so it is refused.
 # apollo_torch/galore_torch: plain torch ops on the weight (their low-rank state is not parameter-shaped, so the
 # fp32 swap leaves it in the gradient's dtype, fp32 for a rounded step).
-_SUPPORTED = ("torch.optim.", "bitsandbytes.optim.", "torchao.optim.", "apollo_torch.", "galore_torch.")
+_SUPPORTED = (
+    "torch.optim.",
+    "bitsandbytes.optim.",
+    "torchao.optim.",
+    "apollo_torch.",
+    "galore_torch.",
+    "torchtune.training.CPUAdamW",
+    "torchtune.training.CPUSGD",
+)
+# Optimizers that round bf16 weights and state themselves, keyed by (seed, step, parameter, element)
+_SELF_ROUNDING = ("torchtune.training.CPUAdamW", "torchtune.training.CPUSGD")
 # The torch optimizers a rank can step on its own shard (``_ELEMENTWISE`` below, by name for config checks).
 _SHARDED_TORCH = ("torch.optim.AdamW", "torch.optim.Adam", "torch.optim.SGD")
 # The rounding stream is seeded apart from the data order (seed + epoch) so the two never coincide.
@@ -77,10 +89,11 @@ _SEED_OFFSET = 0x5352
 
 def check_stochastic_rounding(cfg: Any, sharded: bool = False) -> None:
     """``bf16_stochastic_rounding`` is a bool, for an optimizer it supports, and agrees with a torchao
-    optimizer's own ``bf16_stochastic_round``. With fp32 weights it is allowed and does nothing (fp32
-    updates are not lost to rounding), so ``dtype=fp32`` alone switches a bf16 config to fp32.
+    optimizer's ``bf16_stochastic_round`` where the config sets one (the run's stream does the rounding).
+    With fp32 weights it is allowed and does nothing (fp32 updates are not lost to rounding), so
+    ``dtype=fp32`` alone switches a bf16 config to fp32.
     ``sharded`` (FSDP2's parameters): a torch optimizer must be one whose update is elementwise (each
-    rank steps its own shard in fp32 slices), or a torchao one (it rounds itself).
+    rank steps its own shard in fp32 slices), or a torchao one (stepped on each rank's local shard).
 
     Raises:
         ConfigError: naming the key and the setting that works.
@@ -96,6 +109,12 @@ def check_stochastic_rounding(cfg: Any, sharded: bool = False) -> None:
             f"option from {KEY}: remove optimizer.bf16_stochastic_round and set {KEY} alone."
         )
     if not value:
+        if component in _SELF_ROUNDING and str(cfg.get("dtype", "")) in ("bf16", "bfloat16"):
+            raise ConfigError(
+                f"optimizer._component_={component} rounds bf16 weights and state stochastically itself (its bits "
+                f"keyed by the run's seed), so {KEY}=False cannot hold with dtype=bf16. Set {KEY}=True, or use "
+                "another optimizer (e.g. torch.optim.AdamW) for round-to-nearest updates."
+            )
         return
     rest = cfg.optimizer.get("rest")  # a low-rank optimizer's optimizer for the other parameters
     if rest is not None and hasattr(rest, "get") and not str(rest.get("_component_", "")).startswith(_SUPPORTED):
@@ -105,8 +124,8 @@ def check_stochastic_rounding(cfg: Any, sharded: bool = False) -> None:
     if not component.split("=", 1)[1].startswith(_SUPPORTED):
         raise ConfigError(
             f"{KEY}=True supports the optimizers of torch.optim, bitsandbytes.optim and torchao.optim, whose "
-            f"state layout it knows; {component} is none of them. Set {KEY}=False, or "
-            "use e.g. optimizer._component_=torch.optim.AdamW."
+            f"state layout it knows, and torchtune.training.CPUAdamW/CPUSGD; {component} is none of them. Set "
+            f"{KEY}=False, or use e.g. optimizer._component_=torch.optim.AdamW."
         )
     name = component.split("=", 1)[1]
     if sharded and name.startswith("torch.optim.") and name not in _SHARDED_TORCH:
@@ -267,27 +286,16 @@ class StochasticRounding:
         if counting:
             changes.add(changed, dst.numel())
 
-    @contextlib.contextmanager
-    def as_default_generator(self, stream: Optional[str] = None) -> Iterator[None]:
-        """Seed the device's default generator from this rounding's next key for ``stream`` (for
-        optimizers that draw from it, torchao's), and restore the default generator afterwards."""
-        if self.device.type == "cuda":
-            index = self.device.index if self.device.index is not None else torch.cuda.current_device()
-            default = torch.cuda.default_generators[index]
-        else:
-            default = torch.default_generator
-        base, salt = self.next_key(stream or "torchao")
-        saved = default.get_state()
-        default.manual_seed((salt << 32 | base) & ((1 << 63) - 1))
-        try:
-            yield
-        finally:
-            default.set_state(saved)
-
-    @staticmethod
-    def optimizer_kwargs(component: str) -> Dict[str, Any]:
-        """Constructor arguments that switch on an optimizer's own stochastic rounding (torchao's)."""
-        return {"bf16_stochastic_round": True} if component.startswith("torchao.optim.") else {}
+    def optimizer_kwargs(self, component: str) -> Dict[str, Any]:
+        """Constructor arguments for an optimizer stepped with this rounding: torchao's own stochastic rounding
+        off (it draws from the global generator, which activation checkpointing forks on the main thread while
+        a CPU worker steps; ``step_parameter`` steps it on an fp32 copy and this stream rounds the result);
+        CPUAdamW/CPUSGD, which round themselves, this run's seed (and rank) for their stream."""
+        if component.startswith("torchao.optim."):
+            return {"bf16_stochastic_round": False}
+        if component in _SELF_ROUNDING:
+            return {"seed": self._stream_seed("cpu_optimizer")}
+        return {}
 
 
 # Each rank's stream is seeded apart (a large odd stride): ranks round different shards, and the same
@@ -624,8 +632,9 @@ def _stepped_in_fp32(
         for key, value in swapped.items():
             rounding.round_(value, state[key], stream=key)
             state[key] = value
-        if fresh and _family(optimizer) == "torch":
-            # torch.optim makes its state like the parameter (zeros_like): in bf16, as a bf16 run has it.
+        if fresh and _family(optimizer) in ("torch", "torchao"):
+            # torch.optim (and torchao, for tensors too small to quantise) makes its state like the parameter
+            # (zeros_like): in bf16, as a bf16 run has it.
             for key, value in list(state.items()):
                 if _param_shaped_low(value, param, torch.float32):
                     state[key] = torch.empty_like(value, dtype=low)
@@ -826,6 +835,36 @@ def _adam_scalars(group: Mapping[str, Any], step: torch.Tensor, device: torch.de
     return fixed.float()
 
 
+def _step_torchao_in_fp32(
+    optimizer: Optimizer,
+    param: torch.nn.Parameter,
+    rounding: StochasticRounding,
+    changes: Optional[WeightChangeTracker],
+) -> None:
+    """A torchao optimizer's step of bf16 ``param`` (of FSDP2's local shard where sharded): an fp32 copy of the
+    weight and gradient stands in for the parameter, its state is the parameter's own (torchao's 8-bit buffers,
+    or bf16 below torchao's quantisation size, updated in place), and the result is rounded into the bf16
+    weight by this run's stream (torchao built without its own rounding, ``optimizer_kwargs``)."""
+    from torchtune.training.optim._torchao_local_step import init_state, local_state
+
+    group = next(g for g in optimizer.param_groups if any(q is param for q in g["params"]))
+    index = next(i for i, q in enumerate(group["params"]) if q is param)
+    if len(optimizer.state[param]) == 0:
+        init_state(optimizer, param, group)  # made from the bf16 parameter, as a bf16 run has it
+    weight = local_shard(param.data)
+    part = torch.nn.Parameter(weight.float())
+    part.grad = local_shard(param.grad).float()
+    param.grad = None
+    optimizer.state[part] = {k: local_state(v) for k, v in optimizer.state[param].items()}
+    group["params"][index] = part
+    try:
+        type(optimizer).step(optimizer)  # the class's step (with torch's hooks), not a local-shard wrapper
+    finally:
+        group["params"][index] = param
+        optimizer.state.pop(part, None)  # the parameter's own state tensors, updated in place
+    rounding.round_(weight, part.data, changes)
+
+
 def _own_step(optimizer: Optimizer) -> None:
     optimizer.step()
 
@@ -849,6 +888,12 @@ def step_parameter(
     own kernel, which reads the gradient anyway.
     """
     counting = changes is not None and changes.armed
+    if getattr(optimizer, "takes_parameter_names", False):  # CPUAdamW, CPUSGD: they round bf16 themselves
+        optimizer.step(count_changes=counting)
+        param.grad = None
+        if counting:
+            changes.add(optimizer.changed, local_shard(param.data).numel())
+        return
     sr = rounding is not None and param.dtype == torch.bfloat16
     elementwise = type(optimizer) in _ELEMENTWISE or getattr(optimizer, "elementwise_step", False)
     local = local_shard(param.data)
@@ -874,19 +919,21 @@ def step_parameter(
     if sr and is_dtensor(param) and _family(optimizer) != "torchao":
         raise ConfigError(
             f"{KEY}=True steps a sharded (FSDP2) parameter slice by slice, which needs an optimizer whose update "
-            f"of an element reads only that element (torch.optim.AdamW, Adam or SGD) or a torchao optimizer, "
-            f"which rounds itself; {type(optimizer).__module__}.{type(optimizer).__name__} is neither. Use one of "
-            f"those, or set {KEY}=False."
+            f"of an element reads only that element (torch.optim.AdamW, Adam or SGD) or a torchao optimizer "
+            f"(stepped on each rank's local shard); {type(optimizer).__module__}.{type(optimizer).__name__} is "
+            f"neither. Use one of those, or set {KEY}=False."
         )
     step = step_without_sync if in_backward and supports_step_without_sync(optimizer) else _own_step
-    if sr and _family(optimizer) != "torchao":
+    if sr and _family(optimizer) == "torchao":
+        _step_torchao_in_fp32(optimizer, param, rounding, changes)
+        return
+    if sr:
         with _stepped_in_fp32(optimizer, param, rounding) as w32:
             step(optimizer)
         rounding.round_(param.data, w32, changes)
         return  # the swap freed the gradient
     before = param.detach().clone() if counting else None
-    with rounding.as_default_generator() if sr else contextlib.nullcontext():
-        step(optimizer)
+    step(optimizer)
     param.grad = None
     if before is not None:
         changes.add(torch.count_nonzero(param.detach() != before), param.numel())

@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, List
 import torch
 from torch.optim import Optimizer
 
-__all__ = ["needs_local_step", "step_on_local_shards"]
+__all__ = ["init_state", "local_state", "needs_local_step", "step_on_local_shards"]
 
 
 def needs_local_step(optimizer: Optimizer) -> bool:
@@ -43,9 +43,10 @@ def step_on_local_shards(optimizer: Optimizer) -> Optimizer:
     return optimizer
 
 
-def _init_state(optimizer: Any, param: torch.Tensor, group: Dict[str, Any]) -> None:
-    # what torchao's step does for a parameter's first step, on the DTensor: its _new_buffer makes the
-    # quantized buffer from the local shard and wraps it as a DTensor of the parameter's placements
+def init_state(optimizer: Any, param: torch.Tensor, group: Dict[str, Any]) -> None:
+    """What torchao's step does for a parameter's first step, on the parameter itself (a DTensor: its
+    _new_buffer makes the quantized buffer from the local shard and wraps it as a DTensor of the parameter's
+    placements)."""
     state = optimizer.state[param]
     state["step"] = torch.tensor(0.0)
     state["exp_avg"] = optimizer._new_buffer(param, True)
@@ -54,7 +55,8 @@ def _init_state(optimizer: Any, param: torch.Tensor, group: Dict[str, Any]) -> N
         state["max_exp_avg_sq"] = optimizer._new_buffer(param, False)
 
 
-def _local(value: Any) -> Any:
+def local_state(value: Any) -> Any:
+    """A state value as the local tensor it wraps (itself when not a DTensor)."""
     if not hasattr(value, "to_local"):
         return value
     local = value.to_local()
@@ -72,10 +74,10 @@ def _local_step(optimizer: Any, original: Callable[..., Any], closure: Any) -> A
             if p.grad is None or not hasattr(p, "to_local"):
                 continue
             if len(optimizer.state[p]) == 0:
-                _init_state(optimizer, p, group)
+                init_state(optimizer, p, group)
             local = torch.nn.Parameter(p.to_local(), requires_grad=p.requires_grad)  # the same storage
             local.grad = p.grad.to_local()
-            optimizer.state[local] = {k: _local(v) for k, v in optimizer.state[p].items()}
+            optimizer.state[local] = {k: local_state(v) for k, v in optimizer.state[p].items()}
             group["params"][i] = local
             swapped.append((group, i, p, local))
     try:

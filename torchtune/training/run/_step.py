@@ -159,11 +159,12 @@ class TrainStep:
         weight_changes: Optional[Any] = None,
     ) -> "TrainStep":
         """The step of a finetune config (``model``, ``optimizer``, ``optimizer_in_bwd``,
-        ``optimizer_in_bwd_group``, ``loss``, ``clip_grad_norm``, ``bf16_stochastic_rounding`` (seeded
-        from ``seed``, 0 when null), activation checkpointing/offloading, ``compile`` and ``liger_kernels``
-        keys); random weights unless ``state_dict`` is given; ``compile_model`` overrides the config's ``compile``; a
-        ``GradNormTracker`` as ``grad_norm`` and a ``WeightChangeTracker`` as ``weight_changes`` are fed
-        by the step (the in-backward hooks, or the standard step) when armed, as in the recipe."""
+        ``optimizer_in_bwd_group``, ``optimizer_on_cpu``, ``loss``, ``clip_grad_norm``,
+        ``bf16_stochastic_rounding`` (seeded from ``seed``, 0 when null), activation checkpointing/offloading,
+        ``compile`` and ``liger_kernels`` keys); random weights unless ``state_dict`` is given; ``compile_model``
+        overrides the config's ``compile``; a ``GradNormTracker`` as ``grad_norm`` and a ``WeightChangeTracker``
+        as ``weight_changes`` are fed by the step (the in-backward hooks, or the standard step) when armed, as in
+        the recipe."""
         from torchtune import config
         from torchtune.training.activations import get_act_offloading_ctx_manager
         from torchtune.training.optim._optimizer import build_optimizer
@@ -195,6 +196,8 @@ class TrainStep:
                 grad_norm=grad_norm,
                 rounding=rounding,
                 weight_changes=weight_changes,
+                # the distributed recipe's configs have no such key
+                host_step=bool(cfg.get("optimizer_on_cpu", False)),
             ),
             config.instantiate(cfg.loss),
             device=device,

@@ -28,6 +28,7 @@ RECIPE_VALUE_TYPES = {
     "shuffle": bool,
     "resume_from_checkpoint": bool,
     "optimizer_in_bwd": bool,
+    "optimizer_on_cpu": bool,
     "compile": bool,
     "liger_kernels": bool,
     "bf16_stochastic_rounding": bool,
@@ -90,6 +91,12 @@ def check_optimizer_settings(cfg: Any) -> None:
             f"optimizer_in_bwd_group={group!r} is not a grouping: use 'param' (one optimizer per parameter, each "
             "gradient freed as soon as it is complete) or 'layer' (one optimizer per decoder layer, stepped by one "
             "foreach/fused call when the layer's last gradient arrives)."
+        )
+    if bool(cfg.get("optimizer_on_cpu", False)) and not (in_bwd and group == "param"):
+        raise ConfigError(
+            "optimizer_on_cpu=True steps each parameter on the host as soon as its gradient has been copied there: "
+            f"it needs optimizer_in_bwd=True and optimizer_in_bwd_group=param (got optimizer_in_bwd={in_bwd}, "
+            f"optimizer_in_bwd_group={group}). Set those, or optimizer_on_cpu=False."
         )
     accumulation = positive_int(cfg, "gradient_accumulation_steps")
     if in_bwd and accumulation > 1:

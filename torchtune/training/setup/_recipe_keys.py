@@ -79,6 +79,7 @@ FINETUNE_DEFAULTS: Dict[str, Any] = {
     # this library's keys
     "overwrite": False,
     "optimizer_in_bwd_group": "param",
+    "optimizer_on_cpu": False,
     "liger_kernels": False,
     "bf16_stochastic_rounding": False,
     "save_every_n_steps": None,
