@@ -82,13 +82,13 @@ from torchtune.training.optim._optimizer import (
     step_optimizer,
     trainable_parameters,
 )
+from torchtune.training.optim._parameter_step import step_parameter
 from torchtune.training.optim._stochastic_rounding import (
     StochasticRounding,
     WeightChangeTracker,
     build_stochastic_rounding,
     check_stochastic_rounding,
     rounding_for_run,
-    step_parameter,
 )
 from torchtune.training.pooling import get_unmasked_sequence_lengths
 from torchtune.training.precision import get_dtype, set_default_dtype, validate_expected_param_dtype

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from torchtune import training
-from torchtune.training import CPUSGD, CPUAdamW, _native_kernels
+from torchtune.modules import _native_kernels
+from torchtune.training import CPUSGD, CPUAdamW
 from torchtune.training.optim import _cpu_optimizers as co
 
 FORMATS = {0: torch.float32, 1: torch.bfloat16, 2: torch.uint8}

@@ -27,7 +27,8 @@ from torchtune.training.distributed._dtensor import is_dtensor
 from torchtune.training.optim._cpu_optimizer_worker import CPUOptimizerWorker, WorkerOptimInBackward, grad_bytes
 from torchtune.training.optim._fused_step import SmallParamSteps, check_fused_kernels
 from torchtune.training.optim._low_rank import StepAfterBackward, build_low_rank_optimizers, is_low_rank
-from torchtune.training.optim._stochastic_rounding import StochasticRounding, WeightChangeTracker, step_parameter
+from torchtune.training.optim._parameter_step import step_parameter
+from torchtune.training.optim._stochastic_rounding import StochasticRounding, WeightChangeTracker
 from torchtune.training.optim._torchao_local_step import needs_local_step, step_on_local_shards
 from torchtune.training.setup._checks import IN_BWD_GROUPS
 from torchtune.utils._checkpointing._checkpoint_utils import (
