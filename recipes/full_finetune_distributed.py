@@ -174,7 +174,8 @@ class FullFinetuneRecipeDistributed:
         )
         if self._resume is not None:
             self._resume.drop_loaded_states()  # they live in the optimizer and scheduler now
-        self._metrics.open(cfg, self._data)  # rank 0: metrics.jsonl + the loggers listed
+        # the resume is accepted now: rank 0's metrics.jsonl drops the lines of the steps it runs again
+        self._metrics.open(cfg, self._data, resumed_step=self.global_step if self._resume is not None else None)
         self._metrics.log_memory("after setup (rank 0)")
 
     def _on_every_rank(self, what: str, build: Callable[..., Any], *args: Any) -> Any:
