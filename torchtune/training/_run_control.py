@@ -160,7 +160,8 @@ class NonFiniteLossGuard:
                 f"The loss became NaN or infinite at step {step} (epoch {epoch}); training stopped and the weights "
                 f"after that step were not saved.{last} Lower optimizer.lr, raise the LR warm-up "
                 "(lr_scheduler.num_warmup_steps), use dtype=bf16 rather than a lower precision, and check the "
-                "dataset for empty or broken examples."
+                "dataset for empty or broken examples; a resume from that checkpoint with a new optimizer.lr "
+                "trains at the new LR."
             )
 
 
