@@ -59,3 +59,48 @@ def quiet_datasets() -> Iterator[None]:
         datasets_logging.set_verbosity(verbosity)
         if bars_were_on:
             datasets.enable_progress_bars()
+
+
+# torchrun's lines about ending the processes of a run, which the `tune run --nproc_per_node` launcher says in
+# one message of its own once they have ended (what was saved, which process failed, the resume command).
+LAUNCHER_NOISE = (
+    ("torch.distributed.elastic.agent.server.api", "Received %s death signal"),
+    ("torch.distributed.elastic.multiprocessing.api", "Sending process %s closing signal"),
+    ("torch.distributed.elastic.multiprocessing.api", "failed (exitcode: %s)"),
+)
+
+
+class _AnnounceStop(logging.Filter):
+    """torchrun's "Received SIGINT death signal" becomes what the signal does to a run of ours."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if str(record.msg).startswith(LAUNCHER_NOISE[0][1]) and record.args:
+            import signal
+            import sys
+
+            name = signal.Signals(int(record.args[0])).name
+            print(
+                f"\nReceived {name}: every process finishes its step and saves a checkpoint, then the run stops "
+                f"(send {name} again to stop at once, without saving).",
+                file=sys.stderr,
+                flush=True,
+            )
+        return True
+
+
+@contextlib.contextmanager
+def quiet_launcher() -> Iterator[None]:
+    """Inside: torchrun's ``LAUNCHER_NOISE`` lines are dropped, and its notice of a stop signal is said in our words."""
+    filters = []
+    for name, prefix in LAUNCHER_NOISE:
+        logger = logging.getLogger(name)
+        added = [_AnnounceStop()] if prefix == LAUNCHER_NOISE[0][1] else []
+        added.append(_DropMessage(prefix))
+        for f in added:
+            logger.addFilter(f)
+        filters += [(logger, f) for f in added]
+    try:
+        yield
+    finally:
+        for logger, f in filters:
+            logger.removeFilter(f)

@@ -46,6 +46,7 @@ from torchtune.training._distributed_settings import (
     local_batch_size,
 )
 from torchtune.training._eval_after_training import EVAL_AFTER_TRAINING_KEYS, EvalAfterTraining
+from torchtune.training._launch_report import is_lost_peer_error, launcher_reports, report_to_launcher
 from torchtune.training._loop import StepMetrics, TrainingSteps, label_token_shares
 from torchtune.training._loop_checks import check_finetune_config, check_loop_keys
 from torchtune.training._low_rank import check_low_rank_optimizer, is_low_rank
@@ -121,6 +122,7 @@ _LAZY = {
     "backend_for_device": "torchtune.training._distributed",
     "check_same_config": "torchtune.training._distributed",
     "destroy_distributed": "torchtune.training._distributed",
+    "exit_process": "torchtune.training._distributed",
     "get_world_size_and_rank": "torchtune.training._distributed",
     "init_distributed": "torchtune.training._distributed",
     "is_rank_zero": "torchtune.training._distributed",
@@ -197,6 +199,9 @@ __all__ = [
     "WeightChangeTracker",
     "agree_on_seed",
     "any_rank",
+    "is_lost_peer_error",
+    "launcher_reports",
+    "report_to_launcher",
     "export_hf_folder",
     "holds_only_sharded_weights",
     "load_sharded_model",
@@ -231,6 +236,7 @@ __all__ = [
     "check_tokenizer_fits_model",
     "check_validation_settings",
     "destroy_distributed",
+    "exit_process",
     "forward_backward",
     "forward_loss",
     "in_bwd_groups",
