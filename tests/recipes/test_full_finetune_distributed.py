@@ -697,3 +697,18 @@ def test_a_rank_killed_mid_step_ends_the_other_with_one_message_naming_it(config
     assert message.count("was killed by") == 1 and "Rank 1 (pid " in message and "was killed by SIGKILL" in message
     assert f"The last complete checkpoint is {out}/step_2; resume with: tune run {' '.join(NPROC)} " in message
 
+
+def test_validate_accepts_the_resume_that_tune_run_accepts(configs, base_run, tmp_path, capsys):
+    """A step folder of this recipe holds shards, no model.safetensors: `tune validate` checks it as the recipe
+    reads it (the base folder's headers, the sharded resume state), and refuses what the recipe refuses."""
+    from torchtune._cli.tune import main
+
+    _, dist = configs
+    state = base_run / "dist" / "step_2" / "recipe_state.pt"
+    args = ["validate", str(dist), "--recipe", "full_finetune_distributed", f"output_dir={tmp_path / 'out'}"]
+    resume = ["resume_from_checkpoint=True", f"checkpointer.recipe_checkpoint={state}", "seed=null"]
+    assert main([*args, *resume]) == 0, capsys.readouterr().err
+    assert f"resume state {state}: step 2" in capsys.readouterr().out
+    other = ["resume_from_checkpoint=True", f"checkpointer.recipe_checkpoint={base_run}/single/step_2/recipe_state.pt"]
+    assert main([*args, *other]) != 0
+    assert "was written by the single-device recipe" in " ".join(capsys.readouterr().err.split())

@@ -15,6 +15,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     """Register ``tune cp``."""
     parser = subparsers.add_parser(
         "cp",
+        allow_abbrev=False,
         help="copy a built-in recipe or config",
         description="Copy a built-in recipe (.py) or config (.yaml) so you can edit it, then run the copy "
         "with `tune run ./my_recipe.py --config ./my_config.yaml`.",

@@ -31,6 +31,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     """Register ``tune download``."""
     parser = subparsers.add_parser(
         "download",
+        allow_abbrev=False,
         help="download a model from the Hugging Face Hub",
         description="Download a model repository from the Hugging Face Hub into a folder.",
         epilog="examples:\n  tune download meta-llama/Llama-2-7b-hf --output-dir /tmp/Llama-2-7b-hf "

@@ -22,6 +22,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     """Register ``tune estimate-memory``."""
     parser = subparsers.add_parser(
         "estimate-memory",
+        allow_abbrev=False,
         help="estimate a config's peak GPU memory without weights or a GPU",
         description="Estimate the peak device memory and host RAM of `tune run full_finetune_single_device` "
         "for a config, phase by phase: set-up, training steps (the recipe's own model, optimizer and loss, "

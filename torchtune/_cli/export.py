@@ -47,6 +47,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     """Register ``tune export``."""
     parser = subparsers.add_parser(
         "export",
+        allow_abbrev=False,
         help="turn a step_N / epoch_N checkpoint into a Hugging Face folder",
         description=DESCRIPTION,
         epilog=EPILOG,

@@ -11,6 +11,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     """Register ``tune ls``."""
     parser = subparsers.add_parser(
         "ls",
+        allow_abbrev=False,
         help="list built-in recipes and configs",
         description="List the built-in recipes and their configs (names for `tune run` and `tune cp`).",
     )

@@ -12,6 +12,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     """Register ``tune plot``."""
     parser = subparsers.add_parser(
         "plot",
+        allow_abbrev=False,
         help="plot a run's loss and learning rate into a PNG",
         description="Draw loss (and validation loss, when logged) and learning rate against step from "
         "OUTPUT_DIR/logs/metrics.jsonl (what every run writes) into a PNG. Needs matplotlib: "

@@ -27,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``tune`` parser with every available subcommand registered."""
     parser = argparse.ArgumentParser(
         prog="tune",
+        allow_abbrev=False,
         description="Fine-tune LLMs with plain-PyTorch recipes.",
         epilog="Short form: `tune RECIPE --config CONFIG [key=value ...]` is `tune run RECIPE ...`.\n"
         "Set TUNE_DEBUG=1 to see Python tracebacks of errors.",

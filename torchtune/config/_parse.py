@@ -34,6 +34,7 @@ def _argument_parser(prog: str, description: Optional[str]) -> argparse.Argument
     parser = argparse.ArgumentParser(
         prog=prog,
         description=description,
+        allow_abbrev=False,
         epilog=OVERRIDE_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -117,8 +117,28 @@ def check_output_dir(cfg: Any) -> str:
     return _prepare(cfg, change=False)
 
 
+def _check_folders(cfg: Any) -> None:
+    """``output_dir`` and ``checkpointer.output_dir`` are folders or do not exist yet."""
+    for key, value in (("output_dir", cfg.output_dir), ("checkpointer.output_dir", cfg.checkpointer.output_dir)):
+        path = Path(str(value)).expanduser()
+        if path.exists() and not path.is_dir():
+            raise ConfigError(
+                f"{key}={value} is a file, not a folder: the run writes its checkpoints and logs/metrics.jsonl "
+                f"into that folder. Set {key} to a folder (a new one is made), e.g. {key}={path.with_suffix('')}_run."
+            )
+        for parent in path.parents:
+            if parent.exists():
+                if not parent.is_dir():
+                    raise ConfigError(
+                        f"{key}={value} lies under {parent}, which is a file, not a folder: the run cannot make "
+                        f"{path} there. Set {key} to a folder elsewhere."
+                    )
+                break
+
+
 def _prepare(cfg: Any, change: bool = True) -> str:
     check_overwrite(cfg)
+    _check_folders(cfg)
     checkpoints_dir = Path(str(cfg.checkpointer.output_dir)).expanduser()
     metrics = metrics_path(cfg.output_dir)
     folders = _checkpoint_folders(checkpoints_dir)
