@@ -185,6 +185,8 @@ def instantiate(node: Any, *args: Any, **kwargs: Any) -> Any:
     if COMPONENT_KEY not in fields:
         raise ConfigError(
             f"Config node '{key or '<root>'}' has no _component_ key, so there is nothing to instantiate; "
-            f"add e.g. '_component_: torch.optim.AdamW' (its keys are: {', '.join(map(str, fields))})."
+            f"add e.g. '_component_: torch.optim.AdamW' to it in the YAML, or "
+            f"+{key or 'NODE'}._component_=torch.optim.AdamW on the command line (its keys are: "
+            f"{', '.join(map(str, fields))})."
         )
     return _call(fields, key or "", args, kwargs)

@@ -7,7 +7,13 @@ from typing import List, Optional, Sequence, Union
 
 from torchtune._assets import missing_path_hint
 from torchtune._errors import TuneError
-from torchtune.modules.tokenizers._format import DESCRIPTIONS, HF_TOKENIZER_JSON, TIKTOKEN, sniff_tokenizer_format
+from torchtune.modules.tokenizers._format import (
+    DESCRIPTIONS,
+    HF_TOKENIZER_JSON,
+    TIKTOKEN,
+    sniff_tokenizer_format,
+    tokenizer_owner,
+)
 
 # Prepended to a text encoded with ``trim_leading_whitespace=True`` and stripped again. A newline is
 # a byte-fallback piece in Llama2's vocabulary that never merges with what follows, so the text after
@@ -69,11 +75,24 @@ class SentencePieceTokenizer:
         except (RuntimeError, OSError) as err:
             fmt = sniff_tokenizer_format(path)
             if fmt in (TIKTOKEN, HF_TOKENIZER_JSON):
+                owner = tokenizer_owner(path)
+                if owner is not None:
+                    whose = f"it is {owner}"
+                elif fmt == TIKTOKEN:
+                    whose = (
+                        "Llama 3.x ships this format: "
+                        "set tokenizer._component_=torchtune.models.llama3.llama3_tokenizer"
+                    )
+                else:  # Llama 3.x, Qwen, Gemma 3, Mistral and Phi-4 folders all hold one
+                    whose = (
+                        "every Hugging Face model folder has one (Llama 3.x, Qwen, Gemma 3, Mistral, Phi-4 ...): set "
+                        "tokenizer._component_ to the tokenizer builder of the model it came with (e.g. "
+                        "torchtune.models.qwen3.qwen3_tokenizer)"
+                    )
                 raise TuneError(
                     f"The tokenizer file '{path}' (config key tokenizer.path) is {DESCRIPTIONS[fmt]}, not a "
-                    "SentencePiece model: it belongs to a Llama 3.x model. Set tokenizer._component_="
-                    "torchtune.models.llama3.llama3_tokenizer, or for a Llama 2 model point tokenizer.path "
-                    "at its SentencePiece tokenizer.model."
+                    f"SentencePiece model (which tokenizer._component_ reads): {whose}, with the model of that "
+                    "family; or, for a Llama 2 model, point tokenizer.path at its SentencePiece tokenizer.model."
                 ) from err
             raise TuneError(
                 f"The tokenizer file '{path}' (config key tokenizer.path) is not a valid SentencePiece "
