@@ -7,12 +7,22 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 from typing import Iterator
 
 # (logger name, start of the message). bitsandbytes logs the first on every import on a CPU with
 # AVX512-BF16 when the optional `kernels` package is missing; it concerns only its 4-bit CPU matmul,
 # which no recipe here uses, yet it looks like a failure on every command.
 KNOWN_NOISE = (("bitsandbytes.backends.cpu.ops", "Failed to load CPU gemm_4bit_forward from kernels-community"),)
+
+
+# What a package logs while it is imported about parts of it no recipe here uses, dropped during that import
+# only (``quiet_import``): torchao tries to load its CUDA kernel libraries (mxfp8, CUTLASS for sm90a) and logs
+# "Failed to load ..." for each on a machine or Python they were not built for, and registers an Enum with
+# torch.utils._pytree, which warns that this is deprecated; its optimizers work all the same.
+IMPORT_NOISE = {
+    "torchao": (("torchao", "Failed to load "), ("torch.utils._pytree", "%s is an Enum subclass")),
+}
 
 
 class _DropMessage(logging.Filter):
@@ -36,6 +46,22 @@ def silence_known_noise() -> None:
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DropMessage) and f.prefix == prefix for f in logger.filters):
             logger.addFilter(_DropMessage(prefix))
+
+
+@contextlib.contextmanager
+def quiet_import(module: str) -> Iterator[None]:
+    """Inside: the ``IMPORT_NOISE`` of ``module``'s package is dropped, if that package is imported now (its
+    logs after the import, warnings of real use included, still show)."""
+    package = module.split(".")[0]
+    noise = IMPORT_NOISE.get(package, ()) if package not in sys.modules else ()
+    added = [(logging.getLogger(name), _DropMessage(prefix)) for name, prefix in noise]
+    for logger, f in added:
+        logger.addFilter(f)
+    try:
+        yield
+    finally:
+        for logger, f in added:
+            logger.removeFilter(f)
 
 
 @contextlib.contextmanager

@@ -12,6 +12,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from torchtune._distribution import install_hint
 from torchtune._errors import ConfigError
+from torchtune._quiet import quiet_import
 
 # The key whose value names the object a config node builds; the one place it is spelled.
 COMPONENT_KEY = "_component_"
@@ -33,7 +34,8 @@ def import_component(path: str, key: Optional[str] = None) -> Any:
     for i in range(len(parts), 0, -1):
         name = ".".join(parts[:i])
         try:
-            module = importlib.import_module(name)
+            with quiet_import(name):  # torchao's "Failed to load" lines of CUDA kernels it does not need
+                module = importlib.import_module(name)
             break
         except ModuleNotFoundError as exc:
             # Only "this very module does not exist" means: try a shorter prefix. A module that exists but
