@@ -212,14 +212,29 @@ def machine(work: Path, device: str) -> dict[str, float]:
     have = {"disk_gb": shutil.disk_usage(work).free / GB, "host_ram_gib": psutil.virtual_memory().total / GIB}
     have["device_gb"] = float("inf")
     if device.startswith("cuda"):
-        have["device_gb"] = torch.cuda.get_device_properties(torch.device(device)).total_memory / GB
+        # no GPU: 0 GB of device memory, which check_plan reports in words instead of a CUDA error
+        available = torch.cuda.is_available()
+        have["device_gb"] = torch.cuda.get_device_properties(torch.device(device)).total_memory / GB if available else 0
     return have
+
+
+def _no_gpu_reason() -> str:
+    import torch
+
+    what = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}, but sees none"
+    return (
+        f"this machine has no CUDA GPU (PyTorch {torch.__version__} is {what}): the proof runs on a GPU. Here, "
+        "`--plan --target h200` checks the plan against that machine and `--smoke` runs every phase "
+        "on a tiny model on the CPU."
+    )
 
 
 def check_plan(need: dict[str, float], have: dict[str, float], where: str) -> list[str]:
     """Lines saying what does not fit (empty when everything does)."""
     names = {"disk_gb": "GB of disk", "host_ram_gib": "GiB of host RAM", "device_gb": "GB of device memory"}
     names.update({"minutes": "minutes", "carry_mib": "MiB carried with the tree"})
+    if have.get("device_gb") == 0 and where == "this machine":
+        return [_no_gpu_reason()]
     return [
         f"{where} lacks {names[k]}: the run needs {need[k]:.1f}, it has {have[k]:.1f}"
         for k in names
@@ -746,7 +761,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     print(format_plan({**need, "carry_mib": 0.0}, have, "this machine"), file=sys.stderr, flush=True)
     problems = check_plan({**need, "carry_mib": 0.0}, have, "this machine")
     if problems:
-        raise SystemExit(problems[0] + "; run on a larger machine or pick fewer --phases.")
+        no_gpu = have.get("device_gb") == 0
+        raise SystemExit(problems[0] + ("" if no_gpu else "; run on a larger machine or pick fewer --phases."))
     env = _python_env(carry)
     results: dict[str, Any] = {
         "args": vars(args),

@@ -14,6 +14,8 @@ describes launching, the FSDP switches and resuming on another number of process
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import sys
 from functools import partial
 from pathlib import Path
@@ -160,7 +162,8 @@ class FullFinetuneRecipeDistributed:
         self._checkpoint_writer = training.ShardedCheckpointWriter(self._dist, async_save=cfg.async_checkpoint)
         self._grad_norm = training.GradNormTracker()
         self._nan_guard = training.NonFiniteLossGuard(self._device)
-        self._stop = training.StopSignals()
+        # one process says what a signal does: rank 0, or the `tune run --nproc_per_node` launcher when it started us
+        self._stop = training.StopSignals(announce=self._is_rank_zero and not training.launcher_reports())
         self._eval = training.EvalAfterTraining(cfg)
         self._metrics = training.StepMetrics(cfg, device=self._device, grad_norm=self._grad_norm, info=self._dist)
         self.progress = training.TrainingProgress()
@@ -194,7 +197,8 @@ class FullFinetuneRecipeDistributed:
         )
         if self._resume is not None:
             self._resume.drop_loaded_states()  # they live in the optimizer and scheduler now
-        self._metrics.open(cfg, self._data)  # rank 0: metrics.jsonl + the loggers listed
+        # the resume is accepted now: rank 0's metrics.jsonl drops the lines of the steps it runs again
+        self._metrics.open(cfg, self._data, resumed_step=self.global_step if self._resume is not None else None)
         self._profiler = training.build_profiler(cfg.profiler)  # nothing unless profiler.enabled
         self._metrics.log_memory("after setup (rank 0)")
 
@@ -474,7 +478,17 @@ def recipe_main(cfg: DictConfig) -> None:
     except training.RankErrors as exc:
         if exc.quiet:  # rank 0 prints the one message for all ranks
             raise SystemExit(exc.exit_code) from None
-        raise
+        if not training.is_lost_peer_error(exc):
+            raise
+        _lost_peer(exc)
+    except KeyboardInterrupt:  # a second SIGINT/SIGTERM: stop at once, without saving
+        if training.is_rank_zero() and not training.launcher_reports():
+            print("Stopped at once (a second signal): the step in progress was not saved.", file=sys.stderr)
+        raise SystemExit(128 + signal.SIGINT) from None
+    except Exception as exc:
+        if not training.is_lost_peer_error(exc):
+            raise
+        _lost_peer(exc)
     finally:
         if recipe is not None:
             recipe.cleanup()
@@ -482,5 +496,20 @@ def recipe_main(cfg: DictConfig) -> None:
             training.destroy_distributed()
 
 
+def _lost_peer(exc: BaseException) -> None:
+    """Another process of the run is gone (killed, or crashed): its own exit says why, not this process's
+    traceback. Tell the launcher (which names that process), or, started by torchrun itself, say it in one line."""
+    rank = training.get_world_size_and_rank()[1] if dist.is_initialized() else int(os.environ.get("RANK", 0))
+    cause = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+    if not training.report_to_launcher("lost_peer", rank, cause=cause):
+        print(
+            f"Rank {rank}: another process of this run ended in the middle of a collective ({cause}); see that "
+            "process's messages (and torchrun's exit codes) for why. No checkpoint was harmed: resume from the last "
+            "complete one in the output_dir.",
+            file=sys.stderr,
+        )
+    raise SystemExit(1) from None
+
+
 if __name__ == "__main__":
-    sys.exit(recipe_main())
+    training.exit_process(recipe_main)  # no interpreter finalization under torchrun: see its docstring

@@ -220,7 +220,9 @@ class FullFinetuneRecipeSingleDevice:
         )
         if self._resume is not None:
             self._resume.drop_loaded_states()  # they live in the optimizer and scheduler now
-        self._metric_logger = self._metrics.open(cfg, self._data)  # metrics.jsonl + the loggers listed
+        # the resume is accepted now: metrics.jsonl drops the lines of the steps it runs again
+        resumed_step = self.global_step if self._resume is not None else None
+        self._metric_logger = self._metrics.open(cfg, self._data, resumed_step=resumed_step)
         self._profiler = training.build_profiler(cfg.profiler)  # nothing unless profiler.enabled
         self._metrics.log_memory("after setup")
 

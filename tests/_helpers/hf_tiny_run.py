@@ -42,13 +42,17 @@ def chat_rows(n: int, system: bool) -> List[Dict[str, Any]]:
     return rows
 
 
-def make_tiny_family_run(tmp_path: Path, family: str, num_examples: int = 16, **overrides: Any) -> Path:
-    """The shipped ``<family>/tiny_full`` config pointed at a folder made here; returns the config path."""
+def make_tiny_family_folder(
+    folder: Path, family: str, num_examples: int = 16, dtype: torch.dtype = torch.float32
+) -> Path:
+    """A Hugging Face folder of ``family`` in the sizes of its shipped ``tiny_full`` config: random weights
+    (seed 0) that transformers writes in ``dtype``, the family's tiny tokenizer files and ``chats.jsonl``."""
+    import tempfile
+
     import transformers
 
-    tmp_path = Path(tmp_path)
-    cfg = OmegaConf.load(registry.get_config(f"{family}/tiny_full").path)
-    m = cfg.model
+    folder = Path(folder)
+    m = OmegaConf.load(registry.get_config(f"{family}/tiny_full").path).model
     config_class, extra = HF_CLASSES[family]
     hf_config = getattr(transformers, config_class)(
         vocab_size=m.vocab_size,
@@ -66,14 +70,23 @@ def make_tiny_family_run(tmp_path: Path, family: str, num_examples: int = 16, **
         **extra,
     )
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(hf_config).float()
-    folder = tmp_path / f"tiny_{family}"
+    model = transformers.AutoModelForCausalLM.from_config(hf_config).to(dtype)
     model.save_pretrained(folder, safe_serialization=True)
-    tokenizer_dir = make_hf_tokenizer_folder(tmp_path / "tokenizer", family)
-    for f in tokenizer_dir.iterdir():
-        shutil.copyfile(f, folder / f.name)
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer_dir = make_hf_tokenizer_folder(Path(tmp) / "tokenizer", family)
+        for f in tokenizer_dir.iterdir():
+            shutil.copyfile(f, folder / f.name)
     data = folder / "chats.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in chat_rows(num_examples, system=family != "mistral")))
+    return folder
+
+
+def make_tiny_family_run(tmp_path: Path, family: str, num_examples: int = 16, **overrides: Any) -> Path:
+    """The shipped ``<family>/tiny_full`` config pointed at a folder made here; returns the config path."""
+    tmp_path = Path(tmp_path)
+    cfg = OmegaConf.load(registry.get_config(f"{family}/tiny_full").path)
+    folder = make_tiny_family_folder(tmp_path / f"tiny_{family}", family, num_examples)
+    data = folder / "chats.jsonl"
     cfg.output_dir = str(tmp_path / "out")
     cfg.checkpointer.checkpoint_dir = str(folder)
     cfg.tokenizer.path = str(folder / "tokenizer.json")

@@ -16,8 +16,9 @@ from tests._helpers.tiny_run import alpaca_examples
 from torchtune import _recipe_registry as registry
 
 
-def make_tiny_gemma3_folder(folder: Path, seed: int = 0) -> Path:
-    """Write a tiny Gemma 3 folder: the shape of ``gemma3_tiny`` with the tokenizer's vocabulary."""
+def make_tiny_gemma3_folder(folder: Path, seed: int = 0, dtype: torch.dtype = torch.float32) -> Path:
+    """Write a tiny Gemma 3 folder: the shape of ``gemma3_tiny`` with the tokenizer's vocabulary, weights in
+    ``dtype``."""
     from safetensors.torch import save_file
 
     from torchtune.models.gemma3 import gemma3_tiny, tune_to_hf
@@ -35,7 +36,7 @@ def make_tiny_gemma3_folder(folder: Path, seed: int = 0) -> Path:
     hf = tune_to_hf(
         model.state_dict(), num_heads=attn.num_heads, num_kv_heads=attn.num_kv_heads, head_dim=attn.head_dim
     )
-    save_file({k: v.contiguous() for k, v in hf.items()}, str(folder / "model.safetensors"))
+    save_file({k: v.to(dtype).contiguous() for k, v in hf.items()}, str(folder / "model.safetensors"))
     config = {
         "architectures": ["Gemma3ForCausalLM"],
         "model_type": "gemma3_text",
@@ -61,7 +62,7 @@ def make_tiny_gemma3_folder(folder: Path, seed: int = 0) -> Path:
         "bos_token_id": 2,
         "eos_token_id": 1,
         "pad_token_id": 0,
-        "torch_dtype": "float32",
+        "torch_dtype": str(dtype).removeprefix("torch."),
     }
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     return folder

@@ -32,6 +32,27 @@ def test_plan_for_the_h200_says_the_run_fits(capsys):
     assert need["minutes"] < 8 and need["carry_mib"] < 60
 
 
+def test_plan_and_run_on_a_machine_without_a_gpu_say_so(tmp_path):
+    """It crashed in torch.cuda ("Torch not compiled with CUDA enabled") instead of saying there is no GPU."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    for args in (["--plan"], ["--phases", "step", "--json", str(tmp_path / "r.json")]):
+        result = subprocess.run(
+            [sys.executable, "benchmarks/gpu_proof.py", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=gpu_proof.REPO_ROOT,
+            timeout=300,
+        )
+        output = result.stdout + result.stderr
+        assert result.returncode == 1 and "Traceback" not in output, output[-3000:]
+        assert "this machine has no CUDA GPU (PyTorch" in output and "--plan --target h200" in output
+
+
 def test_plan_refuses_a_machine_that_lacks_room():
     need = gpu_proof.needs(gpu_proof.Settings(_args()), ["resume"], REPO_ROOT / ".gpu_carry")
     small = {"disk_gb": 20.0, "host_ram_gib": 200.0, "device_gb": 200.0, "minutes": 8.0, "carry_mib": 64.0}

@@ -87,6 +87,36 @@ def test_a_resumed_run_continues_the_metrics_without_duplicate_steps(first, tmp_
     assert rows[1]["loss"] == first_rows[1]["loss"]  # step 2 logged again by the exact resume
 
 
+def test_a_new_lr_given_on_resume_is_used_and_logged(first, tmp_path):
+    config, finished = first
+    out = tmp_path / "out"
+    shutil.copytree(finished, out)
+    first_rows = read_metrics(out / "logs" / "metrics.jsonl")
+    resume = ["resume_from_checkpoint=True", f"checkpointer.recipe_checkpoint={out}/step_1/recipe_state.pt"]
+    result = run_tune(
+        ["run", "full_finetune_single_device", "--config", str(config), f"output_dir={out}", "optimizer.lr=1e-4"]
+        + resume
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "optimizer.lr=0.0001 (the checkpoint's run had 0.001)" in _flat(result.stderr)
+    rows = read_metrics(out / "logs" / "metrics.jsonl")
+    # step 2 at the same point of the warm-up, from the new peak
+    assert rows[1]["lr"] == pytest.approx(first_rows[1]["lr"] / 10, rel=1e-9)
+
+
+def test_a_refused_resume_leaves_the_metrics_as_they_were(first, tmp_path):
+    config, finished = first
+    out = tmp_path / "out"
+    shutil.copytree(finished, out)
+    before = _files(out)
+    result = run_tune(
+        ["run", "full_finetune_single_device", "--config", str(config), f"output_dir={out}", "batch_size=1"]
+        + ["resume_from_checkpoint=True", f"checkpointer.recipe_checkpoint={out}/step_1/recipe_state.pt"]
+    )
+    assert result.returncode == 1 and "batch_size" in result.stderr, result.stderr[-3000:]
+    assert _files(out) == before  # metrics.jsonl still holds step 2: only an accepted resume drops it
+
+
 def test_overwrite_true_replaces_the_earlier_run(first, tmp_path):
     config, finished = first
     out = tmp_path / "out"

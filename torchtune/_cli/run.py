@@ -6,10 +6,16 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib.util
+import os
 import runpy
+import shutil
+import signal
 import sys
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Any, Dict, List
 
 from torchtune import _recipe_registry as registry
 from torchtune._errors import TuneError, UsageError, report_error
@@ -192,6 +198,7 @@ def parse_run_args(argv: list[str]) -> argparse.Namespace:
     if moved:
         ns = parser.parse_args([*before, *moved, ns.training_script, *recipe_args])
     ns.recipe, ns.recipe_args = ns.training_script, list(ns.training_script_args)
+    ns.launch_options = [*before, *moved]  # as given, for the resume command a stopped run prints
     ns.launcher = bool(before or moved)
     return ns
 
@@ -256,10 +263,13 @@ def launch_distributed(args: argparse.Namespace) -> int:
     Then ``torch.distributed.run`` starts the recipe script once per process.
     """
     from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
+    from torchtune._quiet import quiet_launcher
     from torchtune.config import load_config, validate
     from torchtune.config._load import resolve_config_path
+    from torchtune.training.distributed._launch_report import LAUNCH_REPORT_ENV, read_launch_reports
 
     recipe_path = resolve_recipe_path(args.recipe)
     ns = _recipe_arguments(args.recipe_args)
@@ -286,15 +296,133 @@ def launch_distributed(args: argparse.Namespace) -> int:
         )
     if not args.rdzv_endpoint:
         args.standalone = True  # as torchtune: a free port, so that several runs on one machine do not collide
+    launch = _Launch(
+        options=list(args.launch_options),
+        recipe=args.recipe,
+        config=ns.config,
+        overrides=ns.overrides,
+        checkpoints=Path(str(cfg.checkpointer.output_dir)).expanduser(),
+    )
     args.training_script = str(recipe_path)
     args.training_script_args = ["--config", str(config_path), *ns.overrides]
+    if args.shutdown_timeout is None and "TORCH_ELASTIC_SHUTDOWN_TIMEOUT" not in os.environ:
+        # torchrun's default kills the processes 30 s after it forwards a stop signal: too short for the save
+        # a stop makes of a large model
+        args.shutdown_timeout = STOP_SAVE_TIMEOUT_S
+    report_dir = Path(tempfile.mkdtemp(prefix="tune-run-"))
+    os.environ[LAUNCH_REPORT_ENV] = str(report_dir)  # torchrun passes it on to every process
     print("Running with torchrun...")
     sys.stdout.flush()
     try:
-        torchrun.run(args)
+        with quiet_launcher():
+            torchrun.run(args)
+    except SignalException as exc:  # this launcher got SIGINT/SIGTERM and forwarded it; the processes ended
+        return launch.stopped(signal.Signals(exc.sigval).name, read_launch_reports(report_dir))
     except ChildFailedError as exc:
-        failed = sorted(exc.failures.items())
-        codes = ", ".join(f"rank {rank}: exit code {f.exitcode}" for rank, f in failed)
-        print(f"{len(failed)} process(es) of the run failed ({codes}); their messages are above.", file=sys.stderr)
-        return max((f.exitcode for _, f in failed if f.exitcode > 0), default=1)
+        return launch.failed(exc.failures, read_launch_reports(report_dir))
+    finally:
+        os.environ.pop(LAUNCH_REPORT_ENV, None)
+        shutil.rmtree(report_dir, ignore_errors=True)
     return 0
+
+
+# How long the launcher waits, after forwarding SIGINT/SIGTERM, for the processes to finish their step and save
+# (torchrun's --shutdown_timeout; then it kills them). `--shutdown_timeout N` or TORCH_ELASTIC_SHUTDOWN_TIMEOUT
+# set another.
+STOP_SAVE_TIMEOUT_S = 600
+
+
+@dataclass
+class _Launch:
+    """What the launcher knows of its run: the command line, and where its checkpoints go."""
+
+    options: List[str]  # torchrun's options, as given
+    recipe: str
+    config: str
+    overrides: List[str]
+    checkpoints: Path
+
+    def resume(self, recipe_state: Path) -> str:
+        from torchtune.training.run._resume import resume_command
+
+        argv = [self.recipe, "--config", self.config, *self.overrides]
+        return resume_command(self.recipe, recipe_state, argv=argv, launch_options=self.options)
+
+    def last_checkpoint(self) -> str:
+        """Where to go on from: the newest complete resumable checkpoint and its resume command."""
+        from torchtune.utils._checkpointing import RECIPE_STATE_NAME, find_latest_checkpoint
+
+        latest = find_latest_checkpoint(self.checkpoints) if self.checkpoints.is_dir() else None
+        if latest is None or not (latest / RECIPE_STATE_NAME).is_file():
+            return f"No resumable checkpoint of this run is in {self.checkpoints}."
+        return f"The last complete checkpoint is {latest}; resume with:\n  {self.resume(latest / RECIPE_STATE_NAME)}"
+
+    def stopped(self, signal_name: str, reports: Dict[int, Dict[str, Any]]) -> int:
+        """The run was stopped by ``signal_name``: rank 0's report says what it saved."""
+        from torchtune.training.run._run_control import stop_message
+
+        code = 128 + int(signal.Signals[signal_name])
+        report = reports.get(0, {})
+        if report.get("event") != "stopped":
+            print(
+                f"\nStopped by {signal_name} before the processes saved a checkpoint (during set-up, by a second "
+                f"signal, or after the launcher's {STOP_SAVE_TIMEOUT_S} s wait). {self.last_checkpoint()}",
+                file=sys.stderr,
+            )
+            return code
+        folder = Path(report["folder"])
+        from torchtune.utils._checkpointing import RECIPE_STATE_NAME
+
+        resume = self.resume(folder / RECIPE_STATE_NAME) if report.get("resumable") else None
+        print(stop_message(report["signal"], int(report["step"]), folder, resume), file=sys.stderr)
+        return 128 + int(signal.Signals[report["signal"]])
+
+    def failed(self, failures: Dict[int, Any], reports: Dict[int, Dict[str, Any]]) -> int:
+        """Some processes ended with an error or were killed: one message, naming the process that ended first."""
+        stop = reports.get(0, {})
+        stop_codes = {128 + signal.SIGINT, 128 + signal.SIGTERM}
+        if stop.get("event") == "stopped" and all(f.exitcode in stop_codes for f in failures.values()):
+            return self.stopped(stop["signal"], reports)  # a signal sent to one process stopped them all
+        lost = {rank for rank, r in reports.items() if r.get("event") == "lost_peer"}
+        # a process ended by a signal torchrun did not send (torchrun ends the others with SIGTERM)
+        killed = {
+            rank: f
+            for rank, f in failures.items()
+            if f.exitcode < 0 and -f.exitcode != signal.SIGTERM and rank not in lost
+        }
+        if killed:
+            names = "; ".join(
+                f"Rank {rank} (pid {f.pid}) was killed by {_signal_name(-f.exitcode)}"
+                for rank, f in sorted(killed.items())
+            )
+            others = len(failures) - len(killed)
+            print(
+                f"\n{names}{_kill_hint(killed)}. The other process{'es were' if others != 1 else ' was'} stopped. "
+                f"{self.last_checkpoint()}",
+                file=sys.stderr,
+            )
+            return 1
+        if lost and not [rank for rank, f in failures.items() if rank not in lost and f.exitcode > 0]:
+            print(
+                f"\nThe processes of ranks {', '.join(map(str, sorted(lost)))} lost contact with another process of "
+                f"the run, which is gone without a report. {self.last_checkpoint()}",
+                file=sys.stderr,
+            )
+            return 1
+        # an error: the process(es) printed it (rank 0 one message for all ranks)
+        return max((f.exitcode for f in failures.values() if f.exitcode > 0), default=1)
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _kill_hint(killed: Dict[int, Any]) -> str:
+    if any(-f.exitcode == signal.SIGKILL for f in killed.values()):
+        return " (a `kill -9`, or the kernel's out-of-memory killer: `dmesg` says which)"
+    if any(-f.exitcode in (signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT) for f in killed.values()):
+        return " (a crash in native code: run again with TUNE_DEBUG=1 PYTHONFAULTHANDLER=1 to see where)"
+    return ""

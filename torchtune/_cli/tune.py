@@ -38,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``tune`` parser with every available subcommand registered."""
     parser = argparse.ArgumentParser(
         prog="tune",
+        allow_abbrev=False,
         description="Welcome to the torchtune CLI! (plaintune: torchtune's recipes, configs and commands in plain "
         "PyTorch)",
         epilog="Short form: `tune RECIPE --config CONFIG [key=value ...]` is `tune run RECIPE ...`.\n"
@@ -51,6 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
         if importlib.util.find_spec(module_name) is None:
             continue
         importlib.import_module(module_name).add_parser(subparsers)
+    for sub in subparsers.choices.values():
+        sub.allow_abbrev = False  # an option is spelled out: `--config-o` is an error, never `--config-only`
     parser.set_defaults(command_names=frozenset(subparsers.choices))
     return parser
 

@@ -47,7 +47,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "  tune validate ./my_config.yaml --recipe full_finetune_single_device",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("config", metavar="CONFIG", help="built-in config name or path to a YAML file")
+    parser.add_argument("config", metavar="CONFIG", nargs="?", help="built-in config name or path to a YAML file")
+    parser.add_argument(
+        "--config", dest="config_option", metavar="CONFIG", help="the same, spelled as `tune run` takes it"
+    )
     parser.add_argument(
         "--recipe",
         metavar="RECIPE",
@@ -80,8 +83,19 @@ def _recipe_path(args: argparse.Namespace) -> tuple[Optional[Path], Optional[str
 
 def validate_command(args: argparse.Namespace) -> int:
     """Handler of ``tune validate``: raises ConfigError (exit 2) naming every problem found."""
+    from torchtune._errors import UsageError
     from torchtune.config import load_config, validate  # omegaconf: only when used
 
+    if args.config_option and args.config and ("=" in args.config or args.config.startswith("~")):
+        args.overrides, args.config = [args.config, *args.overrides], None  # `--config X key=value`: an override
+    if args.config and args.config_option:
+        raise UsageError(
+            f"Two configs given ({args.config} and --config {args.config_option}): `tune validate` checks one. "
+            "Pass it once, as `tune validate CONFIG` or `tune validate --config CONFIG`."
+        )
+    args.config = args.config or args.config_option
+    if not args.config:
+        raise UsageError("No config given: `tune validate CONFIG [key=value ...]` (a built-in name or a YAML path).")
     cfg = load_config(args.config, args.overrides)
     path, name = _recipe_path(args)  # before the checks: a wrong --recipe is reported first
     validate(cfg, import_components=False)
@@ -117,7 +131,7 @@ def validate_command(args: argparse.Namespace) -> int:
     from torchtune.training import check_inputs
 
     sys.stdout.flush()  # the line above comes before any message of the input checks
-    done = check_inputs(cfg)
+    done = check_inputs(cfg, distributed=bool(getattr(module, "DISTRIBUTED", False)))
     print("Inputs checked as `tune run` reads them before the weights (no tensor data read):")
     for line in done:
         print(f"  - {line}")

@@ -12,6 +12,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from torchtune._distribution import install_hint
 from torchtune._errors import ConfigError
+from torchtune._quiet import quiet_import
 
 # The key whose value names the object a config node builds; the one place it is spelled.
 COMPONENT_KEY = "_component_"
@@ -33,7 +34,8 @@ def import_component(path: str, key: Optional[str] = None) -> Any:
     for i in range(len(parts), 0, -1):
         name = ".".join(parts[:i])
         try:
-            module = importlib.import_module(name)
+            with quiet_import(name):  # torchao's "Failed to load" lines of CUDA kernels it does not need
+                module = importlib.import_module(name)
             break
         except ModuleNotFoundError as exc:
             # Only "this very module does not exist" means: try a shorter prefix. A module that exists but
@@ -196,7 +198,9 @@ def instantiate(node: Any, *args: Any, **kwargs: Any) -> Any:
     if COMPONENT_KEY not in fields:
         raise ConfigError(
             f"Config node '{key or '<root>'}' has no _component_ key, so there is nothing to instantiate; "
-            f"add e.g. '_component_: torch.optim.AdamW' (its keys are: {', '.join(map(str, fields))})."
+            f"add e.g. '_component_: torch.optim.AdamW' to it in the YAML, or "
+            f"+{key or 'NODE'}._component_=torch.optim.AdamW on the command line (its keys are: "
+            f"{', '.join(map(str, fields))})."
         )
     return _call(fields, key or "", args, kwargs)
 

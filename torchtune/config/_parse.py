@@ -81,6 +81,7 @@ def _argument_parser(prog: str, description: Optional[str]) -> TuneRecipeArgumen
     return TuneRecipeArgumentParser(
         prog=prog,
         description=description,
+        allow_abbrev=False,
         epilog=OVERRIDE_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -188,9 +188,37 @@ def check_recipe_keys(cfg: Any, recipe_keys: Sequence[str], recipe_name: str, sh
     if missing:
         problems.append("missing key(s) " + ", ".join(missing))
     if problems:
+        add = ""
+        if missing:
+            shown = " ".join(f"+{key}={_shipped_value(shipped_config, key)}" for key in missing)
+            add = (
+                f" Add the missing keys to the YAML, or on the command line with a + (a key the config does not "
+                f"have is added only with one): {shown} (the values of {shipped_config})."
+            )
         raise ConfigError(
             f"The config does not fit the {recipe_name} recipe: "
             + "; ".join(problems)
             + f". docs/recipe.md lists every key this recipe reads, and its shipped config spells each one out "
-            f"(tune cp {shipped_config} .); remove or fix the keys above."
+            f"(tune cp {shipped_config} .)."
+            + (" Remove or fix the unknown keys." if keys - set(recipe_keys) else "")
+            + add
         )
+
+
+def _shipped_value(shipped_config: str, key: str) -> str:
+    """``key``'s value in the shipped config, as an override writes it (``VALUE`` when it cannot be read)."""
+    try:
+        from omegaconf import OmegaConf
+
+        from torchtune.config._load import resolve_config_path
+
+        value = OmegaConf.to_container(OmegaConf.load(resolve_config_path(shipped_config)), resolve=False).get(key)
+    except Exception:  # noqa: BLE001 - only a hint: the message stands without it
+        return "VALUE"
+    if value is None:
+        return "null"
+    if isinstance(value, (dict, list)):
+        import json
+
+        return "'" + json.dumps(value).replace('"', "") + "'"
+    return str(value)

@@ -35,6 +35,14 @@ def load_hf_dataset(source: str, split: str = "train", **load_dataset_kwargs: An
     the matching builder (``data/train.jsonl`` -> ``json`` with ``data_files``)."""
     source = os.fspath(source)
     suffix = Path(source).suffix.lower()
+    if suffix in _SUFFIX_TO_BUILDER and load_dataset_kwargs.get("data_files") is not None:
+        exists = "" if Path(source).expanduser().is_file() else f" ('{source}' does not exist either)"
+        raise TuneError(
+            f"dataset.source='{source}' names a data file, and dataset.data_files="
+            f"{load_dataset_kwargs['data_files']!r} names data too: which to read is unclear{exists}. Name the file "
+            f"once: dataset.source={source} with ~dataset.data_files (deletes the key), or "
+            f"dataset.source={_SUFFIX_TO_BUILDER[suffix]} dataset.data_files={source}."
+        )
     if suffix in _SUFFIX_TO_BUILDER and "data_files" not in load_dataset_kwargs:
         if not Path(source).expanduser().is_file():
             raise TuneError(
@@ -48,7 +56,7 @@ def load_hf_dataset(source: str, split: str = "train", **load_dataset_kwargs: An
     if source in _FILE_BUILDERS and not files and not load_dataset_kwargs.get("data_dir"):
         raise TuneError(
             f"dataset.source={source} reads local files, but dataset.data_files is not set. "
-            f"Set dataset.data_files=/path/to/data.{source}."
+            f"Set it: +dataset.data_files=/path/to/data.{source} (the + adds the key the config lacks)."
         )
 
     import datasets  # deferred: importing `datasets` takes seconds and isn't needed to import torchtune

@@ -7,6 +7,7 @@ torchtune is imported.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import fnmatch
 import functools
@@ -19,7 +20,7 @@ import tempfile
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 from omegaconf import ListConfig, OmegaConf
 
@@ -249,6 +250,35 @@ class _DropCustomDatasetHint(logging.Filter):
         return "Custom kwargs can be passed to `--metadata`" not in record.getMessage()
 
 
+def _quiet_git_hash() -> Optional[str]:
+    """What lm-eval's ``get_git_commit_hash`` returns (``git describe --always`` in the working directory),
+    with git's stderr captured: lm-eval's own call lets git print "fatal: not a git repository" on every
+    evaluation run outside a git checkout."""
+    import subprocess
+
+    try:
+        done = subprocess.run(["git", "describe", "--always"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() or None if done.returncode == 0 else None
+
+
+@contextlib.contextmanager
+def _git_hash_without_stderr(lm_eval: Any) -> Iterator[None]:
+    """Inside: ``lm_eval.simple_evaluate`` records the git hash through ``_quiet_git_hash`` (lm-eval 0.4 imports
+    ``get_git_commit_hash`` into its evaluator module and calls it there, once, at the end of a run)."""
+    evaluator = getattr(lm_eval, "evaluator", None)
+    own = getattr(evaluator, "get_git_commit_hash", None)
+    if own is None:
+        yield
+        return
+    evaluator.get_git_commit_hash = _quiet_git_hash
+    try:
+        yield
+    finally:
+        evaluator.get_git_commit_hash = own
+
+
 def run_tasks(
     lm: Any, tasks: ResolvedTasks, settings: EvalSettings, *, reporting: bool = True
 ) -> Optional[dict[str, Any]]:
@@ -273,18 +303,19 @@ def run_tasks(
     for lg in quieted:
         lg.setLevel(logging.WARNING)
     try:
-        results = lm_eval.simple_evaluate(
-            model=lm,
-            tasks=list(tasks.specs),
-            num_fewshot=settings.num_fewshot,
-            limit=limit,
-            task_manager=tasks.task_manager,
-            log_samples=False,
-            random_seed=settings.seed,
-            numpy_random_seed=settings.seed,
-            torch_random_seed=settings.seed,
-            fewshot_random_seed=settings.seed,
-        )
+        with _git_hash_without_stderr(lm_eval):
+            results = lm_eval.simple_evaluate(
+                model=lm,
+                tasks=list(tasks.specs),
+                num_fewshot=settings.num_fewshot,
+                limit=limit,
+                task_manager=tasks.task_manager,
+                log_samples=False,
+                random_seed=settings.seed,
+                numpy_random_seed=settings.seed,
+                torch_random_seed=settings.seed,
+                fewshot_random_seed=settings.seed,
+            )
     except Exception as exc:
         if _needs_network(exc):
             first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__

@@ -123,7 +123,8 @@ class HFModelConfig:
                 f"The checkpoint's config.json ({self.path}) has {self.rope.describe()}, but the model built "
                 f"from model._component_ has {ours.describe()}: it would see token positions differently "
                 "from how it was trained. Use the model builder for these weights, or set its rope_base / "
-                "scale_factor (model.rope_base=..., model.scale_factor=...) to the values of config.json."
+                "scale_factor (model.rope_base=..., model.scale_factor=...; +model.rope_base=... when the model node "
+                "has no such key) to the values of config.json."
             )
 
 

@@ -57,6 +57,7 @@ from torchtune.training.checkpointing import (
     ModelType,
     update_state_dict_for_classifier,
 )
+from torchtune.training.distributed._launch_report import is_lost_peer_error, launcher_reports, report_to_launcher
 from torchtune.training.distributed._settings import (
     check_distributed_settings,
     check_resume_is_sharded,
@@ -208,6 +209,7 @@ _LAZY = {
     "holds_only_sharded_weights": "torchtune.training.distributed._sharded_read",
     "load_sharded_model": "torchtune.training.distributed._sharded_read",
     "export_hf_folder": "torchtune.training.checkpointing._hf_export",
+    "exit_process": "torchtune.training.distributed._fsdp",
 }
 
 
@@ -337,6 +339,9 @@ __all__ = [
     "WeightChangeTracker",
     "agree_on_seed",
     "any_rank",
+    "is_lost_peer_error",
+    "launcher_reports",
+    "report_to_launcher",
     "export_hf_folder",
     "holds_only_sharded_weights",
     "load_sharded_model",
@@ -373,6 +378,7 @@ __all__ = [
     "check_tokenizer_fits_model",
     "check_validation_settings",
     "destroy_distributed",
+    "exit_process",
     "forward_backward",
     "forward_loss",
     "in_bwd_groups",

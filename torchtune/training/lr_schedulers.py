@@ -33,9 +33,17 @@ def build_lr_scheduler(
     if state_dict is not None:
         scheduler.load_state_dict(state_dict)
         # A freshly built scheduler has already written its step-0 LR into the optimizer; put back
-        # the LR the interrupted run was at.
-        for group, lr in zip(optimizer.param_groups, scheduler.get_last_lr()):
-            group["lr"] = lr
+        # the LR the interrupted run was at. A base LR changed on resume (optimizer.lr=...) is each group's
+        # initial_lr (configured_hyperparameters_kept put it there): the schedule goes on from it, at the
+        # same point, every LR scaled by new / old base (a schedule is a factor of its base LR).
+        last = list(scheduler.get_last_lr())
+        for i, group in enumerate(optimizer.param_groups):
+            base, saved_base = group.get("initial_lr"), scheduler.base_lrs[i]
+            if base is not None and base != saved_base:
+                last[i] = last[i] * base / saved_base
+                scheduler.base_lrs[i] = base
+            group["lr"] = last[i]
+        scheduler._last_lr = last  # what get_last_lr() reports until the next step
     return scheduler
 
 

@@ -246,3 +246,22 @@ def test_validate_does_no_work_beyond_the_checks(tmp_path):
     report = json.loads(out.stdout.strip().splitlines()[-1])
     assert report == {"rc": 0, "imported": []}, report
     assert "Inputs checked" in out.stdout and "tensor headers fit the model" in out.stdout, out.stdout
+
+
+def test_config_given_as_tune_run_takes_it_is_the_config_and_no_option_is_abbreviated(capsys):
+    """`tune validate --config X` was `--config-only` (argparse's prefix matching): X unchecked without a word."""
+    import argparse
+
+    from torchtune._cli.tune import build_parser, main
+
+    assert main(["validate", "--config", "llama2/7B_full_low_memory", "gradient_accumulation_steps=4"]) == 2
+    assert "gradient_accumulation_steps=4 cannot be used with optimizer_in_bwd=True" in _flat(capsys.readouterr().err)
+    assert main(["validate", "--config", "llama2/7B_full_single_device", "--config-only"]) == 0
+    assert "passes the checks of the full_finetune_single_device recipe" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["validate", "llama2/7B_full", "--config-o"])  # no prefix of --config-only stands for it
+    assert "unrecognized arguments: --config-o" in capsys.readouterr().err
+    parser = build_parser()
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert parser.allow_abbrev is False
+    assert {name: p.allow_abbrev for name, p in subparsers.choices.items()} == dict.fromkeys(subparsers.choices, False)

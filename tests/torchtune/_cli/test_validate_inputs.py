@@ -244,3 +244,23 @@ def test_template_that_fails_on_a_row_and_the_lengths_of_the_first_examples(caps
     assert main(["validate", TINY, f"output_dir={tmp_path / 'out'}", "dataset.max_seq_len=60", plain]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "dataset: 1954 examples" in out and "; 1046 rows with nothing to learn left out (1046 cut away" in out, out
+
+
+def test_output_dir_that_is_a_file(capsys, tmp_path):
+    (tmp_path / "taken").write_text("not a folder")
+    _same_message_from_validate_and_run(
+        capsys, tmp_path, [f"output_dir={tmp_path / 'taken'}"], "output_dir=" + str(tmp_path / "taken") + " is a file"
+    )
+    _same_message_from_validate_and_run(
+        capsys, tmp_path, [f"output_dir={tmp_path / 'taken' / 'run'}"], "which is a file, not a folder"
+    )
+
+
+def test_data_longer_than_the_models_positions(capsys, tmp_path):
+    limit = config.load_config(TINY).model.max_seq_len
+    _same_message_from_validate_and_run(
+        capsys,
+        tmp_path,
+        [f"dataset.max_seq_len={limit + 1}"],
+        f"dataset.max_seq_len={limit + 1} is longer than the model's max_seq_len ({limit}",
+    )

@@ -85,3 +85,22 @@ def test_check_recipe_keys_names_unknown_and_missing_keys():
     assert "missing key(s) batch_size, seed" in message
     assert "tune cp my/config ." in message
     check_recipe_keys(OmegaConf.create({"batch_size": 1}), ("batch_size",), "r", "c")  # no error
+
+
+def test_missing_recipe_keys_are_offered_as_overrides_with_a_plus_and_the_shipped_values(tmp_path):
+    """A key the config lacks is added on the command line only with '+': the advice says so, and the added
+    keys then pass."""
+    from omegaconf import OmegaConf
+
+    from torchtune.config import apply_overrides, check_recipe_keys
+
+    shipped = config.load_config("llama2/tiny_full")
+    cfg = shipped.copy()
+    del cfg["overwrite"], cfg["save_every_n_steps"]
+    keys = tuple(shipped.keys())
+    with pytest.raises(ConfigError) as err:
+        check_recipe_keys(cfg, keys, "full_finetune_single_device", "llama2/tiny_full")
+    message = " ".join(str(err.value).split())
+    assert "+overwrite=False +save_every_n_steps=50 (the values of llama2/tiny_full)" in message, message
+    added = message.split("with one): ")[1].split(" (the values")[0].split()
+    check_recipe_keys(apply_overrides(OmegaConf.create(OmegaConf.to_container(cfg)), added), keys, "r", "c")

@@ -198,8 +198,10 @@ def test_empty_file(tokenizer, tmp_path, cache_dir, content):
 
 
 def test_file_builder_without_data_files(tokenizer, cache_dir):
-    with pytest.raises(TuneError, match="dataset.data_files"):
+    with pytest.raises(TuneError) as info:
         alpaca_dataset(tokenizer, source="json", cache_dir=cache_dir)
+    # the config has no data_files key: only +dataset.data_files=... adds it
+    assert "+dataset.data_files=/path/to/data.json" in " ".join(str(info.value).split())
 
 
 def test_csv_source(tokenizer, tmp_path, cache_dir):
@@ -220,6 +222,19 @@ def test_source_may_be_a_file_path(tokenizer, alpaca_json, cache_dir):
     assert len(ds) == 3
     with pytest.raises(TuneError, match="dataset.source"):
         alpaca_dataset(tokenizer, source=str(alpaca_json.parent / "other.json"), cache_dir=cache_dir)
+
+
+def test_a_file_as_source_beside_data_files_names_both_not_a_missing_file(tokenizer, alpaca_json, cache_dir):
+    """dataset.source=f.jsonl on a config with data_files said no data file exists at f.jsonl, which exists."""
+    other = alpaca_json.parent / "other.jsonl"
+    other.write_text(alpaca_json.read_text())
+    with pytest.raises(TuneError) as info:
+        alpaca_dataset(tokenizer, source=str(other), data_files=str(alpaca_json), cache_dir=cache_dir)
+    message = " ".join(str(info.value).split())
+    assert f"dataset.source='{other}' names a data file, and dataset.data_files='{alpaca_json}'" in message
+    assert "does not exist" not in message and "Couldn't find" not in message
+    assert f"dataset.source={other} with ~dataset.data_files" in message
+    assert f"dataset.source=json dataset.data_files={other}" in message
 
 
 def test_hub_name_offline_says_use_local_files(tokenizer, cache_dir):

@@ -136,6 +136,40 @@ def test_bundled_task_acc_equals_hflm(ours, hflm):
     assert 0 < want["acc,none"] < 1
 
 
+def test_an_evaluation_outside_a_git_checkout_prints_no_git_error(ours, tmp_path, monkeypatch, capfd):
+    """lm-eval records `git describe --always` of the working directory and let git print "fatal: not a git
+    repository" on every evaluation run elsewhere; the hash is recorded quietly (None there)."""
+    import lm_eval.evaluator
+
+    own = lm_eval.evaluator.get_git_commit_hash
+    monkeypatch.chdir(tmp_path)
+    capfd.readouterr()
+    results = evaluation.run_tasks(
+        ours, evaluation.resolve_tasks(["demo_mc"]), evaluation.EvalSettings(tasks=("demo_mc",), limit=2)
+    )
+    assert "not a git repository" not in capfd.readouterr().err and results["git_hash"] is None
+    assert lm_eval.evaluator.get_git_commit_hash is own  # put back
+
+
+def test_importing_torchao_through_a_config_says_nothing_and_leaves_its_logger_as_it_was():
+    """torchao logs "Failed to load ..." for each CUDA kernel library it cannot load (and torch warns about
+    its Enum registration) on import: dropped during that import only."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("torchao")
+    code = (
+        "import logging\n"
+        "from torchtune.config import import_component\n"
+        "import_component('torchao.optim.AdamW8bit')\n"
+        "assert not logging.getLogger('torchao').filters and not logging.getLogger('torch.utils._pytree').filters\n"
+        "logging.getLogger('torchao').warning('Failed to load later: shown')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.strip() == "Failed to load later: shown", result.stderr
+
+
 def test_llama3_loglikelihoods_equal_hflm(tmp_path, llama3_tokenizer_dir):
     """Llama 3's tiktoken tokenizer against the folder's tokenizer.json as HFLM reads it: the same BOS
     (<|begin_of_text|>) handling, so the same scores."""

@@ -170,3 +170,32 @@ def test_grad_norm_of_sharded_gradients_is_the_global_norm(world_of_one):
         torch.optim.SGD(model.parameters(), lr=0.0), model.parameters(), clip_grad_norm=1e9, grad_norm=tracker
     )
     assert tracker.pop() == pytest.approx(float(expected), rel=1e-5)
+
+
+@pytest.mark.parametrize("torchrun", [True, False], ids=["torchrun", "one_process"])
+def test_exit_process_skips_interpreter_finalization_under_torchrun(torchrun, tmp_path):
+    """gloo's worker threads outlive destroy_process_group while a device mesh or a DTensor holds the group; one
+    that drops a collective's tensor after the interpreter began finalizing aborts the process ("terminate called
+    without an active exception", exit -6). Under torchrun a worker ends with os._exit once its main returned, the
+    status, output and traceback kept; nothing runs at finalization (an atexit hook shows whether it did)."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import atexit, sys\n"
+        "from torchtune.training import exit_process\n"
+        "atexit.register(lambda: print('finalized', flush=True))\n"
+        "def main():\n"
+        "    print('trained', flush=True)\n"
+        "    raise SystemExit(143) if sys.argv[1] == 'stop' else RuntimeError('broken')\n"
+        "exit_process(main)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    if torchrun:
+        env.update(RANK="1", WORLD_SIZE="2", LOCAL_RANK="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="1")
+    for arg, status in (("stop", 143), ("error", 1)):
+        result = subprocess.run([sys.executable, "-c", code, arg], capture_output=True, text=True, env=env, timeout=120)
+        assert result.returncode == status and result.stdout.startswith("trained"), result.stderr
+        assert ("finalized" in result.stdout) != torchrun
+        assert ("RuntimeError: broken" in result.stderr) == (arg == "error")

@@ -133,14 +133,15 @@ def validate_state_dict(model: nn.Module, state_dict: dict[str, torch.Tensor]) -
         tie_hint = (
             " The checkpoint has no output projection (lm_head.weight), as models with tied embeddings "
             "(tie_word_embeddings: true in config.json, as Llama 3.2 1B/3B) have none: build the model with "
-            "tied embeddings (the llama3_2 builders, or model.tie_word_embeddings=True), or check that "
+            "tied embeddings (the llama3_2 builders, or +model.tie_word_embeddings=True on a component builder that "
+            "takes it; the + adds a key the model node lacks), or check that "
             "checkpointer.checkpoint_files lists every file."
         )
     elif "output.weight" in unexpected:
         tie_hint = (
             " The checkpoint has its own output projection (lm_head.weight, tie_word_embeddings: false) but "
-            "the model ties it to the token embedding: set model.tie_word_embeddings=False, or use the "
-            "builder for these weights."
+            "the model ties it to the token embedding: set model.tie_word_embeddings=False (+model.tie_word_embeddings="
+            "False when the model node has no such key), or use the builder for these weights."
         )
     problems = []
     if missing:

@@ -41,7 +41,7 @@ from torchtune.utils._checkpointing._atomic import (
     fsync_file,
     move_into_place,
 )
-from torchtune.utils._checkpointing._checkpoint_utils import OptimInBackwardWrapper
+from torchtune.utils._checkpointing._checkpoint_utils import OptimInBackwardWrapper, configured_hyperparameters_kept
 from torchtune.utils._checkpointing._manifest import (
     HASH_NAME,
     MANIFEST_FORMAT_VERSION,
@@ -359,14 +359,15 @@ def load_sharded_checkpoint(folder: Path, *, model: nn.Module, optimizer: Optimi
     try:
         state = _state(model, optimizer)
         dcp.load(state, checkpoint_id=str(folder / SHARDED_STATE_DIR))
-        set_state_dict(
-            model,
-            _optimizers(optimizer),
-            model_state_dict=state["model"],
-            optim_state_dict=state["optimizer"],
-        )
-        if isinstance(optimizer, OptimInBackwardWrapper):
-            optimizer.follow_inner_param_groups()
+        with configured_hyperparameters_kept(optimizer):  # optimizer.lr=... given on resume is used
+            set_state_dict(
+                model,
+                _optimizers(optimizer),
+                model_state_dict=state["model"],
+                optim_state_dict=state["optimizer"],
+            )
+            if isinstance(optimizer, OptimInBackwardWrapper):
+                optimizer.follow_inner_param_groups()
     except _SAVE_LOAD_ERRORS as exc:  # every rank must learn of it (DCP raises on all of them)
         cause = _cause(exc)
         what = (

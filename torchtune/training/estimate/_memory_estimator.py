@@ -321,10 +321,9 @@ _MEASURE_DIRECT_UP_TO = 1 << 17
 
 
 def _import(path: str) -> Any:
-    module, _, name = path.rpartition(".")
-    import importlib
+    from torchtune.config import import_component
 
-    return getattr(importlib.import_module(module), name)
+    return import_component(path)
 
 
 def _measured_bytes(optimizer_cls: type, kwargs: dict[str, Any], numel: int, dtype: torch.dtype) -> tuple[int, int]:

@@ -33,6 +33,7 @@ from torchtune.training.optim._torchao_local_step import needs_local_step, step_
 from torchtune.training.setup._checks import IN_BWD_GROUPS
 from torchtune.utils._checkpointing._checkpoint_utils import (
     OptimInBackwardWrapper,
+    configured_hyperparameters_kept,
     is_standard_optimizer_state,
     load_optimizer_state_dict,
 )
@@ -432,7 +433,8 @@ def _in_bwd_wrapper(
 
 
 def load_optimizer_state(optimizer: Optimizer, state_dict: Mapping[str, Any]) -> None:
-    """Restore a saved optimizer state, refusing one written in the other optimizer mode.
+    """Restore a saved optimizer state, refusing one written in the other optimizer mode. The hyper-parameters
+    this run's config gives (``optimizer.lr`` ...) are kept, a change logged (``configured_hyperparameters_kept``).
 
     One parameter at a time (``load_optimizer_state_dict``): with the state memory-mapped from
     ``recipe_state.pt``, host memory holds the restored state once plus one parameter's worth, and
@@ -443,7 +445,8 @@ def load_optimizer_state(optimizer: Optimizer, state_dict: Mapping[str, Any]) ->
             backward) for other parameter names.
     """
     if isinstance(optimizer, OptimInBackwardWrapper):
-        optimizer.load_state_dict(state_dict)  # checks the mode and the names itself
+        with configured_hyperparameters_kept(optimizer):
+            optimizer.load_state_dict(state_dict)  # checks the mode and the names itself
         return
     if not is_standard_optimizer_state(state_dict):
         raise TuneError(
@@ -452,7 +455,8 @@ def load_optimizer_state(optimizer: Optimizer, state_dict: Mapping[str, Any]) ->
             "optimizer_in_bwd=False. Resume with optimizer_in_bwd=True, or start a new "
             "run without resume_from_checkpoint."
         )
-    load_optimizer_state_dict(optimizer, state_dict)
+    with configured_hyperparameters_kept(optimizer):
+        load_optimizer_state_dict(optimizer, state_dict)
 
 
 def step_optimizer(

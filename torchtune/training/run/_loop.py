@@ -13,6 +13,7 @@ import torch
 
 from torchtune.training import memory
 from torchtune.training.run._metrics import build_metric_logger, epoch_progress_bar
+from torchtune.training.run._output_dir import drop_metrics_after
 from torchtune.training.run._resume import RunSettings, TrainingProgress, recipe_state
 from torchtune.training.run._step import num_label_tokens
 from torchtune.training.setup._checks import positive_int
@@ -190,11 +191,17 @@ class StepMetrics:
         self._epoch = [0, 0]  # the same since the epoch began
         self._interval_start: Optional[float] = None  # None: the clock starts at the next step
 
-    def open(self, cfg: Any, data: TrainingData) -> Any:
+    def open(self, cfg: Any, data: TrainingData, *, resumed_step: Optional[int] = None) -> Any:
         """Start the metric loggers of ``cfg`` (rank 0: ``metrics.jsonl`` and those listed in
-        ``metric_logger``) for a run on ``data``; returns them (None on the other ranks)."""
+        ``metric_logger``) for a run on ``data``; returns them (None on the other ranks).
+
+        ``resumed_step``: the step of the checkpoint an accepted resume loaded (the recipe calls ``open``
+        after every check and load of its setup): the lines of later steps in ``metrics.jsonl`` are dropped
+        now, as the run logs them again; a resume refused before this point leaves them as they were."""
         self.data = data
         if self.writes:
+            if resumed_step is not None:
+                drop_metrics_after(cfg.output_dir, resumed_step)
             self.logger = build_metric_logger(cfg)
         return self.logger
 

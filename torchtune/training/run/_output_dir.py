@@ -7,8 +7,11 @@ append a second series of steps to its ``logs/metrics.jsonl``: a finetune lost w
 - stops a new run whose output folders hold checkpoints or metrics, with one message offering the
   three choices: resume that run, pick another ``output_dir``, or ``overwrite=True``;
 - with ``overwrite=True``, deletes that run's ``step_N`` / ``epoch_N`` folders and metrics first;
-- for a resumed run, drops the metric lines of the steps after the resumed checkpoint (the run logs
-  them again), so ``metrics.jsonl`` continues without duplicate steps.
+- for a resumed run, changes nothing: the resume may still be refused (another batch size, another model,
+  a damaged checkpoint), and a refused resume leaves every file as it was. Once the resume is accepted
+  (every check passed, the weights and states loaded), ``drop_metrics_after`` drops the metric lines of
+  the steps after the resumed checkpoint (the run logs them again), so ``metrics.jsonl`` continues
+  without duplicate steps.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from torchtune.utils._checkpointing._manifest import _CHECKPOINT_FOLDER, _saved_
 
 log = logging.getLogger("torchtune")
 
-__all__ = ["check_output_dir", "check_overwrite", "prepare_output_dir"]
+__all__ = ["check_output_dir", "check_overwrite", "drop_metrics_after", "prepare_output_dir"]
 
 
 def check_overwrite(cfg: Any) -> None:
@@ -106,7 +109,7 @@ def prepare_output_dir(cfg: Any, info: Any = None) -> None:
 
 def check_output_dir(cfg: Any) -> str:
     """What ``prepare_output_dir`` would decide, changing nothing (``tune validate``): the same errors, no
-    deletion for ``overwrite=True``, no metrics cut back for a resume. Returns the decision, in words.
+    deletion for ``overwrite=True``. Returns the decision, in words.
 
     Raises:
         TuneError: as ``prepare_output_dir``.
@@ -114,19 +117,43 @@ def check_output_dir(cfg: Any) -> str:
     return _prepare(cfg, change=False)
 
 
+def _check_folders(cfg: Any) -> None:
+    """``output_dir`` and ``checkpointer.output_dir`` are folders or do not exist yet."""
+    for key, value in (("output_dir", cfg.output_dir), ("checkpointer.output_dir", cfg.checkpointer.output_dir)):
+        path = Path(str(value)).expanduser()
+        if path.exists() and not path.is_dir():
+            raise ConfigError(
+                f"{key}={value} is a file, not a folder: the run writes its checkpoints and logs/metrics.jsonl "
+                f"into that folder. Set {key} to a folder (a new one is made), e.g. {key}={path.with_suffix('')}_run."
+            )
+        for parent in path.parents:
+            if parent.exists():
+                if not parent.is_dir():
+                    raise ConfigError(
+                        f"{key}={value} lies under {parent}, which is a file, not a folder: the run cannot make "
+                        f"{path} there. Set {key} to a folder elsewhere."
+                    )
+                break
+
+
 def _prepare(cfg: Any, change: bool = True) -> str:
     check_overwrite(cfg)
+    _check_folders(cfg)
     checkpoints_dir = Path(str(cfg.checkpointer.output_dir)).expanduser()
     metrics = metrics_path(cfg.output_dir)
     folders = _checkpoint_folders(checkpoints_dir)
     steps = _metric_steps(metrics)
     if cfg.resume_from_checkpoint:
         # A resume continues a run: its own folder, or an output_dir without checkpoints (metrics there, e.g.
-        # of an earlier attempt at this resume, are cut back to the resumed step and continued).
+        # of an earlier attempt at this resume, are cut back to the resumed step once the resume is accepted).
         resumed = _resumed_folder(cfg)
         if resumed.parent == checkpoints_dir.resolve() or not folders:
-            if change:
-                _drop_metrics_after(metrics, _saved_step(resumed))
+            later = _saved_step(resumed)
+            if steps and later is not None and steps[1] > later:
+                return (
+                    f"the resumed run continues there (once the resume is accepted, its metric lines of steps "
+                    f"after {later} are dropped: they are logged again)"
+                )
             return "the resumed run continues there"
     elif not (folders or steps):
         return "free for this run"
@@ -188,9 +215,12 @@ def _occupied_message(
     )
 
 
-def _drop_metrics_after(metrics: Path, step: Optional[int]) -> None:
-    """Keep the lines of steps up to ``step`` (the resumed checkpoint's); the resumed run logs the rest again."""
-    if step is None or not metrics.is_file():
+def drop_metrics_after(output_dir: Any, step: int) -> None:
+    """Keep the lines of ``output_dir``'s ``metrics.jsonl`` of steps up to ``step`` (the resumed checkpoint's);
+    the resumed run logs the rest again. Called once a resume is accepted (``StepMetrics.open``), never before:
+    a refused resume leaves the file as it was."""
+    metrics = metrics_path(output_dir)
+    if not metrics.is_file():
         return
     kept, dropped = [], 0
     with open(metrics, encoding="utf-8") as f:

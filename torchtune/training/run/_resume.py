@@ -418,11 +418,14 @@ def recipe_state(
     }
 
 
-def resume_command(recipe: str, recipe_checkpoint: Path, argv: Optional[Sequence[str]] = None) -> str:
+def resume_command(
+    recipe: str, recipe_checkpoint: Path, argv: Optional[Sequence[str]] = None, launch_options: Sequence[str] = ()
+) -> str:
     """The ``tune run`` command line that resumes this run (``argv``: this process's, by default).
 
     ``recipe`` is the built-in recipe's name; a copy of the recipe run as a script (``tune cp``)
-    resumes with the copy.
+    resumes with the copy. ``launch_options``: the torchrun options the run was started with
+    (``--nproc_per_node 2`` ...), written between ``run`` and the recipe as they were given.
     """
     argv = list(sys.argv if argv is None else argv)
     script, args = (argv[0] if argv else ""), argv[1:]
@@ -442,6 +445,7 @@ def resume_command(recipe: str, recipe_checkpoint: Path, argv: Optional[Sequence
     parts = [
         "tune",
         "run",
+        *launch_options,
         script if is_copy else recipe,
         "--config",
         config_path or "CONFIG",

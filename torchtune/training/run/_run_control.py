@@ -12,7 +12,7 @@ import torch
 
 from torchtune._errors import TuneError
 
-__all__ = ["CheckpointPolicy", "NonFiniteLossGuard", "StopSignals", "report_stop"]
+__all__ = ["CheckpointPolicy", "NonFiniteLossGuard", "StopSignals", "report_stop", "stop_message"]
 
 
 class CheckpointPolicy:
@@ -83,8 +83,9 @@ class StopSignals:
     (where handlers cannot be installed) the context does nothing.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, announce: bool = True) -> None:
         self.signum: Optional[int] = None
+        self.announce = announce  # print what the signal does (one process of several says it, or the launcher)
         self._previous: Dict[int, Any] = {}
 
     @property
@@ -113,12 +114,13 @@ class StopSignals:
         if self.signum is not None:
             raise KeyboardInterrupt
         self.signum = signum
-        print(
-            f"\nReceived {signal.Signals(signum).name}: finishing this step, then saving a checkpoint (send it "
-            "again to stop at once, without saving).",
-            file=sys.stderr,
-            flush=True,
-        )
+        if self.announce:
+            print(
+                f"\nReceived {signal.Signals(signum).name}: finishing this step, then saving a checkpoint (send it "
+                "again to stop at once, without saving).",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def __enter__(self) -> "StopSignals":
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -174,22 +176,32 @@ class NonFiniteLossGuard:
                 f"The loss became NaN or infinite at step {step} (epoch {epoch}); training stopped and the weights "
                 f"after that step were not saved.{last} Lower optimizer.lr, raise the LR warm-up "
                 "(lr_scheduler.num_warmup_steps), use dtype=bf16 rather than a lower precision, and check the "
-                "dataset for empty or broken examples."
+                "dataset for empty or broken examples; a resume from that checkpoint with a new optimizer.lr "
+                "trains at the new LR."
             )
 
 
 def report_stop(signal_name: str, global_step: int, folder: Path, recipe_name: str) -> None:
     """Print, on stderr, where a run stopped by ``signal_name`` left its checkpoint and how to resume it
-    (or, when training had finished, where the final weights are)."""
+    (or, when training had finished, where the final weights are). In a process started by
+    ``tune run --nproc_per_node``, tell the launcher instead: it prints this with its torchrun options."""
+    from torchtune.training.distributed._launch_report import report_to_launcher
     from torchtune.training.run._resume import resume_command
     from torchtune.utils._checkpointing._manifest import RECIPE_STATE_NAME
 
     recipe_ckpt = Path(folder) / RECIPE_STATE_NAME
-    if recipe_ckpt.exists():
-        message = (
-            f"\nStopped by {signal_name} after step {global_step}; checkpoint saved to {folder}.\n"
-            f"Resume with:\n  {resume_command(recipe_name, recipe_ckpt)}"
-        )
-    else:
-        message = f"\nStopped by {signal_name}; training had finished. Final weights in {folder}."
-    print(message, file=sys.stderr, flush=True)
+    resumable = recipe_ckpt.exists()
+    if report_to_launcher("stopped", 0, signal=signal_name, step=global_step, folder=str(folder), resumable=resumable):
+        return
+    command = resume_command(recipe_name, recipe_ckpt) if resumable else None
+    print(stop_message(signal_name, global_step, Path(folder), command), file=sys.stderr, flush=True)
+
+
+def stop_message(signal_name: str, global_step: int, folder: Path, resume: Optional[str]) -> str:
+    """What a run stopped by ``signal_name`` after ``global_step`` says: the checkpoint and the ``resume``
+    command, or (``resume=None``, training had finished) where the final weights are."""
+    if resume is None:
+        return f"\nStopped by {signal_name}; training had finished. Final weights in {folder}."
+    return (
+        f"\nStopped by {signal_name} after step {global_step}; checkpoint saved to {folder}.\nResume with:\n  {resume}"
+    )

@@ -21,7 +21,13 @@ from torchtune.utils import set_default_dtype
 
 log = logging.getLogger("torchtune")
 
-__all__ = ["build_model", "check_model_matches_checkpoint", "check_tokenizer_fits_model", "model_fingerprint"]
+__all__ = [
+    "build_model",
+    "check_model_matches_checkpoint",
+    "check_sequences_fit_model",
+    "check_tokenizer_fits_model",
+    "model_fingerprint",
+]
 
 # In-place initialisers (nn.init.normal_, Tensor.uniform_, ...): on the meta device they have nothing to fill.
 _INITIALISERS = frozenset(
@@ -164,20 +170,60 @@ def check_tokenizer_fits_model(tokenizer: Any, model: nn.Module, cfg_tokenizer: 
         )
 
 
-def check_model_fits(cfg: Any, checkpointer: Any, tokenizer: Any, *, dtype: torch.dtype, resume: Any = None) -> None:
+def check_model_fits(
+    cfg: Any, checkpointer: Any, tokenizer: Any, *, dtype: torch.dtype, resume: Any = None
+) -> nn.Module:
     """Before any weight is read: the shapes of the model of ``cfg.model`` (built on the meta device, no
-    memory) against the checkpoint's config, the tokenizer of ``cfg.tokenizer`` and, on a resume, the
-    recipe state's fingerprint.
+    memory) against the checkpoint's config, the tokenizer of ``cfg.tokenizer`` (None: no tokenizer to check),
+    the data's ``max_seq_len`` against the model's positions and, on a resume, the recipe state's fingerprint.
+    Returns that meta-device model.
 
     Raises:
-        TuneError: from :func:`check_model_matches_checkpoint`, :func:`check_tokenizer_fits_model` or
+        TuneError: from :func:`check_model_matches_checkpoint`, :func:`check_tokenizer_fits_model`,
+            :func:`check_sequences_fit_model` or
             ``ResumePlan.check_model``, each naming what to change.
     """
     skeleton = model_skeleton(cfg.model, dtype=dtype)
     check_model_matches_checkpoint(skeleton, checkpointer)
-    check_tokenizer_fits_model(tokenizer, skeleton, cfg.tokenizer)
+    if tokenizer is not None:
+        check_tokenizer_fits_model(tokenizer, skeleton, cfg.tokenizer)
+    check_sequences_fit_model(cfg, skeleton)
     if resume is not None:
         resume.check_model(skeleton)
+    return skeleton
+
+
+def _dataset_nodes(node: Any) -> list:
+    if node is None:
+        return []
+    return list(node) if not hasattr(node, "get") else [node]
+
+
+def check_sequences_fit_model(cfg: Any, model: nn.Module) -> None:
+    """The longest sequence the config lets through (each ``dataset`` / ``validation_dataset`` node's
+    ``max_seq_len``, else ``tokenizer.max_seq_len``) must fit the model's positions (``model.max_seq_len``):
+    a longer batch would stop the run at the step that meets it, maybe hours in.
+
+    Raises:
+        TuneError: naming the key, both lengths and what to set.
+    """
+    limit = getattr(model, "max_seq_len", None)
+    if not isinstance(limit, int):
+        return
+    tokenizer_len = cfg.tokenizer.get("max_seq_len") if cfg.get("tokenizer") is not None else None
+    for key in ("dataset", "validation_dataset"):
+        nodes = _dataset_nodes(cfg.get(key))
+        for i, node in enumerate(nodes):
+            where = key if len(nodes) == 1 else f"{key}.{i}"
+            length, name = node.get("max_seq_len"), f"{where}.max_seq_len"
+            if length is None:
+                length, name = tokenizer_len, "tokenizer.max_seq_len"
+            if isinstance(length, int) and length > limit:
+                raise TuneError(
+                    f"{name}={length} is longer than the model's max_seq_len ({limit}, the positions its RoPE "
+                    f"covers): the first batch that long would stop the run at that step. Set {name}={limit} (or "
+                    "less), or a model with more positions."
+                )
 
 
 def model_fingerprint(model: nn.Module) -> str:

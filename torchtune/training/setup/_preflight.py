@@ -15,18 +15,24 @@ from typing import Any, List
 import torch
 
 from torchtune import config, utils
+from torchtune.training.distributed._settings import check_resume_is_sharded
 from torchtune.training.run._output_dir import check_output_dir
 from torchtune.training.run._resume import RunSettings, build_checkpointer, resolve_resume
 from torchtune.training.run._validation import build_validation
 from torchtune.training.setup._data import build_dataloader
-from torchtune.training.setup._model import check_model_matches_checkpoint, check_tokenizer_fits_model, model_skeleton
+from torchtune.training.setup._model import (
+    check_model_fits,
+)
 
 __all__ = ["check_inputs"]
 
 
-def check_inputs(cfg: Any) -> List[str]:
+def check_inputs(cfg: Any, *, distributed: bool = False) -> List[str]:
     """Run the set-up checks of ``cfg`` that read no tensor data; the parts a config has no node for are
     skipped (a generate config has no dataset). Returns one line per part checked, for the user.
+
+    ``distributed``: the checks of ``full_finetune_distributed``, whose resume must come from its own sharded
+    folders and whose checkpointer reads the base model folder (the shards hold the resumed weights).
 
     Raises:
         TuneError: the first problem, with the message the recipe's set-up gives.
@@ -38,6 +44,8 @@ def check_inputs(cfg: Any) -> List[str]:
     if training_run:
         done.append(f"output_dir {cfg.output_dir}: {check_output_dir(cfg)}")
         resume = resolve_resume(cfg, settings, checksums=False)
+        if distributed:
+            check_resume_is_sharded(resume)
         if resume is not None:
             done.append(f"resume state {resume.recipe_state_path}: step {resume.progress.global_step}, same settings")
     tokenizer = None
@@ -63,17 +71,14 @@ def check_inputs(cfg: Any) -> List[str]:
         if validation is not None:
             done.append("validation_dataset: its first examples tokenize")
     if "checkpointer" in cfg and "model" in cfg:
-        checkpointer = build_checkpointer(cfg.checkpointer, resume)
+        # as each recipe builds it: the distributed one reads the base folder, its resumed weights are shards
+        checkpointer = build_checkpointer(cfg.checkpointer, None if distributed else resume)
         # The dtype only names the skeleton's tensors: no device is asked whether it supports it.
-        skeleton = model_skeleton(cfg.model, dtype=utils.get_dtype(cfg.get("dtype", "fp32"), torch.device("cpu")))
-        check_model_matches_checkpoint(skeleton, checkpointer)
+        dtype = utils.get_dtype(cfg.get("dtype", "fp32"), torch.device("cpu"))
+        skeleton = check_model_fits(cfg, checkpointer, tokenizer, dtype=dtype, resume=resume)
         where = resume.checkpoint_dir if resume is not None else cfg.checkpointer.checkpoint_dir
         done.append(
             f"checkpoint {where}: its config and tensor headers fit the model "
             f"({sum(p.numel() for p in skeleton.parameters()) / 1e6:.1f}M parameters)"
         )
-        if tokenizer is not None:
-            check_tokenizer_fits_model(tokenizer, skeleton, cfg.tokenizer)
-        if resume is not None:
-            resume.check_model(skeleton)
     return done

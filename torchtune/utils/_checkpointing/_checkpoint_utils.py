@@ -11,9 +11,11 @@ a layer's optimizer state is saved as the per-parameter states it is made of).
 
 from __future__ import annotations
 
+import logging
 import os
 from collections import defaultdict
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from contextlib import contextmanager
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import torch
 from torch.optim import Optimizer
@@ -21,9 +23,64 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from torchtune._errors import TuneError, TuneRuntimeError
 
+log = logging.getLogger("torchtune")
+
 # A standard ``torch.optim`` state dict has exactly these two keys; a per-name one never does
 # (parameter names always contain a dot or are model attribute names).
 _STANDARD_KEYS = frozenset({"state", "param_groups"})
+
+
+# Group entries that are not hyper-parameters a config sets: the parameters themselves, and the base LR
+# an LR scheduler writes into each group (``initial_lr``; ``lr`` is then the scheduled LR of the step).
+_NOT_HYPERPARAMETERS = frozenset({"params", "param_names", "initial_lr"})
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return torch.as_tensor(a).double().equal(torch.as_tensor(b).double())
+    return a is b or (a is not None and b is not None and bool(a == b))
+
+
+@contextmanager
+def configured_hyperparameters_kept(optimizer: Optimizer) -> Iterator[Dict[str, Tuple[Any, Any]]]:
+    """Load a saved optimizer state inside this block, and keep the hyper-parameters this run's config gave.
+
+    ``Optimizer.load_state_dict`` replaces every group's hyper-parameters (``lr``, ``betas``, ``weight_decay``
+    ...) with the saved run's: a resume with ``optimizer.lr=1e-4`` would go on at the old LR without a word.
+    The groups as built from the config are read on entry; on exit each hyper-parameter that differs from the
+    loaded one is put back (the moments, step counts and other state stay as loaded) and logged. The base LR
+    of a run with an LR scheduler is the group's ``initial_lr`` (its ``lr`` is the LR of the saved step): a
+    changed base LR scales the saved step's LR by new / old, and ``initial_lr`` becomes the new base, which
+    ``build_lr_scheduler`` then schedules from. Yields ``{key: (saved, configured)}``, filled on exit.
+    """
+    configured = [{k: v for k, v in g.items() if k not in _NOT_HYPERPARAMETERS} for g in optimizer.param_groups]
+    changed: Dict[str, Tuple[Any, Any]] = {}
+    yield changed
+    groups = optimizer.param_groups
+    if len(groups) != len(configured):  # the load refuses this itself; nothing to pair the groups by
+        return
+    for want, group in zip(configured, groups):
+        for key, value in want.items():
+            saved_base = group.get("initial_lr") if key == "lr" else None
+            saved = saved_base if saved_base is not None else group.get(key)
+            if _same(saved, value):
+                continue
+            changed.setdefault(key, (saved, value))
+            if saved_base is not None:
+                group["lr"] = group["lr"] * value / saved_base  # the same point of the schedule, new base
+                group["initial_lr"] = value
+            else:
+                group[key] = value
+    for key, (saved, value) in changed.items():
+        log.info(
+            "Resuming with optimizer.%s=%s (the checkpoint's run had %s): the config's value is used, the "
+            "optimizer's state (moments, step counts) is kept.",
+            key,
+            value,
+            saved,
+        )
 
 
 def is_standard_optimizer_state(state_dict: Mapping[str, Any]) -> bool:

@@ -181,12 +181,42 @@ def test_sentencepiece_file_given_to_llama3_tokenizer(tmp_path):
     assert "SentencePiece" in msg and "torchtune.models.llama2.llama2_tokenizer" in msg and "tokenizer.path" in msg
 
 
-@pytest.mark.parametrize("name", ["original/tokenizer.model", "tokenizer.json"])
-def test_llama3_file_given_to_sentencepiece_tokenizer(llama3_tokenizer_dir, name):
+def test_llama3_file_given_to_sentencepiece_tokenizer(llama3_tokenizer_dir):
     with pytest.raises(TuneError) as err:
-        llama2_tokenizer(str(llama3_tokenizer_dir / name))
+        llama2_tokenizer(str(llama3_tokenizer_dir / "original/tokenizer.model"))
     msg = str(err.value)
     assert "Llama 3.x" in msg and "torchtune.models.llama3.llama3_tokenizer" in msg
+    # a tokenizer.json alone says nothing of its family: every Hugging Face folder has one
+    with pytest.raises(TuneError) as err:
+        llama2_tokenizer(str(llama3_tokenizer_dir / "tokenizer.json"))
+    msg = " ".join(str(err.value).split())
+    assert "a Hugging Face tokenizer.json, not a SentencePiece model" in msg and "belongs to a Llama 3" not in msg
+
+
+@pytest.mark.parametrize(
+    "family, model_type, name, builder",
+    [
+        ("qwen3", "qwen3", "Qwen3", "torchtune.models.qwen3.qwen3_tokenizer"),
+        ("qwen2_5", "qwen2", "Qwen2.5", "torchtune.models.qwen2_5.qwen2_5_tokenizer"),
+        ("mistral", "mistral", "Mistral", "torchtune.models.mistral.mistral_tokenizer"),
+    ],
+)
+def test_another_familys_tokenizer_json_given_to_llama2s_tokenizer_is_named_by_its_folder(
+    tmp_path, family, model_type, name, builder
+):
+    """A Qwen folder's tokenizer.json with a Llama 2 config was called a Llama 3.x tokenizer."""
+    import json
+
+    from tests._helpers.hf_tokenizers import make_hf_tokenizer_folder
+    from torchtune.models._hf_family import families
+
+    folder = make_hf_tokenizer_folder(tmp_path / family, family)
+    (folder / "config.json").write_text(json.dumps({"model_type": model_type}))
+    with pytest.raises(TuneError) as err:
+        llama2_tokenizer(str(folder / "tokenizer.json"))
+    msg = " ".join(str(err.value).split())
+    assert f"it is {name}'s (its folder's config.json says so): set tokenizer._component_={builder}" in msg, msg
+    assert "Llama 3" not in msg and any(f.name == name for f in families().values())
 
 
 def test_folder_missing_and_damaged_files(tmp_path, llama3_tokenizer_dir):

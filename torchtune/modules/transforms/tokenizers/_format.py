@@ -4,8 +4,10 @@ that names the right one instead of a parser's error."""
 from __future__ import annotations
 
 import binascii
+import json
 import re
 from pathlib import Path
+from typing import Optional
 
 SENTENCEPIECE = "sentencepiece"
 TIKTOKEN = "tiktoken"
@@ -51,3 +53,29 @@ def _loads_as_sentencepiece(path: Path) -> bool:
     except (RuntimeError, OSError):
         return False
     return True
+
+
+def tokenizer_owner(path: Path) -> Optional[str]:
+    """Whose tokenizer the file at ``path`` is, from the ``config.json`` of its model folder (beside it, or one
+    folder up for Llama 3's ``original/tokenizer.model``): ``"Qwen3 (tokenizer._component_=...)"``, or None
+    when no readable config.json names a family this library implements."""
+    from torchtune._errors import TuneError
+    from torchtune.models._hf_family import detect_family
+
+    for folder in (path.parent, path.parent.parent):
+        config_file = folder / "config.json"
+        if not config_file.is_file():
+            continue
+        try:
+            config = json.loads(config_file.read_text(encoding="utf-8"))
+            family = detect_family(config, config_file) if isinstance(config, dict) else None
+        except (OSError, ValueError, TuneError):
+            return None
+        if family is None:
+            return None
+        package = family.builder.rsplit(".", 1)[0]  # torchtune.models.qwen3
+        if package.rsplit(".", 1)[1].startswith("llama3"):
+            package = "torchtune.models.llama3"
+        builder = f"{package}.{package.rsplit('.', 1)[1]}_tokenizer"
+        return f"{family.name}'s (its folder's config.json says so): set tokenizer._component_={builder}"
+    return None

@@ -24,6 +24,7 @@ from torchtune.modules.transforms.tokenizers._format import (
     HF_TOKENIZER_JSON,
     TIKTOKEN,
     sniff_tokenizer_format,
+    tokenizer_owner,
 )
 from torchtune.modules.transforms.tokenizers._utils import BaseTokenizer, tokenize_messages_no_special_tokens
 
@@ -57,11 +58,23 @@ def _load_processor(path: Union[str, Path]):
     except (RuntimeError, OSError) as err:
         fmt = sniff_tokenizer_format(path)
         if fmt in (TIKTOKEN, HF_TOKENIZER_JSON):
+            owner = tokenizer_owner(path)
+            if owner is not None:
+                whose = f"it is {owner}"
+            elif fmt == TIKTOKEN:
+                whose = (
+                    "Llama 3.x ships this format: set tokenizer._component_=torchtune.models.llama3.llama3_tokenizer"
+                )
+            else:  # Llama 3.x, Qwen, Gemma 3, Mistral and Phi-4 folders all hold one
+                whose = (
+                    "every Hugging Face model folder has one (Llama 3.x, Qwen, Gemma 3, Mistral, Phi-4 ...): set "
+                    "tokenizer._component_ to the tokenizer builder of the model it came with (e.g. "
+                    "torchtune.models.qwen3.qwen3_tokenizer)"
+                )
             raise TuneError(
                 f"The tokenizer file '{path}' (config key tokenizer.path) is {DESCRIPTIONS[fmt]}, not a "
-                "SentencePiece model. For a Llama 3.x model set tokenizer._component_="
-                "torchtune.models.llama3.llama3_tokenizer; for a model folder's tokenizer.json use its family's "
-                "tokenizer builder; for a SentencePiece model point tokenizer.path at its tokenizer.model."
+                f"SentencePiece model (which tokenizer._component_ reads): {whose}, with the model of that "
+                "family; or, for a SentencePiece model, point tokenizer.path at its tokenizer.model."
             ) from err
         raise TuneError(
             f"The tokenizer file '{path}' (config key tokenizer.path) is not a valid SentencePiece model ({err}). "
