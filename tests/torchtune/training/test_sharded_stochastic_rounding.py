@@ -12,7 +12,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from torchtune.training.optim._stochastic_rounding import ShardedStochasticRounding, StochasticRounding, step_parameter
+from torchtune.training.optim._parameter_step import step_parameter
+from torchtune.training.optim._stochastic_rounding import ShardedStochasticRounding, StochasticRounding
 
 N, STEPS = 4096, 1000
 
