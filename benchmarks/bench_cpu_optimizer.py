@@ -61,7 +61,8 @@ def _grad(p: torch.Tensor) -> torch.Tensor:
 def build(row: str, shape: Tuple[int, int]) -> Callable[[], None]:
     """A function that takes one step of ``row`` on its own parameter (a fresh gradient each time, not timed)."""
     if row.startswith("ours"):
-        from torchtune.training import CPUSGD, CPUAdamW, _native_kernels
+        from torchtune.modules import _native_kernels
+        from torchtune.training import CPUSGD, CPUAdamW
 
         p = _param(shape, torch.bfloat16)
         if row.startswith("ours SGD"):

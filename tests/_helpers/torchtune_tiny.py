@@ -2,8 +2,9 @@
 weights written by transformers, tokenizer files in the formats torchtune's tokenizer builders read) and the
 command-line overrides that point the config at it -- only the user's paths and the model's sizes.
 
-The data file holds one alpaca example repeated: whatever order a ``seed: null`` run draws, every batch is
-the same, so two runs of the same job give the same losses.
+The data file holds one alpaca example repeated, 32 times (two steps of the largest batch, 2 x 8 accumulated):
+whatever order a ``seed: null`` run draws, every batch is the same, so two runs of the same job give the same
+losses.
 """
 
 from __future__ import annotations
@@ -110,7 +111,7 @@ FAMILIES = {
         "Qwen2Config",
         "bpe_files",
         151936,
-        {"tie_word_embeddings": True},
+        {"tie_word_embeddings": True, "norm_eps": 1e-6},
         {"rms_norm_eps": 1e-6, "rope_theta": 1000000.0},
     ),
     "qwen2_5": Family(
@@ -118,7 +119,7 @@ FAMILIES = {
         "Qwen2Config",
         "bpe_files",
         151936,
-        {"tie_word_embeddings": True},
+        {"tie_word_embeddings": True, "norm_eps": 1e-6},
         {"rms_norm_eps": 1e-6, "rope_theta": 1000000.0},
     ),
     "phi4": Family(
@@ -219,7 +220,7 @@ def make_family_folder(root: Path, family_name: str) -> Dict[str, Any]:
     tokenizer = _write_tokenizer(folder, family.tokenizer)
     data = folder / "alpaca.json"
     example = {"instruction": "Add two and three.", "input": "", "output": "Two plus three is five."}
-    data.write_text(json.dumps([example] * 16))
+    data.write_text(json.dumps([example] * 32))
     kit = {"folder": str(folder), "tokenizer": tokenizer, "data": str(data)}
     marker.write_text(json.dumps(kit))
     return kit

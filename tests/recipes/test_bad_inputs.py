@@ -126,7 +126,7 @@ CASES = {
     "output_dir_inside_checkpoint_dir": (
         ["output_dir={T}/base/out"],
         1,
-        ["checkpointer.output_dir ({T}/base/out)", "checkpointer.checkpoint_dir"],
+        ["checkpointer.output_dir={T}/base/out", "checkpointer.checkpoint_dir={T}/base"],
     ),
     "device_cuda_on_cpu_machine": (["device=cuda"], 1, ["device=cuda", "device=cpu"]),
     "device_cuda_7": (["device=cuda:7"], 1, ["device=cuda:7"]),

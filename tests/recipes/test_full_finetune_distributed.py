@@ -680,7 +680,7 @@ def test_sigint_and_sigterm_to_the_launcher_save_on_every_rank_and_print_the_exa
     args = shlex.split(command)[1:] + ["+metric_logger.sigterm_at=5", "optimizer.lr=1e-4"]
     second = run_tune(args, env=components_env)
     assert second.returncode == 143, second.stderr[-6000:]
-    assert "global batch 4 = 2 per rank x 2 ranks" in second.stderr  # resumed on two processes
+    assert "batch: 2 per rank x 2 ranks = global batch 4" in second.stderr  # resumed on two processes
     assert "Resuming with optimizer.lr=0.0001 (the checkpoint's run had 0.001)" in " ".join(second.stderr.split())
     step2, folder2, command2 = _one_stop(second, "SIGTERM")
     assert step2 in (5, 6) and (folder2 / "recipe_state.pt").is_file() and command2.startswith("tune run --standalone")

@@ -115,7 +115,10 @@ def _pair(name: str, torchtune_configs: Dict[str, Path], kits: Path, tmp_path: P
     theirs = load_config(path, theirs_overrides)
     single, distributed = OURS[family_of(name)]
     ours_name = single if recipe == "full_finetune_single_device" else distributed
-    ours_overrides = run_overrides(name, theirs, kits, tmp_path / "ours") + _ours(name, theirs, ours_name)
+    # our config reads the same tiny weights with its own checkpointer (Meta's consolidated.00.pth or the HF folder)
+    ours_overrides = run_overrides(name, load_config(ours_name), kits, tmp_path / "ours") + _ours(
+        name, theirs, ours_name
+    )
     _run(recipe, path, theirs_overrides, nproc)
     _run(recipe, ours_name, ours_overrides, nproc)
     return read_losses(tmp_path / "theirs"), read_losses(tmp_path / "ours")

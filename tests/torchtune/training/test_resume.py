@@ -122,7 +122,7 @@ def test_a_file_that_is_not_a_recipe_state_is_refused(saved, tmp_path):
     "change, message",
     [
         ({"optimizer_in_bwd": False}, "optimizer_in_bwd=True but this run has optimizer_in_bwd=False"),
-        ({"batch_size": 8}, "batch_size=4, this run has batch_size=8"),
+        ({"batch_size": 8}, r"global batch of 4 \(batch_size x processes\), this run has 8"),
         ({"gradient_accumulation_steps": 2}, "gradient_accumulation_steps=1, this run has"),
     ],
 )

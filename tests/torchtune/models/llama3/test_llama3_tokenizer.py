@@ -197,7 +197,7 @@ def test_llama3_file_given_to_sentencepiece_tokenizer(llama3_tokenizer_dir):
     "family, model_type, name, builder",
     [
         ("qwen3", "qwen3", "Qwen3", "torchtune.models.qwen3.qwen3_tokenizer"),
-        ("qwen2_5", "qwen2", "Qwen2.5", "torchtune.models.qwen2_5.qwen2_5_tokenizer"),
+        ("qwen2_5", "qwen2", "Qwen2 / Qwen2.5", "torchtune.models.qwen2_5.qwen2_5_tokenizer"),
         ("mistral", "mistral", "Mistral", "torchtune.models.mistral.mistral_tokenizer"),
     ],
 )
