@@ -90,8 +90,8 @@ def run_streaming(cmd: list[str], stop_at_step: int | None, metrics: Path) -> tu
     return proc.returncode, b"".join(captured).decode(errors="replace")
 
 
-def lm_eval_scores(checkpoint_dir: Path, results_file: Path) -> dict[str, dict[str, float]]:
-    """``tune run eleuther_eval`` on ``checkpoint_dir``: ``{task: {metric: value}}`` from its results file."""
+def lm_eval_scores(checkpoint_dir: Path, results_file: Path) -> dict:
+    """``tune run eleuther_eval`` on ``checkpoint_dir``: the content of its results file."""
     cmd = [
         TUNE,
         "run",
@@ -107,9 +107,7 @@ def lm_eval_scores(checkpoint_dir: Path, results_file: Path) -> dict[str, dict[s
         sys.stderr.write(done.stderr)
         raise SystemExit(f"The eval of {checkpoint_dir} failed (exit status {done.returncode}).")
     print(done.stdout, flush=True)
-    from torchtune.evaluation import primary_scores
-
-    return primary_scores(json.loads(results_file.read_text()))
+    return json.loads(results_file.read_text())
 
 
 def main() -> int:
@@ -167,10 +165,10 @@ def main() -> int:
     print("\nResults")
     print(f"  held-out loss        {base_loss:.3f} -> {loss:.3f}")
     print(f"  exact-match accuracy {base_acc:.1%} -> {acc:.1%}  ({args.exact_match_examples} held-out examples)")
-    for task, metrics in tuned_scores.items():
-        for metric, value in metrics.items():
-            before = base_scores.get(task, {}).get(metric, float("nan"))
-            print(f"  lm-eval {task:8s} {metric:11s} {before:.3f} -> {value:.3f}")
+    from torchtune.evaluation import score_changes
+
+    for line in score_changes(base_scores, tuned_scores):
+        print(f"  {line}")
     print(f"  finetuned checkpoint {final}")
     print(f"  loss curve           {png}")
     print(f"  total time           {time.perf_counter() - started:.0f} s")

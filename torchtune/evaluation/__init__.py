@@ -30,6 +30,7 @@ from torchtune.evaluation._harness import (
     results_path,
     results_table,
     run_tasks,
+    score_changes,
     write_results,
 )
 
@@ -44,6 +45,7 @@ __all__ = [
     "eval_settings",
     "import_lm_eval",
     "primary_scores",
+    "score_changes",
     "resolve_tasks",
     "results_path",
     "results_table",

@@ -441,6 +441,42 @@ def primary_scores(results: dict[str, Any]) -> dict[str, dict[str, float]]:
     return scores
 
 
+def score_changes(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """One line per primary score of ``after`` (a results file's content) against ``before``: both values and
+    whether the change is one at all. Over a task of n questions an accuracy has a standard error (lm-eval
+    reports it); a difference within two standard errors of the two runs combined is what a re-draw of the
+    questions would give as often as not, so it is called no clear change rather than a gain or a loss."""
+    lines = []
+    old_scores, new_scores = primary_scores(before), primary_scores(after)
+    for task, metrics in new_scores.items():
+        n = after.get("results", {}).get(task, {}).get("sample_len")
+        for metric, value in metrics.items():
+            old = old_scores.get(task, {}).get(metric)
+            head = f"lm-eval {task:8s} {metric:11s} {'-' if old is None else f'{old:.3f}'} -> {value:.3f}"
+            if old is None:
+                lines.append(head)
+                continue
+            errors = [_stderr(r, task, metric) for r in (before, after)]
+            if any(e is None for e in errors):
+                lines.append(head)
+                continue
+            band = 2 * math.sqrt(sum(e * e for e in errors))
+            questions = f" over {n} questions" if n else ""
+            if abs(value - old) > band:
+                verdict = f"{'up' if value > old else 'down'} by more than two standard errors (+-{band:.3f})"
+            else:
+                verdict = f"no clear change: within two standard errors (+-{band:.3f}){questions}"
+            lines.append(f"{head}  {verdict}")
+    return lines
+
+
+def _stderr(results: dict[str, Any], task: str, metric: str) -> Optional[float]:
+    for key, value in results.get("results", {}).get(task, {}).items():
+        if key.split(",")[0] == f"{metric}_stderr" and isinstance(value, (int, float)):
+            return float(value)
+    return None
+
+
 __all__ = [
     "BUNDLED_TASKS_DIR",
     "EvalSettings",
@@ -455,5 +491,6 @@ __all__ = [
     "resolve_tasks",
     "results_table",
     "run_tasks",
+    "score_changes",
     "write_results",
 ]
