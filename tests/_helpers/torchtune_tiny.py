@@ -2,9 +2,9 @@
 weights written by transformers, tokenizer files in the formats torchtune's tokenizer builders read) and the
 command-line overrides that point the config at it -- only the user's paths and the model's sizes.
 
-The data file holds one alpaca example repeated, 32 times (two steps of the largest batch, 2 x 8 accumulated):
-whatever order a ``seed: null`` run draws, every batch is the same, so two runs of the same job give the same
-losses.
+The data file holds one alpaca example repeated, 128 times (two steps of the largest global batch a config
+makes on two processes): whatever order a ``seed: null`` run draws, every batch is the same, so two runs of
+the same job give the same losses.
 """
 
 from __future__ import annotations
@@ -55,15 +55,22 @@ FAMILIES = {
         "sentencepiece",
         1000,
         {"head_dim": 16},
-        {"head_dim": 16, "hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-6},
+        {"head_dim": 16, "hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-6, "tie_word_embeddings": True},
     ),
     "gemma2": Family(
         "torchtune.models.gemma2.gemma2",
         "Gemma2Config",
         "sentencepiece",
         1000,
-        {"head_dim": 16},
-        {"head_dim": 16, "hidden_activation": "gelu_pytorch_tanh", "sliding_window": 64, "rms_norm_eps": 1e-6},
+        {"head_dim": 16, "sliding_window_size": 64, "query_pre_attn_scalar": 16},
+        {
+            "head_dim": 16,
+            "hidden_activation": "gelu_pytorch_tanh",
+            "sliding_window": 64,
+            "query_pre_attn_scalar": 16,
+            "rms_norm_eps": 1e-6,
+            "tie_word_embeddings": True,
+        },
     ),
     "phi3": Family(
         "torchtune.models.phi3.phi3",
@@ -220,7 +227,7 @@ def make_family_folder(root: Path, family_name: str) -> Dict[str, Any]:
     tokenizer = _write_tokenizer(folder, family.tokenizer)
     data = folder / "alpaca.json"
     example = {"instruction": "Add two and three.", "input": "", "output": "Two plus three is five."}
-    data.write_text(json.dumps([example] * 32))
+    data.write_text(json.dumps([example] * 128))
     kit = {"folder": str(folder), "tokenizer": tokenizer, "data": str(data)}
     marker.write_text(json.dumps(kit))
     return kit
