@@ -2,7 +2,7 @@
 its output kept in ``tests/memory_estimates.json`` for as long as nothing it depends on changes.
 
 An estimate traces a full-size model on fake tensors (about 10 s of CPU each, 2 to 60 s of wall time on a
-busy 2-core machine), and the docs and config headers quote figures of 85 commands: too much for every
+busy 2-core machine), and the docs and config headers quote figures of 96 commands: too much for every
 ``make test``. So ``make test-estimates`` (``TUNE_TEST_ESTIMATES=1``) runs each command whose stored output is
 stale, with Python's trace hook on, and stores, per command: what it printed, the CPU seconds it took, and
 what it depended on:
