@@ -84,7 +84,9 @@ def test_ours_and_a_variant_run_end_to_end_with_the_profile(tmp_path, capsys):
     assert "profile" not in unprofiled and list(result["profile"]) == ["ours"]
     profile = ours["profile"]
     assert len(profile["step"]["wall"]) == ours["steps"] > 1
-    assert sum(profile["step"]["wall"]) == pytest.approx(ours["epoch_wall_s"], abs=1e-3)  # two hooks, two clocks
+    # the step hooks cover the epoch: the gaps between them (the loop's own bookkeeping) are small beside it, also
+    # on a loaded machine, where they are not below any fixed number of milliseconds
+    assert sum(profile["step"]["wall"]) == pytest.approx(ours["epoch_wall_s"], rel=0.05, abs=1e-3)
     for phase in ("forward", "loss", "backward", "optimizer", "data"):
         assert all(t > 0 for t in profile[phase]["wall"][:-1]), phase  # the last step fetches no batch
     assert "| ours | " in capsys.readouterr().out
