@@ -765,6 +765,17 @@ class FullModelHFCheckpointer(_FullModelCheckpointer):
         return hashed
 
 
+def _single_file(checkpoint_files: Union[str, Sequence[str], Mapping[str, str]], why: str) -> list:
+    """The one file a single-file checkpointer reads (torchtune's wording, then ``why`` and what to do)."""
+    files = checkpoint_file_names(checkpoint_files)
+    if len(files) != 1:
+        raise TuneValueError(
+            f"Currently we only support reading from a single checkpoint file: checkpointer.checkpoint_files "
+            f"lists {len(files)} files; {why}"
+        )
+    return files
+
+
 class FullModelMetaCheckpointer(_FullModelCheckpointer):
     """Load and save Meta's format (``consolidated.00.pth`` + ``params.json``) of Llama 2 and Llama 3 / 3.1
     (``model_type`` ``LLAMA2`` / ``LLAMA3``; the tied Llama 3.2 is read from its Hugging Face folder).
@@ -789,13 +800,11 @@ class FullModelMetaCheckpointer(_FullModelCheckpointer):
         *,
         verify_checksums: str = "before_load",
     ) -> None:
-        files = checkpoint_file_names(checkpoint_files)
-        if len(files) != 1:
-            raise TuneValueError(
-                f"Currently we only support reading from a single checkpoint file: checkpointer.checkpoint_files "
-                f"lists {len(files)} files; the Meta checkpointer reads one consolidated .pth file. Convert "
-                "model-parallel shards to a single file, or use the Hugging Face weights with FullModelHFCheckpointer."
-            )
+        files = _single_file(
+            checkpoint_files,
+            "the Meta checkpointer reads one consolidated .pth file. Convert model-parallel shards to a single file, "
+            "or use the Hugging Face weights with FullModelHFCheckpointer.",
+        )
         super().__init__(
             checkpoint_dir,
             files,
@@ -861,12 +870,7 @@ class FullModelTorchTuneCheckpointer(_FullModelCheckpointer):
         *,
         verify_checksums: str = "before_load",
     ) -> None:
-        files = checkpoint_file_names(checkpoint_files)
-        if len(files) != 1:
-            raise TuneValueError(
-                f"Currently we only support reading from a single checkpoint file: checkpointer.checkpoint_files "
-                f"lists {len(files)} files; a torchtune-format checkpoint is one .pt / .bin file."
-            )
+        files = _single_file(checkpoint_files, "a torchtune-format checkpoint is one .pt / .bin file.")
         super().__init__(
             checkpoint_dir,
             files,

@@ -299,6 +299,20 @@ def cpu_step_seconds(
     return {"by_cores": by_cores, "by_memory": by_memory, "step": max(by_cores, by_memory), "cores": cores}
 
 
+def _cpu_step_line(trainable: int, plan: "OffloadPlan", throughput: Dict[str, Any], target_cores: int):
+    """The report's "CPU optimizer step" line and its seconds: the measured per-core rate scaled to the target
+    host, bounded below by the time to stream the optimizer's host memory once."""
+    cpu = cpu_step_seconds(trainable, optimizer_memory_bytes(plan), throughput, target_cores)
+    line = (
+        f"  {'CPU optimizer step':<34}{cpu['step']:>9.2f} s for {trainable / 1e9:.2f}B parameters on a "
+        f"{target_cores}-core host: {cpu['by_cores']:.2f} s from {throughput['per_core'] / 1e6:.0f}M params per "
+        f"CPU-second measured on {cpu['cores']} core(s) of this machine, per core, times {target_cores}; at least "
+        f"{cpu['by_memory']:.2f} s "
+        f"to stream {optimizer_memory_bytes(plan) / GB:.1f} GB of host memory at {HOST_MEMORY_GB_PER_S:g} GB/s"
+    )
+    return line, cpu["step"]
+
+
 def format_offload_plan(
     plan: OffloadPlan,
     *,
@@ -333,16 +347,10 @@ def format_offload_plan(
         "post-accumulate-grad hook (optimizer in backward) reads it, so they add to backward's time"
     )
     if throughput is not None:
-        cpu = cpu_step_seconds(trainable, optimizer_memory_bytes(plan), throughput, target_cores)
+        cpu_line, cpu_step = _cpu_step_line(trainable, plan, throughput, target_cores)
+        lines.append(cpu_line)
         lines.append(
-            f"  {'CPU optimizer step':<34}{cpu['step']:>9.2f} s for {trainable / 1e9:.2f}B parameters on a "
-            f"{target_cores}-core host: {cpu['by_cores']:.2f} s from {throughput['per_core'] / 1e6:.0f}M params per "
-            f"CPU-second measured on {cpu['cores']} core(s) of this machine, per core, times {target_cores}; at least "
-            f"{cpu['by_memory']:.2f} s "
-            f"to stream {optimizer_memory_bytes(plan) / GB:.1f} GB of host memory at {HOST_MEMORY_GB_PER_S:g} GB/s"
-        )
-        lines.append(
-            f"  {'step time, at least':<34}{max(up, down, cpu['step']):>9.2f} s (estimated: the longest of the "
+            f"  {'step time, at least':<34}{max(up, down, cpu_step):>9.2f} s (estimated: the longest of the "
             "uploads, the copies back and the CPU step, which runs on a worker beside backward; GPU compute not "
             "included, and the copies back come on top of it)"
         )
@@ -426,16 +434,10 @@ def format_host_step_plan(
         "4.0 x16)"
     )
     if throughput is not None:
-        cpu = cpu_step_seconds(trainable, optimizer_memory_bytes(plan), throughput, target_cores)
+        cpu_line, cpu_step = _cpu_step_line(trainable, plan, throughput, target_cores)
+        lines.append(cpu_line)
         lines.append(
-            f"  {'CPU optimizer step':<34}{cpu['step']:>9.2f} s for {trainable / 1e9:.2f}B parameters on a "
-            f"{target_cores}-core host: {cpu['by_cores']:.2f} s from {throughput['per_core'] / 1e6:.0f}M params per "
-            f"CPU-second measured on {cpu['cores']} core(s) of this machine, per core, times {target_cores}; at least "
-            f"{cpu['by_memory']:.2f} s "
-            f"to stream {optimizer_memory_bytes(plan) / GB:.1f} GB of host memory at {HOST_MEMORY_GB_PER_S:g} GB/s"
-        )
-        lines.append(
-            f"  {'step time, at least':<34}{max(up, down, cpu['step']):>9.2f} s (estimated: the longest of the copies "
+            f"  {'step time, at least':<34}{max(up, down, cpu_step):>9.2f} s (estimated: the longest of the copies "
             "and the CPU step, which overlap backward; GPU compute not included)"
         )
     return "\n".join(lines)
