@@ -1,4 +1,4 @@
-"""Test-wide settings: offline, one thread, and the ``gpu`` and ``estimates`` markers.
+"""Test-wide settings: offline, one thread, and the ``gpu`` marker.
 
 The models in these tests are tiny: with several OpenMP threads on a 2-core machine each small
 matmul pays thread wake-up costs far larger than the work (measured ~48 ms vs ~0.1 ms). The
@@ -35,23 +35,9 @@ import pytest  # noqa: E402
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU; skipped with a reason where PyTorch sees none")
-    config.addinivalue_line(
-        "markers",
-        "estimates: runs `tune estimate-memory` for every memory figure the docs and config headers quote "
-        "(about fifty full-size estimates: many minutes of CPU); skipped unless TUNE_TEST_ESTIMATES=1 "
-        "(`make test-estimates`)",
-    )
 
 
 def pytest_collection_modifyitems(config, items):
-    if os.environ.get("TUNE_TEST_ESTIMATES") != "1":
-        skip_estimates = pytest.mark.skip(
-            reason="checks every quoted memory figure against `tune estimate-memory` (many minutes of CPU): "
-            "run `make test-estimates` (TUNE_TEST_ESTIMATES=1)"
-        )
-        for item in items:
-            if "estimates" in item.keywords:
-                item.add_marker(skip_estimates)
     if torch.cuda.is_available():
         return
     reason = (

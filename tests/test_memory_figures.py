@@ -12,15 +12,14 @@ printed with its two decimals. Each figure is tied to the command that prints it
 - in a config header (the comment lines that open a recipes/configs YAML), by the header's own
   ``#   tune estimate-memory ARGS`` lines: every figure of the header must be printed by one of them.
 
-``test_every_figure_names_its_command`` (cheap, in ``make test``) checks that every figure of every page
-and every config (new ones too) is tied to a command or listed as not estimated, that each command
-parses and that its config takes its overrides. ``test_figures_are_what_the_estimator_prints`` (marked
-``estimates``: ``make test-estimates``) runs each distinct command once, in this process
-(``tests/_helpers/estimate_memory.py``), and finds each figure of a block among the GB figures its
-commands printed. Its 61 distinct full-size estimates took 573 s of CPU in one process (22 minutes of
-wall time on the shared 2-core build machine at load average ~11; measured with `/usr/bin/time make
-test-estimates`'s pytest command), far more than ``make test`` can spend, so they run apart; the config
-tests in ``make test`` (tests/recipes/test_*_configs.py) compare a sample of headline figures.
+``test_every_figure_names_its_command`` checks that every figure of every page and every config (new ones too)
+is tied to a command or listed as not estimated, that each command parses and that its config takes its
+overrides. ``test_figures_are_what_the_estimator_prints`` finds each figure of a block among the GB figures its
+commands printed. The 96 distinct commands are full-size estimates (about 10 s of CPU each), so what each
+printed is stored in ``tests/memory_estimates.json`` with the key of the code, config and packages it ran on
+(``tests/_helpers/estimate_memory.py``): ``make test`` uses a stored output while its key holds, runs a stale
+command again within a budget of CPU seconds, and otherwise fails naming ``make test-estimates``, which runs
+every stale command, stores its output and checks the figures (docs/memory.md, "How the figures are checked").
 """
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ from typing import Iterator, List, NamedTuple
 
 import pytest
 
-from tests._helpers.estimate_memory import command_argv, gb_figures, printed
+from tests._helpers.estimate_memory import REFRESH, command_argv, fresh, gb_figures, printed, prune
 
 REPO = Path(__file__).resolve().parents[1]
 PAGES = sorted((REPO / "docs").glob("*.md")) + [REPO / "README.md"]
@@ -142,7 +141,6 @@ def test_every_figure_names_its_command():
 _CHECKED = [b for b in figure_blocks() if b.commands and _estimated(b)]
 
 
-@pytest.mark.estimates
 @pytest.mark.parametrize("block", _CHECKED, ids=lambda b: b.where)
 def test_figures_are_what_the_estimator_prints(block: Block):
     printed_figures = {f for command in block.commands for f in gb_figures(printed(command))}
@@ -153,3 +151,14 @@ def test_figures_are_what_the_estimator_prints(block: Block):
         + " and quote its figures. It printed:\n"
         + "\n".join(f"$ {c}\n{printed(c)}" for c in block.commands)
     )
+
+
+def test_every_stored_output_is_quoted_and_fresh():
+    """tests/memory_estimates.json holds the outputs of the quoted commands only (``make test-estimates``
+    drops the others); after ``make test-estimates`` every one is fresh. (The config tests' commands,
+    tests/recipes/test_*_configs.py, are quoted by the docs too.)"""
+    quoted = {command for block in _CHECKED for command in block.commands}
+    unused = prune(quoted)
+    assert REFRESH or not unused, f"stored outputs of commands nothing quotes: {unused}; run `make test-estimates`"
+    if REFRESH:
+        assert all(fresh(command) for command in quoted)
