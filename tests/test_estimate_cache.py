@@ -63,7 +63,13 @@ def test_only_a_change_to_code_that_ran_changes_its_digest(repo):
     repo(SOURCE.replace("LIMIT = 3", "LIMIT = 4"))
     assert _digests()["<module>"] != before["<module>"] and _digests()["f"] == before["f"]
     repo(SOURCE.replace("def f(x):", "def f(x, z=1):"))
-    assert _digests()["<module>"] != before["<module>"]  # a signature is evaluated where it is defined
+    assert _digests()["f"] != before["f"] and _digests()["<module>"] == before["<module>"]  # f's own
+    repo(SOURCE.replace("def f(x):", "@cache\ndef f(x):"))
+    assert _digests()["<module>"] != before["<module>"]  # a decorator runs where the function is defined
+    repo(SOURCE + "\n\ndef helper():\n    return 1\n\n\nclass D:\n    pass\n")
+    assert _digests() == before  # a new helper or class changes no scope that ran
+    repo(SOURCE.replace("class C:", "class C:\n    def h(self):\n        return 0\n"))
+    assert _digests()["C"] != before["C"] and _digests()["<module>"] == before["<module>"]  # a method can override
 
 
 def test_a_code_object_maps_to_its_scope():

@@ -30,7 +30,7 @@ from typing import Iterator, List, NamedTuple
 
 import pytest
 
-from tests._helpers.estimate_memory import REFRESH, command_argv, fresh, gb_figures, printed, prune
+from tests._helpers.estimate_memory import REFRESH, command_argv, fresh, gb_figures, printed, prune, refresh
 
 REPO = Path(__file__).resolve().parents[1]
 PAGES = sorted((REPO / "docs").glob("*.md")) + [REPO / "README.md"]
@@ -139,6 +139,14 @@ def test_every_figure_names_its_command():
 
 
 _CHECKED = [b for b in figure_blocks() if b.commands and _estimated(b)]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _refreshed():
+    """Under ``make test-estimates``, every stale quoted command is run first, several processes at a time
+    (``TUNE_ESTIMATE_JOBS``, default: one per core); the tests then read the stored outputs."""
+    if REFRESH:
+        refresh({command for block in _CHECKED for command in block.commands})
 
 
 @pytest.mark.parametrize("block", _CHECKED, ids=lambda b: b.where)

@@ -8,9 +8,10 @@ stale, with Python's trace hook on, and stores, per command: what it printed, th
 what it depended on:
 
 - the source of every function, method, class body and module body of this repository that ran during the
-  estimate (``file``, qualified name), each as ``ast.unparse`` gives it with docstrings dropped and the bodies
-  of functions and classes defined inside it left out (those count where they ran themselves): a comment, a
-  docstring, a line moved or code that did not run changes nothing, any change to code that ran does;
+  estimate, its imports included (``file``, qualified name), each as ``ast.unparse`` gives it with docstrings
+  dropped and the classes and functions defined inside it left out but for the decorators and signatures of
+  functions (those count where they ran themselves; ``_Stub``): a comment, a docstring, a line moved, a new
+  helper or code that did not run changes nothing, any change to code that ran does;
 - the config the command names, as YAML reads it (its comments, where the figures are quoted, left out);
 - the version of torch, which the Makefile pins. The versions of the optional packages an estimate can run
   (torchao, bitsandbytes, ...; not pinned) are stored beside the output but kept out of the key: a new
@@ -47,6 +48,8 @@ REPO = Path(__file__).resolve().parents[2]
 CACHE = REPO / "tests" / "memory_estimates.json"
 REFRESH = os.environ.get("TUNE_TEST_ESTIMATES") == "1"
 BUDGET_S = float(os.environ.get("TUNE_ESTIMATE_BUDGET_S", "240"))
+# ``make test-estimates``: the stale commands run this many traced processes at a time
+JOBS = int(os.environ.get("TUNE_ESTIMATE_JOBS") or os.cpu_count() or 1)
 # the packages whose code an estimate runs besides torch's (the optimizers it measures, liger's stand-ins)
 PACKAGES = ("torch", "torchao", "bitsandbytes", "apollo-torch", "galore-torch", "lomo-optim", "liger-kernel")
 _SOURCES = ("torchtune", "recipes")
@@ -112,15 +115,27 @@ class _Scopes(ast.NodeVisitor):
 
 
 class _Stub(ast.NodeTransformer):
-    """Inside a scope: a nested function or class keeps its decorators, signature and bases (evaluated
-    where it is defined) and loses its body (which counts where it runs)."""
+    """A scope's own statements, for its digest. A nested class goes: its body runs where it is defined, so it is
+    a scope of its own whenever its definition ran (bases and decorators included). A nested function keeps its
+    decorators and signature (evaluated where it is defined) and loses its body (which counts where it runs);
+    in a module body an undecorated function goes too (adding a helper to a module changes nothing that ran:
+    a function that runs is a scope of its own, its signature included, and default values computed at import
+    ran in the module's import, which is traced)."""
 
-    def _stub(self, node):
+    def __init__(self, in_module: bool) -> None:
+        self.in_module = in_module
+
+    def visit_ClassDef(self, node):
+        return None
+
+    def _function(self, node):
+        if self.in_module and not node.decorator_list:
+            return None
         node = copy.copy(node)
         node.body = [ast.Expr(ast.Constant(...))]
         return node
 
-    visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = _stub
+    visit_FunctionDef = visit_AsyncFunctionDef = _function
 
 
 def _normalized(node: ast.AST) -> str:
@@ -129,7 +144,8 @@ def _normalized(node: ast.AST) -> str:
     if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant):
         if isinstance(body[0].value.value, str):
             body = body[1:]  # the docstring
-    node.body = [_Stub().visit(child) for child in body] or [ast.Pass()]
+    stub = _Stub(in_module=isinstance(node, ast.Module))
+    node.body = [kept for kept in map(stub.visit, body) if kept is not None] or [ast.Pass()]
     return ast.unparse(node)
 
 
@@ -188,8 +204,6 @@ def key(command: str, dependencies: List[List[str]]) -> Optional[str]:
 
 def _run_here(command: str, trace: bool) -> Tuple[str, float, List[List[str]]]:
     """(what ``command`` printed, its CPU seconds, the scopes of this repository that ran, when ``trace``)."""
-    from torchtune._cli.tune import main
-
     ran: Set[Tuple[str, int, str]] = set()
     roots = tuple(str(REPO / name) + os.sep for name in _SOURCES)
 
@@ -204,6 +218,9 @@ def _run_here(command: str, trace: bool) -> Tuple[str, float, List[List[str]]]:
         sys.settrace(hook)
         threading.settrace(hook)
     try:
+        # imported here, traced when ``trace``: the class bodies and import-time calls of every module count
+        from torchtune._cli.tune import main
+
         with contextlib.redirect_stdout(out):
             returncode = main(command_argv(command))
     finally:
@@ -267,7 +284,26 @@ _spent = [0.0]
 
 @functools.lru_cache(maxsize=None)
 def _stored() -> Dict[str, dict]:
-    return json.loads(CACHE.read_text(encoding="utf-8")) if CACHE.is_file() else {}
+    """The stored outputs by command, each entry's dependencies as ``[[file, qualname], ...]``."""
+    if not CACHE.is_file():
+        return {}
+    stored = json.loads(CACHE.read_text(encoding="utf-8"))
+    for entry in stored.values():
+        entry["dependencies"] = [[f, q] for f, names in sorted(entry["dependencies"].items()) for q in names]
+    return stored
+
+
+def _write(stored: Dict[str, dict]) -> None:
+    """One line per command (a refresh changes the lines of the commands it ran), each entry's dependencies
+    grouped by file: ``{file: [qualname, ...]}``."""
+    lines = []
+    for command, entry in sorted(stored.items()):
+        by_file: Dict[str, List[str]] = {}
+        for relpath, qualname in entry["dependencies"]:
+            by_file.setdefault(relpath, []).append(qualname)
+        compact = {**entry, "dependencies": {f: sorted(names) for f, names in sorted(by_file.items())}}
+        lines.append(f"{json.dumps(command)}: {json.dumps(compact)}")
+    CACHE.write_text("{\n" + ",\n".join(lines) + "\n}\n", encoding="utf-8")
 
 
 def fresh(command: str) -> bool:
@@ -279,7 +315,7 @@ def fresh(command: str) -> bool:
 def _save(command: str, entry: dict) -> None:
     stored = _stored()
     stored[command] = entry
-    CACHE.write_text(json.dumps(dict(sorted(stored.items())), indent=1) + "\n", encoding="utf-8")
+    _write(stored)
 
 
 @functools.lru_cache(maxsize=None)
@@ -306,17 +342,35 @@ def printed(command: str) -> str:
     output, seconds, dependencies = _run(command, trace=REFRESH)
     _spent[0] += seconds
     if REFRESH:
-        _save(
-            command,
-            {
-                "key": key(command, dependencies),
-                "cpu_s": round(seconds, 1),  # traced: about twice the plain run's
-                "packages": _versions(),  # for the record: only torch's is part of the key
-                "output": output,
-                "dependencies": dependencies,
-            },
-        )
+        _store(command, output, seconds, dependencies)
     return output
+
+
+def _store(command: str, output: str, seconds: float, dependencies: List[List[str]]) -> None:
+    _save(
+        command,
+        {
+            "key": key(command, dependencies),
+            "cpu_s": round(seconds, 1),  # traced: about twice the plain run's
+            "packages": _versions(),  # for the record: only torch's is part of the key
+            "output": output,
+            "dependencies": dependencies,
+        },
+    )
+
+
+def refresh(commands: Set[str], jobs: int = JOBS) -> List[str]:
+    """Run and store every stale one of ``commands``, traced, ``jobs`` processes at a time (``make
+    test-estimates``; each traced run is a process of its own anyway): the stale commands, in order."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    stale = sorted(command for command in commands if not fresh(command))
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        for command, (output, seconds, dependencies) in zip(
+            stale, pool.map(lambda command: _run(command, trace=True), stale)
+        ):
+            _store(command, output, seconds, dependencies)
+    return stale
 
 
 def prune(commands: Set[str]) -> List[str]:
@@ -326,5 +380,5 @@ def prune(commands: Set[str]) -> List[str]:
     if gone and REFRESH:
         for command in gone:
             del stored[command]
-        CACHE.write_text(json.dumps(dict(sorted(stored.items())), indent=1) + "\n", encoding="utf-8")
+        _write(stored)
     return gone
