@@ -39,8 +39,11 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+# One pytest worker per core (each test runs torch on one thread, tests/conftest.py), a test file's tests on
+# one worker (its module fixtures are made once). TEST_JOBS=0 runs them in this process, one at a time.
+TEST_JOBS ?= auto
 test: lint
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile tests
 
 # The tests that need a CUDA GPU (tests/gpu, marked `gpu`): a few minutes on one GPU, no network.
 # Where PyTorch sees no GPU each is skipped with the reason.
@@ -49,8 +52,9 @@ test-gpu: $(STAMP)
 
 # `make test` checks every memory figure the docs and config headers quote against the outputs of
 # `tune estimate-memory` stored in tests/memory_estimates.json, each kept while the code, config and packages
-# it ran on are unchanged. This target runs every stale command (about 20 s of CPU each, traced, in a process
-# of its own), stores its output and checks the figures: run it, and commit the file, when `make test` says so.
+# it ran on are unchanged. This target runs every stale command (20 s to 6 min of CPU each, traced, in a process
+# of its own, one per core at a time: TUNE_ESTIMATE_JOBS), stores its output and checks the figures: run it,
+# and commit the file, when `make test` says so.
 test-estimates: $(STAMP)
 	TUNE_TEST_ESTIMATES=1 $(PY) -m pytest -q tests/test_memory_figures.py tests/recipes/test_distributed_configs.py \
 		tests/recipes/test_llama3_configs.py tests/recipes/test_hf_family_configs.py
