@@ -56,7 +56,7 @@ test-gpu: $(STAMP)
 # of its own, one per core at a time: TUNE_ESTIMATE_JOBS), stores its output and checks the figures: run it,
 # and commit the file, when `make test` says so.
 test-estimates: $(STAMP)
-	TUNE_TEST_ESTIMATES=1 $(PY) -m pytest -q tests/test_memory_figures.py tests/recipes/test_distributed_configs.py \
+	TUNE_TEST_ESTIMATES=1 $(PY) -m pytest -q --timeout 0 tests/test_memory_figures.py tests/recipes/test_distributed_configs.py \
 		tests/recipes/test_llama3_configs.py tests/recipes/test_hf_family_configs.py
 
 demo: $(STAMP)

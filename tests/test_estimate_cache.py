@@ -104,3 +104,15 @@ def test_a_stale_output_past_the_budget_names_make_test_estimates(monkeypatch):
         em.printed.__wrapped__(command)
     stored[command]["key"] = em.key(command, [])
     assert em.printed.__wrapped__(command) == "total 1.00 GB"  # fresh: used, nothing run
+
+
+def test_the_key_holds_for_another_build_of_the_same_torch_release(repo, monkeypatch):
+    monkeypatch.setattr(em, "_config_text", lambda command: "model: x")
+    deps = [["torchtune/m.py", "f"]]
+
+    def key_with(torch_version: str):
+        monkeypatch.setattr(em, "_versions", lambda: {"torch": torch_version})
+        return em.key("tune estimate-memory --config x", deps)
+
+    assert key_with("2.13.0+cpu") == key_with("2.13.0+cu130") == key_with("2.13.0")
+    assert key_with("2.14.0+cpu") != key_with("2.13.0+cpu")

@@ -13,10 +13,10 @@ what it depended on:
   functions (those count where they ran themselves; ``_Stub``): a comment, a docstring, a line moved, a new
   helper or code that did not run changes nothing, any change to code that ran does;
 - the config the command names, as YAML reads it (its comments, where the figures are quoted, left out);
-- the version of torch, which the Makefile pins. The versions of the optional packages an estimate can run
-  (torchao, bitsandbytes, ...; not pinned) are stored beside the output but kept out of the key: a new
-  release on the package index would otherwise make every stored output stale on a fresh clone at once.
-  After upgrading one of them, run ``make test-estimates``.
+- the release of torch, which the Makefile pins (its CPU and CUDA builds trace the same fake tensors). The
+  versions of the optional packages an estimate can run (torchao, bitsandbytes, ...; not pinned) are stored
+  beside the output but kept out of the key: a new release on the package index would otherwise make every
+  stored output stale on a fresh clone at once. After upgrading one of them, run ``make test-estimates``.
 
 Its key is the SHA-256 of all of these with the command. ``make test`` recomputes the key from the stored
 dependency list and today's files: an output is used only when the key is the same, that is when the
@@ -197,7 +197,8 @@ def key(command: str, dependencies: List[List[str]]) -> Optional[str]:
         if digest is None:
             return None
         digests.append([relpath, qualname, digest])
-    torch_version = _versions()["torch"]
+    # the release without its build tag: the CPU build (2.13.0+cpu) and the CUDA one trace the same fake tensors
+    torch_version = _versions()["torch"].split("+")[0]
     payload = {"command": command, "config": _config_text(command), "torch": torch_version, "code": digests}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
