@@ -366,11 +366,22 @@ def refresh(commands: Set[str], jobs: int = JOBS) -> List[str]:
     from concurrent.futures import ThreadPoolExecutor
 
     stale = sorted(command for command in commands if not fresh(command))
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        for command, (output, seconds, dependencies) in zip(
-            stale, pool.map(lambda command: _run(command, trace=True), stale)
-        ):
+    failed = []
+
+    def run(command: str) -> None:
+        try:
+            output, seconds, dependencies = _run(command, trace=True)
+        except AssertionError as error:  # the others still run and are stored
+            failed.append(str(error))
+            return
+        with lock:
             _store(command, output, seconds, dependencies)
+
+    lock = threading.Lock()
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        list(pool.map(run, stale))
+    if failed:
+        raise AssertionError(f"{len(failed)} of {len(stale)} stale estimates failed:\n\n" + "\n\n".join(failed))
     return stale
 
 
