@@ -21,8 +21,8 @@ what it depended on:
 Its key is the SHA-256 of all of these with the command. ``make test`` recomputes the key from the stored
 dependency list and today's files: an output is used only when the key is the same, that is when the
 estimator would run exactly the code it ran then, on the same config and packages. A stale command is run
-again (without the trace hook) while the session has budget left (``TUNE_ESTIMATE_BUDGET_S``, 240 s of CPU by
-default); past it the test fails and names ``make test-estimates``, which refreshes the file.
+again (without the trace hook) while the test process has budget left (``TUNE_ESTIMATE_BUDGET_S``, 240 s of
+CPU per pytest worker by default); past it the test fails and names ``make test-estimates``, which refreshes the file.
 """
 
 from __future__ import annotations
