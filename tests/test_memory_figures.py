@@ -15,7 +15,7 @@ printed with its two decimals. Each figure is tied to the command that prints it
 ``test_every_figure_names_its_command`` checks that every figure of every page and every config (new ones too)
 is tied to a command or listed as not estimated, that each command parses and that its config takes its
 overrides. ``test_figures_are_what_the_estimator_prints`` finds each figure of a block among the GB figures its
-commands printed. The 96 distinct commands are full-size estimates (about 10 s of CPU each), so what each
+commands printed. The 90 distinct commands are full-size estimates (about 10 s of CPU each), so what each
 printed is stored in ``tests/memory_estimates.json`` with the key of the code, config and packages it ran on
 (``tests/_helpers/estimate_memory.py``): ``make test`` uses a stored output while its key holds, runs a stale
 command again within a budget of CPU seconds, and otherwise fails naming ``make test-estimates``, which runs

@@ -2,7 +2,7 @@
 its output kept in ``tests/memory_estimates.json`` for as long as nothing it depends on changes.
 
 An estimate traces a full-size model on fake tensors (about 10 s of CPU each, 2 to 60 s of wall time on a
-busy 2-core machine), and the docs and config headers quote figures of 96 commands: too much for every
+busy 2-core machine), and the docs and config headers quote figures of 90 commands: too much for every
 ``make test``. So ``make test-estimates`` (``TUNE_TEST_ESTIMATES=1``) runs each command whose stored output is
 stale, with Python's trace hook on, and stores, per command: what it printed, the CPU seconds it took, and
 what it depended on:
@@ -313,12 +313,6 @@ def fresh(command: str) -> bool:
     return entry is not None and key(command, entry["dependencies"]) == entry["key"]
 
 
-def _save(command: str, entry: dict) -> None:
-    stored = _stored()
-    stored[command] = entry
-    _write(stored)
-
-
 @functools.lru_cache(maxsize=None)
 def printed(command: str) -> str:
     """What ``command`` (``tune estimate-memory ...``) prints: the stored output while it is fresh, else the
@@ -348,16 +342,15 @@ def printed(command: str) -> str:
 
 
 def _store(command: str, output: str, seconds: float, dependencies: List[List[str]]) -> None:
-    _save(
-        command,
-        {
-            "key": key(command, dependencies),
-            "cpu_s": round(seconds, 1),  # traced: about twice the plain run's
-            "packages": _versions(),  # for the record: only torch's is part of the key
-            "output": output,
-            "dependencies": dependencies,
-        },
-    )
+    stored = _stored()
+    stored[command] = {
+        "key": key(command, dependencies),
+        "cpu_s": round(seconds, 1),  # traced: about twice the plain run's
+        "packages": _versions(),  # for the record: only torch's is part of the key
+        "output": output,
+        "dependencies": dependencies,
+    }
+    _write(stored)
 
 
 def refresh(commands: Set[str], jobs: int = JOBS) -> List[str]:
